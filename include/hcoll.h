@@ -1,0 +1,336 @@
+/*
+ * hcoll.h: the whole public contract of hcoll, a hierarchical all-reduce
+ * library for rail-optimized GPU clusters.
+ *
+ *   stage 1  intra-node reduce-scatter   (NVLink via NCCL, or shared memory)
+ *   stage 2  inter-node ring all-reduce  (one rail per local rank: verbs or TCP)
+ *   stage 3  intra-node all-gather       (NVLink via NCCL, or shared memory)
+ *
+ * Conventions that hold for every call below unless its comment says
+ * otherwise:
+ *   - Calls return an hcoll_status_t. HCOLL_SUCCESS is 0; every other value
+ *     is an error (or HCOLL_IN_PROGRESS where stated). Nothing ever prints to
+ *     stdout, exits or aborts the process.
+ *   - When a call on a communicator fails, hcoll_comm_last_error(comm) gives
+ *     a message that says what went wrong; calls without a communicator keep
+ *     theirs per thread, readable through hcoll_comm_last_error(NULL).
+ *   - Outputs (*_out arguments) are written only on success.
+ *   - Thread safety: distinct communicators may be used from distinct threads
+ *     at once. One communicator's calls are serialised by the caller, except
+ *     hcoll_comm_abort, hcoll_comm_get_async_error, hcoll_comm_last_error and
+ *     the rank/size queries, which may be called from any thread at any time.
+ *   - Configuration comes from an hcoll_config_t (explicit fields win), then
+ *     the HCOLL_* environment variables, then built-in defaults; run
+ *     `hcoll_info --env` for the full list.
+ */
+#ifndef HCOLL_H
+#define HCOLL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define HCOLL_API __attribute__((visibility("default")))
+#else
+#define HCOLL_API
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Version                                                                    */
+/* ------------------------------------------------------------------------ */
+
+#define HCOLL_VERSION_MAJOR 0
+#define HCOLL_VERSION_MINOR 1
+#define HCOLL_VERSION_PATCH 0
+/* MAJOR*10000 + MINOR*100 + PATCH, comparable with hcoll_version(). */
+#define HCOLL_VERSION_CODE \
+    (HCOLL_VERSION_MAJOR * 10000 + HCOLL_VERSION_MINOR * 100 + HCOLL_VERSION_PATCH)
+#define HCOLL_VERSION_STRING "0.1.0"
+
+/*
+ * hcoll_version: the HCOLL_VERSION_CODE the library was built with, so a
+ * program can check that the header it was compiled against matches the
+ * library it loaded. Non-blocking, local, thread-safe.
+ */
+HCOLL_API int hcoll_version(void);
+
+/* ------------------------------------------------------------------------ */
+/* Status codes                                                               */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * X(NAME, value, text). Codes are only ever appended; a value never changes
+ * meaning once released.
+ */
+#define HCOLL_STATUS_MAP(X)                                                   \
+    X(SUCCESS,          0,  "success")                                        \
+    X(IN_PROGRESS,      1,  "operation in progress")                          \
+    X(ERR_INVALID_ARG,  2,  "invalid argument")                               \
+    X(ERR_NO_MEMORY,    3,  "out of memory")                                  \
+    X(ERR_SYSTEM,       4,  "system call failed")                             \
+    X(ERR_NETWORK,      5,  "network error")                                  \
+    X(ERR_TIMEOUT,      6,  "timed out")                                      \
+    X(ERR_PEER_FAILED,  7,  "a peer rank failed")                             \
+    X(ERR_ABORTED,      8,  "communicator aborted")                           \
+    X(ERR_UNSUPPORTED,  9,  "not supported")                                  \
+    X(ERR_CUDA,         10, "CUDA error")                                     \
+    X(ERR_NCCL,         11, "NCCL error")                                     \
+    X(ERR_RDMA,         12, "RDMA (verbs) error")                             \
+    X(ERR_INTERNAL,     13, "internal error")                                 \
+    X(ERR_MISMATCH,     14, "arguments differ between ranks")
+
+#define HCOLL_STATUS_ENUM_(name, value, text) HCOLL_##name = value,
+typedef enum hcoll_status {
+    HCOLL_STATUS_MAP(HCOLL_STATUS_ENUM_)
+    HCOLL_STATUS_COUNT_ /* one past the last code; not a status */
+} hcoll_status_t;
+#undef HCOLL_STATUS_ENUM_
+
+/*
+ * hcoll_strerror: a static, human-readable text for a status ("timed out").
+ * hcoll_status_name: its symbolic name ("HCOLL_ERR_TIMEOUT").
+ * Both return "unknown status" for a value that is not a code. Non-blocking,
+ * local, thread-safe; the strings are never freed.
+ */
+HCOLL_API const char *hcoll_strerror(hcoll_status_t status);
+HCOLL_API const char *hcoll_status_name(hcoll_status_t status);
+
+/* ------------------------------------------------------------------------ */
+/* Data types and reduction operations                                        */
+/* ------------------------------------------------------------------------ */
+
+typedef enum hcoll_dtype {
+    HCOLL_FLOAT32  = 0,
+    HCOLL_FLOAT16  = 1, /* IEEE 754 binary16 */
+    HCOLL_BFLOAT16 = 2,
+    HCOLL_FLOAT64  = 3,
+    HCOLL_INT8     = 4,
+    HCOLL_UINT8    = 5,
+    HCOLL_INT32    = 6,
+    HCOLL_INT64    = 7,
+    HCOLL_DTYPE_COUNT_ /* not a type */
+} hcoll_dtype_t;
+
+/*
+ * Semantics, identical on the host and (later) on the GPU:
+ *   - FLOAT16/BFLOAT16 combine two values in float and round the result to
+ *     nearest-even when it is stored, at every step of the reduction.
+ *   - Integer SUM and PROD wrap around (two's complement); they never trap.
+ *   - MAX and MIN propagate NaN: if either input is NaN, the result is NaN.
+ *   - AVG is SUM over all ranks, then one division by the number of ranks.
+ *     For integers the division truncates toward zero (C's '/').
+ *   - Results are bit-identical on every rank: each element is reduced in
+ *     one fixed order, whatever the rank.
+ */
+typedef enum hcoll_op {
+    HCOLL_SUM  = 0,
+    HCOLL_PROD = 1,
+    HCOLL_MAX  = 2,
+    HCOLL_MIN  = 3,
+    HCOLL_AVG  = 4,
+    HCOLL_OP_COUNT_ /* not an op */
+} hcoll_op_t;
+
+/*
+ * hcoll_dtype_size: bytes per element, 0 for a value that is not a type.
+ * hcoll_dtype_name / hcoll_op_name: "float32", "sum"...; "unknown" otherwise.
+ * Non-blocking, local, thread-safe.
+ */
+HCOLL_API size_t hcoll_dtype_size(hcoll_dtype_t dtype);
+HCOLL_API const char *hcoll_dtype_name(hcoll_dtype_t dtype);
+HCOLL_API const char *hcoll_op_name(hcoll_op_t op);
+
+/* ------------------------------------------------------------------------ */
+/* Handles                                                                    */
+/* ------------------------------------------------------------------------ */
+
+typedef struct hcoll_comm *hcoll_comm_t;       /* a communicator */
+typedef struct hcoll_request *hcoll_request_t; /* one non-blocking operation */
+
+/*
+ * The rendezvous identity of a job: the root's listening address and a
+ * random secret. Opaque; copy it byte for byte to every rank (MPI_Bcast, a
+ * file, a key-value store). Treat it as a credential: whoever holds it can
+ * join the job.
+ */
+#define HCOLL_UNIQUE_ID_BYTES 128
+typedef struct hcoll_unique_id {
+    unsigned char internal[HCOLL_UNIQUE_ID_BYTES];
+} hcoll_unique_id_t;
+
+/* ------------------------------------------------------------------------ */
+/* Configuration                                                              */
+/* ------------------------------------------------------------------------ */
+
+#define HCOLL_CONFIG_MAGIC   0x48434f4cu /* "HCOL" */
+#define HCOLL_CONFIG_VERSION 1u
+/* A field left at this value is taken from the environment or default. */
+#define HCOLL_CONFIG_UNDEF_INT (-2147483647 - 1)
+
+/*
+ * Per-communicator settings. Always start from HCOLL_CONFIG_INITIALIZER and
+ * then set the fields you care about; a config whose size, magic or version
+ * is not one this library knows is rejected with HCOLL_ERR_INVALID_ARG.
+ * Fields appended by later versions are defaulted for programs built against
+ * an older header (their size is smaller).
+ */
+typedef struct hcoll_config {
+    size_t   size;    /* sizeof(hcoll_config_t), set by the initializer */
+    uint32_t magic;   /* HCOLL_CONFIG_MAGIC */
+    uint32_t version; /* HCOLL_CONFIG_VERSION */
+    /* Deadline in milliseconds for every wait (HCOLL_TIMEOUT_MS). */
+    int timeout_ms;
+    /* Pipelining chunk in bytes, 0 = environment/default (HCOLL_CHUNK_BYTES). */
+    size_t chunk_bytes;
+    /* "auto", "ib" or "tcp"; NULL = environment/default (HCOLL_NET). */
+    const char *net;
+    /* Interface list in NCCL syntax; NULL = environment (HCOLL_SOCKET_IFNAME). */
+    const char *socket_ifname;
+} hcoll_config_t;
+
+#define HCOLL_CONFIG_INITIALIZER                                              \
+    {                                                                         \
+        sizeof(hcoll_config_t), HCOLL_CONFIG_MAGIC, HCOLL_CONFIG_VERSION,     \
+        HCOLL_CONFIG_UNDEF_INT, 0, NULL, NULL                                 \
+    }
+
+/* ------------------------------------------------------------------------ */
+/* Communicator lifecycle                                                     */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * hcoll_get_unique_id: called once, by the rank that will be rank 0. Opens
+ * the rendezvous listener (on the interface chosen by HCOLL_SOCKET_IFNAME)
+ * and fills *id_out with its address and a fresh random secret.
+ * Non-blocking, local, thread-safe.
+ */
+HCOLL_API hcoll_status_t hcoll_get_unique_id(hcoll_unique_id_t *id_out);
+
+/*
+ * hcoll_comm_init: create a communicator of nranks ranks; this process is
+ * rank `rank` (0 <= rank < nranks). Every rank passes the same *id.
+ * config may be NULL (all defaults).
+ * Blocks until every rank has joined, or until the timeout, and is
+ * collective: all nranks processes must call it. On success *comm_out is
+ * the new communicator; on failure it is left unchanged and
+ * hcoll_comm_last_error(NULL) says why (on this thread).
+ * Thread-safe for distinct comm_out.
+ */
+HCOLL_API hcoll_status_t hcoll_comm_init(hcoll_comm_t *comm_out, int nranks, int rank,
+                                         const hcoll_unique_id_t *id,
+                                         const hcoll_config_t *config);
+
+/*
+ * hcoll_comm_init_env: like hcoll_comm_init, with rank, size and rendezvous
+ * address read from the launcher's environment, in this order of
+ * precedence: HCOLL_RANK/HCOLL_NRANKS/HCOLL_ROOT, then Open MPI
+ * (OMPI_COMM_WORLD_RANK/SIZE), then Slurm (SLURM_PROCID/SLURM_NTASKS),
+ * then torchrun (RANK/WORLD_SIZE). The root address is HCOLL_ROOT
+ * (host:port), else MASTER_ADDR:MASTER_PORT; the shared secret is
+ * HCOLL_SECRET. Blocking and collective, as hcoll_comm_init.
+ */
+HCOLL_API hcoll_status_t hcoll_comm_init_env(hcoll_comm_t *comm_out,
+                                             const hcoll_config_t *config);
+
+/*
+ * hcoll_comm_destroy: wait for the communicator's outstanding operations,
+ * then free everything it holds (sockets, threads, memory, shared-memory
+ * segments). NULL is a no-op returning HCOLL_SUCCESS. Local: it does not
+ * wait for other ranks. The handle is invalid afterwards.
+ */
+HCOLL_API hcoll_status_t hcoll_comm_destroy(hcoll_comm_t comm);
+
+/*
+ * hcoll_comm_abort: stop the communicator now: outstanding operations end
+ * with HCOLL_ERR_ABORTED, connections close (so peers see
+ * HCOLL_ERR_PEER_FAILED), and all resources are freed. Returns promptly
+ * even when peers are dead. NULL is a no-op. Safe to call from any thread,
+ * once; the handle is invalid afterwards.
+ */
+HCOLL_API hcoll_status_t hcoll_comm_abort(hcoll_comm_t comm);
+
+/*
+ * hcoll_comm_get_async_error: the first error the communicator met in the
+ * background (a peer failure seen by the progress engine, say), or
+ * HCOLL_SUCCESS; HCOLL_IN_PROGRESS while the communicator is still being
+ * set up. Non-blocking, thread-safe.
+ */
+HCOLL_API hcoll_status_t hcoll_comm_get_async_error(hcoll_comm_t comm,
+                                                    hcoll_status_t *async_error_out);
+
+/*
+ * hcoll_comm_last_error: the text of the communicator's most recent error,
+ * "" when there was none. With NULL: the most recent error of a call on
+ * this thread that had no communicator yet (init, get_unique_id). The
+ * string stays valid until the next failing call on the same communicator
+ * (or thread). Thread-safe.
+ */
+HCOLL_API const char *hcoll_comm_last_error(hcoll_comm_t comm);
+
+/*
+ * Queries, each non-blocking, local and thread-safe:
+ *   rank        this process's rank, 0..size-1
+ *   size        number of ranks
+ *   local_rank  index among the ranks on this node (= its rail)
+ *   local_size  ranks on this node
+ *   node_count  number of nodes (distinct host ids)
+ */
+HCOLL_API hcoll_status_t hcoll_comm_rank(hcoll_comm_t comm, int *rank_out);
+HCOLL_API hcoll_status_t hcoll_comm_size(hcoll_comm_t comm, int *size_out);
+HCOLL_API hcoll_status_t hcoll_comm_local_rank(hcoll_comm_t comm, int *local_rank_out);
+HCOLL_API hcoll_status_t hcoll_comm_local_size(hcoll_comm_t comm, int *local_size_out);
+HCOLL_API hcoll_status_t hcoll_comm_node_count(hcoll_comm_t comm, int *node_count_out);
+
+/* ------------------------------------------------------------------------ */
+/* All-reduce                                                                 */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * hcoll_allreduce: recvbuf[i] = op over all ranks of sendbuf[i], for i in
+ * 0..count-1. sendbuf == recvbuf means in place; otherwise the two must not
+ * overlap. count, dtype and op must be the same on every rank; count may be
+ * 0. Collective.
+ * stream: a cudaStream_t passed as void * for device buffers, NULL for host
+ * buffers. With NULL the call blocks until the result is in recvbuf. With a
+ * stream the call is enqueued on it and returns without blocking the host.
+ */
+HCOLL_API hcoll_status_t hcoll_allreduce(hcoll_comm_t comm, const void *sendbuf,
+                                         void *recvbuf, size_t count,
+                                         hcoll_dtype_t dtype, hcoll_op_t op,
+                                         void *stream);
+
+/*
+ * hcoll_allreduce_async: as hcoll_allreduce, but returns at once with a
+ * request in *req_out; the operation progresses in the background. The
+ * buffers must stay valid and untouched until the request completes.
+ * Several requests may be outstanding on one communicator; they complete in
+ * the order they were issued, and every rank must issue them in the same
+ * order.
+ */
+HCOLL_API hcoll_status_t hcoll_allreduce_async(hcoll_comm_t comm, const void *sendbuf,
+                                               void *recvbuf, size_t count,
+                                               hcoll_dtype_t dtype, hcoll_op_t op,
+                                               void *stream, hcoll_request_t *req_out);
+
+/*
+ * hcoll_test: non-blocking check. *done_out = 1 and the operation's status
+ * is returned when it has finished; *done_out = 0 and HCOLL_SUCCESS while
+ * it is still running.
+ * hcoll_wait: blocks until the request finishes; returns its status.
+ * hcoll_request_free: releases a request. A request that has not finished
+ * is waited for first. NULL is a no-op.
+ * A request is used from one thread at a time.
+ */
+HCOLL_API hcoll_status_t hcoll_test(hcoll_request_t req, int *done_out);
+HCOLL_API hcoll_status_t hcoll_wait(hcoll_request_t req);
+HCOLL_API hcoll_status_t hcoll_request_free(hcoll_request_t req);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* HCOLL_H */

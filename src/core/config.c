@@ -1,0 +1,327 @@
+/*
+ * The one table of HCOLL_* knobs. To add a knob: a field in hc_params_t (if
+ * the library reads it per communicator), a row here, and the code that
+ * uses it; hcoll_info --env and the README's table follow from this row.
+ */
+#include "core/config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "core/log.h"
+#include "sys/envlist.h"
+
+static const char *const net_choices[] = { "auto", "ib", "tcp", NULL };
+static const char *const gdr_choices[] = { "LOC", "PIX", "PXB", "PHB", "SYS", NULL };
+static const char *const level_choices[] = { "NONE", "WARN", "INFO", "TRACE", NULL };
+
+#define OFF(field) offsetof(hc_params_t, field)
+#define NS HC_KNOB_NOT_STORED
+
+static const hc_knob_t knobs[] = {
+    /* Logging: read once per process by core/log.c; validated here too. */
+    { "HCOLL_DEBUG", HC_KNOB_ENUM, "WARN", 0, 0, level_choices, 0, 0, NS,
+      "Log level: NONE, WARN, INFO or TRACE (VERSION is taken as WARN)." },
+    { "HCOLL_DEBUG_SUBSYS", HC_KNOB_STR, "ALL", 0, 0, NULL, 0, 0, NS,
+      "Subsystems logged at INFO/TRACE: comma list of INIT,BOOT,NET,ENV,COLL,SHM,GDR,TUNE,ALL; "
+      "a leading ^ excludes." },
+    { "HCOLL_DEBUG_FILE", HC_KNOB_STR, "", 0, 0, NULL, 0, 0, NS,
+      "Write the log to this file instead of stderr; %h is the host name, %p the pid." },
+
+    /* Launch: read by hcoll_comm_init_env. */
+    { "HCOLL_RANK", HC_KNOB_INT, "", 0, INT32_MAX - 1, NULL, 0, 0, NS,
+      "This process's rank, for hcoll_comm_init_env (before OMPI_COMM_WORLD_RANK, "
+      "SLURM_PROCID, RANK)." },
+    { "HCOLL_NRANKS", HC_KNOB_INT, "", 1, INT32_MAX, NULL, 0, 0, NS,
+      "Number of ranks, for hcoll_comm_init_env (before OMPI_COMM_WORLD_SIZE, SLURM_NTASKS, "
+      "WORLD_SIZE)." },
+    { "HCOLL_ROOT", HC_KNOB_STR, "", 0, 0, NULL, 0, 0, NS,
+      "host:port where rank 0 listens for the rendezvous, for hcoll_comm_init_env "
+      "(else MASTER_ADDR:MASTER_PORT)." },
+    { "HCOLL_SECRET", HC_KNOB_STR, "", 0, 0, NULL, 0, 1, NS,
+      "Shared secret that authenticates ranks in hcoll_comm_init_env; unset means peers are "
+      "not authenticated (a WARN says so)." },
+    { "HCOLL_HOSTID", HC_KNOB_STR, "", 0, 0, NULL, 0, 0, OFF(hostid),
+      "Overrides the host id (hash of host name and boot id) that groups ranks into nodes; "
+      "lets one host emulate several nodes." },
+
+    /* Network. */
+    { "HCOLL_NET", HC_KNOB_ENUM, "auto", 0, 0, net_choices, 0, 0, OFF(net),
+      "Inter-node transport: auto (verbs when a usable RDMA device is present, else TCP), "
+      "ib or tcp." },
+    { "HCOLL_SOCKET_IFNAME", HC_KNOB_LIST, "", 0, 0, NULL, 0, 0, OFF(socket_ifname),
+      "Interfaces for bootstrap and TCP rails, NCCL syntax: prefixes, =exact, ^exclude. "
+      "Unset: all up interfaces except lo and virtual bridges." },
+    { "HCOLL_NSOCKS_PERPEER", HC_KNOB_INT, "1", 1, 16, NULL, 0, 0, OFF(nsocks_perpeer),
+      "TCP sockets per peer connection, for links one stream cannot fill." },
+    { "HCOLL_SOCKET_BUF", HC_KNOB_SIZE, "0", 0, (int64_t)1 << 30, NULL, 0, 0, OFF(socket_buf),
+      "TCP send/receive buffer size; 0 leaves the kernel's autotuning alone." },
+    { "HCOLL_IB_HCA", HC_KNOB_LIST, "", 0, 0, NULL, 0, 0, OFF(ib_hca),
+      "RDMA devices to use, NCCL syntax: name[:port] list, =exact, ^exclude (e.g. ^=mlx5_1)." },
+    { "HCOLL_IB_GID_INDEX", HC_KNOB_INT, "-1", -1, 255, NULL, 0, 0, OFF(ib_gid_index),
+      "RoCE GID index; -1 picks a RoCE v2 GID with an IPv4-mapped address." },
+    { "HCOLL_IB_TC", HC_KNOB_INT, "0", 0, 255, NULL, 0, 0, OFF(ib_tc),
+      "Traffic class of the QPs (RoCE: DSCP << 2)." },
+    { "HCOLL_IB_SL", HC_KNOB_INT, "0", 0, 15, NULL, 0, 0, OFF(ib_sl), "Service level of the QPs." },
+    { "HCOLL_IB_TIMEOUT", HC_KNOB_INT, "20", 1, 31, NULL, 0, 0, OFF(ib_timeout),
+      "QP ACK timeout exponent: 4.096 us * 2^value." },
+    { "HCOLL_IB_RETRY_CNT", HC_KNOB_INT, "7", 0, 7, NULL, 0, 0, OFF(ib_retry_cnt),
+      "QP retry count." },
+    { "HCOLL_NET_GDR_LEVEL", HC_KNOB_ENUM, "PXB", 0, 0, gdr_choices, 1, 0, OFF(gdr_level),
+      "Use GPUDirect RDMA when the GPU-NIC PCI path is within this level: LOC, PIX, PXB, PHB, "
+      "SYS (or 0..4)." },
+    { "HCOLL_GDR_FLUSH", HC_KNOB_INT, "-1", -1, 1, NULL, 0, 0, OFF(gdr_flush),
+      "Flush read after GPUDirect writes: -1 auto (pre-Hopper), 0 off, 1 on." },
+
+    /* Collective behaviour. */
+    { "HCOLL_TIMEOUT_MS", HC_KNOB_INT, "30000", 1, 86400000, NULL, 0, 0, OFF(timeout_ms),
+      "Deadline for every wait (init, connection, a step of an operation), milliseconds." },
+    { "HCOLL_CHUNK_BYTES", HC_KNOB_SIZE, "1M", 4096, (int64_t)1 << 30, NULL, 0, 0,
+      OFF(chunk_bytes), "Pipelining chunk for the ring and intra-node stages." },
+};
+
+#undef OFF
+#undef NS
+
+const hc_knob_t *hc_knobs(size_t *count_out)
+{
+    *count_out = sizeof knobs / sizeof knobs[0];
+    return knobs;
+}
+
+const hc_knob_t *hc_knob_find(const char *name)
+{
+    for (size_t i = 0; i < sizeof knobs / sizeof knobs[0]; i++)
+        if (strcmp(knobs[i].name, name) == 0)
+            return &knobs[i];
+    return NULL;
+}
+
+int hc_parse_size(const char *s, uint64_t *out)
+{
+    const char *p = s;
+    while (isspace((unsigned char)*p))
+        p++;
+    if (!isdigit((unsigned char)*p))
+        return -1;
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(p, &end, 10);
+    if (errno)
+        return -1;
+    uint64_t mult = 1;
+    if (*end) {
+        switch (toupper((unsigned char)*end)) {
+        case 'K': mult = 1ull << 10; break;
+        case 'M': mult = 1ull << 20; break;
+        case 'G': mult = 1ull << 30; break;
+        case 'T': mult = 1ull << 40; break;
+        default: return -1;
+        }
+        end++;
+        if (strcasecmp(end, "") != 0 && strcasecmp(end, "B") != 0 && strcasecmp(end, "iB") != 0)
+            return -1;
+    }
+    if (v > UINT64_MAX / mult)
+        return -1;
+    *out = v * mult;
+    return 0;
+}
+
+static void store_str(hc_params_t *p, const hc_knob_t *k, const char *value)
+{
+    if (p && k->offset != HC_KNOB_NOT_STORED)
+        snprintf((char *)p + k->offset, HC_PARAM_STR_MAX, "%s", value);
+}
+
+int hc_knob_parse(const hc_knob_t *k, const char *value, hc_params_t *p, char *err,
+                  size_t errlen)
+{
+    const int stored = p && k->offset != HC_KNOB_NOT_STORED;
+    switch (k->kind) {
+    case HC_KNOB_INT: {
+        errno = 0;
+        char *end;
+        long long v = strtoll(value, &end, 10);
+        if (errno || end == value || *end) {
+            snprintf(err, errlen, "%s='%s': not an integer (expected %" PRId64 "..%" PRId64 ")",
+                     k->name, value, k->min, k->max);
+            return -1;
+        }
+        if (v < k->min || v > k->max) {
+            snprintf(err, errlen, "%s='%s': out of range (expected %" PRId64 "..%" PRId64 ")",
+                     k->name, value, k->min, k->max);
+            return -1;
+        }
+        if (stored)
+            *(int64_t *)((char *)p + k->offset) = v;
+        return 0;
+    }
+    case HC_KNOB_SIZE: {
+        uint64_t v;
+        if (hc_parse_size(value, &v) != 0) {
+            snprintf(err, errlen, "%s='%s': not a size (a number with an optional K, M or G suffix)",
+                     k->name, value);
+            return -1;
+        }
+        if (v < (uint64_t)k->min || v > (uint64_t)k->max) {
+            snprintf(err, errlen, "%s='%s': out of range (expected %" PRId64 "..%" PRId64 " bytes)",
+                     k->name, value, k->min, k->max);
+            return -1;
+        }
+        if (stored)
+            *(uint64_t *)((char *)p + k->offset) = v;
+        return 0;
+    }
+    case HC_KNOB_ENUM: {
+        int n = 0, idx = -1;
+        while (k->choices[n])
+            n++;
+        for (int i = 0; i < n; i++)
+            if (strcasecmp(value, k->choices[i]) == 0)
+                idx = i;
+        if (idx < 0 && k->numeric_choices && value[0] >= '0' && value[0] < '0' + n && !value[1])
+            idx = value[0] - '0';
+        /* NCCL spells "print the version" as a level; accept it likewise. */
+        if (idx < 0 && k->choices == level_choices && strcasecmp(value, "VERSION") == 0)
+            idx = 1;
+        if (idx < 0) {
+            char list[128] = "";
+            for (int i = 0; i < n; i++)
+                snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "",
+                         k->choices[i]);
+            snprintf(err, errlen, "%s='%s': expected one of %s%s", k->name, value, list,
+                     k->numeric_choices ? " (or 0..4)" : "");
+            return -1;
+        }
+        if (stored)
+            *(int *)((char *)p + k->offset) = idx;
+        return 0;
+    }
+    case HC_KNOB_LIST: {
+        hc_list_t l;
+        char lerr[160];
+        if (hc_list_parse(value, &l, lerr, sizeof lerr) != 0) {
+            snprintf(err, errlen, "%s=%s", k->name, lerr);
+            return -1;
+        }
+    }
+        /* fall through: stored as the text */
+        __attribute__((fallthrough));
+    case HC_KNOB_STR:
+        if (strlen(value) >= HC_PARAM_STR_MAX) {
+            snprintf(err, errlen, "%s: value longer than %d characters", k->name,
+                     HC_PARAM_STR_MAX - 1);
+            return -1;
+        }
+        if (strcmp(k->name, "HCOLL_DEBUG_SUBSYS") == 0) {
+            unsigned mask;
+            char serr[160];
+            if (hc_log_subsys_parse(value, &mask, serr, sizeof serr) != 0) {
+                snprintf(err, errlen, "%s='%s': %s", k->name, value, serr);
+                return -1;
+            }
+        }
+        store_str(p, k, value);
+        return 0;
+    }
+    snprintf(err, errlen, "%s: internal error: unknown knob kind", k->name);
+    return -1;
+}
+
+const char *hc_knob_current(const hc_knob_t *k, int *from_env_out)
+{
+    const char *v = getenv(k->name);
+    int from_env = v && *v;
+    if (from_env_out)
+        *from_env_out = from_env;
+    return from_env ? v : k->defval;
+}
+
+int hc_config_check(const hcoll_config_t *cfg, char *err, size_t errlen)
+{
+    if (!cfg)
+        return 0;
+    const size_t head = offsetof(hcoll_config_t, version) + sizeof cfg->version;
+    if (cfg->size < head || cfg->magic != HCOLL_CONFIG_MAGIC || cfg->version == 0) {
+        snprintf(err, errlen,
+                 "config was not made with HCOLL_CONFIG_INITIALIZER (size %zu, magic 0x%x, "
+                 "version %u)",
+                 cfg->size, cfg->magic, cfg->version);
+        return -1;
+    }
+    if (cfg->version > HCOLL_CONFIG_VERSION) {
+        snprintf(err, errlen, "config version %u is newer than this library's (%u)",
+                 cfg->version, HCOLL_CONFIG_VERSION);
+        return -1;
+    }
+    if (cfg->size > sizeof(hcoll_config_t) && cfg->version == HCOLL_CONFIG_VERSION) {
+        snprintf(err, errlen, "config size %zu does not match version %u (expected %zu)",
+                 cfg->size, cfg->version, sizeof(hcoll_config_t));
+        return -1;
+    }
+    return 0;
+}
+
+/* Is field f of cfg present in the caller's (possibly older, smaller)
+ * struct? */
+#define CFG_HAS(cfg, f) \
+    ((cfg) && (cfg)->size >= offsetof(hcoll_config_t, f) + sizeof((cfg)->f))
+
+hcoll_status_t hc_params_load(hc_params_t *params_out, const hcoll_config_t *cfg, char *err,
+                              size_t errlen)
+{
+    hc_params_t p;
+    memset(&p, 0, sizeof p);
+
+    if (hc_config_check(cfg, err, errlen) != 0)
+        return HCOLL_ERR_INVALID_ARG;
+
+    for (size_t i = 0; i < sizeof knobs / sizeof knobs[0]; i++) {
+        const hc_knob_t *k = &knobs[i];
+        int from_env;
+        const char *v = hc_knob_current(k, &from_env);
+        /* Unset launcher variables have no default to parse. */
+        if (!from_env && v[0] == '\0' && k->kind != HC_KNOB_STR && k->kind != HC_KNOB_LIST)
+            continue;
+        if (hc_knob_parse(k, v, &p, err, errlen) != 0)
+            return HCOLL_ERR_INVALID_ARG;
+    }
+
+    /* Explicit config fields win over the environment. */
+    char num[32];
+    if (CFG_HAS(cfg, timeout_ms) && cfg->timeout_ms != HCOLL_CONFIG_UNDEF_INT) {
+        snprintf(num, sizeof num, "%d", cfg->timeout_ms);
+        if (hc_knob_parse(hc_knob_find("HCOLL_TIMEOUT_MS"), num, &p, err, errlen) != 0)
+            goto bad_field;
+    }
+    if (CFG_HAS(cfg, chunk_bytes) && cfg->chunk_bytes != 0) {
+        snprintf(num, sizeof num, "%zu", cfg->chunk_bytes);
+        if (hc_knob_parse(hc_knob_find("HCOLL_CHUNK_BYTES"), num, &p, err, errlen) != 0)
+            goto bad_field;
+    }
+    if (CFG_HAS(cfg, net) && cfg->net &&
+        hc_knob_parse(hc_knob_find("HCOLL_NET"), cfg->net, &p, err, errlen) != 0)
+        goto bad_field;
+    if (CFG_HAS(cfg, socket_ifname) && cfg->socket_ifname &&
+        hc_knob_parse(hc_knob_find("HCOLL_SOCKET_IFNAME"), cfg->socket_ifname, &p, err,
+                      errlen) != 0)
+        goto bad_field;
+
+    *params_out = p;
+    return HCOLL_SUCCESS;
+
+bad_field:
+    /* The message names the variable; say it came from the config struct. */
+    {
+        char tmp[512];
+        snprintf(tmp, sizeof tmp, "config field (same rules as the variable): %s", err);
+        snprintf(err, errlen, "%s", tmp);
+    }
+    return HCOLL_ERR_INVALID_ARG;
+}

@@ -1,0 +1,53 @@
+#include "core/err.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "core/log.h"
+
+void hc_errbuf_init(hc_errbuf_t *eb)
+{
+    pthread_mutex_init(&eb->lock, NULL);
+    eb->msg[0] = '\0';
+}
+
+void hc_errbuf_fini(hc_errbuf_t *eb)
+{
+    pthread_mutex_destroy(&eb->lock);
+}
+
+/* Thread-local rather than global: two threads initialising two
+ * communicators never see each other's messages. */
+static __thread hc_errbuf_t tls_errbuf = { PTHREAD_MUTEX_INITIALIZER, "" };
+
+hc_errbuf_t *hc_errbuf_thread(void)
+{
+    return &tls_errbuf;
+}
+
+hcoll_status_t hc_err_set(hc_errbuf_t *eb, unsigned subsys, int rank, hcoll_status_t st,
+                          const char *fmt, ...)
+{
+    /* Leave room for the status name in front. */
+    char msg[HC_ERRMSG_MAX - 64];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+
+    if (!eb)
+        eb = &tls_errbuf;
+    pthread_mutex_lock(&eb->lock);
+    snprintf(eb->msg, sizeof eb->msg, "%s: %s", hcoll_status_name(st), msg);
+    pthread_mutex_unlock(&eb->lock);
+    hc_log(HC_LOG_WARN, subsys, rank, "%s: %s", hcoll_status_name(st), msg);
+    return st;
+}
+
+const char *hc_errbuf_get(hc_errbuf_t *eb)
+{
+    /* The caller reads eb->msg after we unlock; the buffer is never freed
+     * while the communicator lives and is only rewritten by a later failing
+     * call, which the API documents as ending the string's validity. */
+    return eb->msg;
+}
