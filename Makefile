@@ -81,7 +81,7 @@ SHARED_LIB := lib/libhcoll.so
 
 all: lib tools examples
 
-lib: $(STATIC_LIB) $(SHARED_LIB) lib/hcoll.pc
+lib: $(STATIC_LIB) $(SHARED_LIB)
 tools: $(TOOLS)
 tests: $(TESTS)
 examples: $(EXAMPLES)
@@ -119,11 +119,6 @@ $(SHARED_REAL): $(LIB_OBJS) src/hcoll.map
 $(SHARED_LIB): $(SHARED_REAL)
 	$(Q)ln -sf libhcoll.so.$(VERSION) lib/$(SONAME)
 	$(Q)ln -sf $(SONAME) $@
-
-lib/hcoll.pc: hcoll.pc.in include/hcoll.h
-	@mkdir -p lib
-	$(Q)sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR@|$(LIBDIR)|' \
-	    -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|' -e 's|@VERSION@|$(VERSION)|' $< > $@
 
 # Tools and benchmarks see internal headers, so they link the static library.
 bin/%: tools/%.c $(STATIC_LIB) | $(GEN)/hc_build.h
@@ -190,7 +185,9 @@ install: lib tools
 	ln -sf libhcoll.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME)
 	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libhcoll.so
 	install -m 644 $(STATIC_LIB) $(DESTDIR)$(LIBDIR)/
-	install -m 644 lib/hcoll.pc $(DESTDIR)$(PKGCONFIGDIR)/hcoll.pc
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR@|$(LIBDIR)|' \
+	    -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|' -e 's|@VERSION@|$(VERSION)|' \
+	    hcoll.pc.in > $(DESTDIR)$(PKGCONFIGDIR)/hcoll.pc
 	install -m 755 $(TOOLS) $(DESTDIR)$(BINDIR)/
 
 uninstall:
