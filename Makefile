@@ -24,8 +24,11 @@ VERSION := $(shell sed -n 's/^\#define HCOLL_VERSION_STRING "\(.*\)"/\1/p' inclu
 SOMAJOR := 0
 SONAME  := libhcoll.so.$(SOMAJOR)
 
-BUILD := build
+BUILD ?= build
 GEN   := $(BUILD)/gen
+# Where libraries and programs land; the ASan build keeps its own.
+LIBOUT ?= lib
+BINOUT ?= bin
 
 # ---------------------------------------------------------------------------
 # Optional parts: detected, never assumed. Results land in $(GEN)/hc_build.h;
@@ -61,10 +64,10 @@ LIB_LDLIBS  := -pthread -ldl -lrt -lm
 LIB_SRCS   := $(sort $(shell find src -name '*.c'))
 LIB_OBJS   := $(LIB_SRCS:%.c=$(BUILD)/%.o)
 TOOL_SRCS  := $(sort $(wildcard tools/*.c bench/*.c))
-TOOLS      := $(patsubst %.c,bin/%,$(notdir $(TOOL_SRCS)))
+TOOLS      := $(patsubst %.c,$(BINOUT)/%,$(notdir $(TOOL_SRCS)))
 # Peer programs built with mpicc, only where Open MPI is installed.
 MPI_SRCS   := $(if $(filter 1,$(HAVE_MPI)),$(sort $(wildcard bench/mpi/*.c)))
-TOOLS      += $(patsubst %.c,bin/%,$(notdir $(MPI_SRCS)))
+TOOLS      += $(patsubst %.c,$(BINOUT)/%,$(notdir $(MPI_SRCS)))
 TEST_SRCS  := $(sort $(wildcard tests/test_*.c))
 TESTS      := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 TESTLIB_SRCS := $(sort $(wildcard tests/common/*.c))
@@ -72,9 +75,9 @@ TESTLIB_OBJS := $(TESTLIB_SRCS:%.c=$(BUILD)/%.o)
 EXAMPLE_SRCS := $(sort $(wildcard examples/*.c))
 EXAMPLES   := $(EXAMPLE_SRCS:examples/%.c=$(BUILD)/examples/%)
 
-STATIC_LIB := lib/libhcoll.a
-SHARED_REAL := lib/libhcoll.so.$(VERSION)
-SHARED_LIB := lib/libhcoll.so
+STATIC_LIB := $(LIBOUT)/libhcoll.a
+SHARED_REAL := $(LIBOUT)/libhcoll.so.$(VERSION)
+SHARED_LIB := $(LIBOUT)/libhcoll.so
 
 .PHONY: all lib tools tests examples test test-asan demo deps install uninstall clean
 .DEFAULT_GOAL := all
@@ -106,32 +109,32 @@ $(BUILD)/%.o: %.c | $(GEN)/hc_build.h
 	$(Q)$(CC) $(ALL_CFLAGS) -c $< -o $@
 
 $(STATIC_LIB): $(LIB_OBJS)
-	@mkdir -p lib
+	@mkdir -p $(LIBOUT)
 	@$(if $(Q),echo "  AR      $@")
 	$(Q)rm -f $@ && ar rcs $@ $^
 
 $(SHARED_REAL): $(LIB_OBJS) src/hcoll.map
-	@mkdir -p lib
+	@mkdir -p $(LIBOUT)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) -shared $(CFLAGS) -Wl,-soname,$(SONAME) -Wl,--version-script=src/hcoll.map \
 	    -Wl,--no-undefined -o $@ $(LIB_OBJS) $(LIB_LDLIBS)
 
 $(SHARED_LIB): $(SHARED_REAL)
-	$(Q)ln -sf libhcoll.so.$(VERSION) lib/$(SONAME)
+	$(Q)ln -sf libhcoll.so.$(VERSION) $(LIBOUT)/$(SONAME)
 	$(Q)ln -sf $(SONAME) $@
 
 # Tools and benchmarks see internal headers, so they link the static library.
-bin/%: tools/%.c $(STATIC_LIB) | $(GEN)/hc_build.h
-	@mkdir -p bin $(BUILD)/bin
+$(BINOUT)/%: tools/%.c $(STATIC_LIB) | $(GEN)/hc_build.h
+	@mkdir -p $(BINOUT) $(BUILD)/bin
 	@$(if $(Q),echo "  CCLD    $@")
 	$(Q)$(CC) $(ALL_CFLAGS) -MF $(BUILD)/bin/$*.d -o $@ $< $(STATIC_LIB) $(LIB_LDLIBS)
-bin/%: bench/%.c $(STATIC_LIB) | $(GEN)/hc_build.h
-	@mkdir -p bin $(BUILD)/bin
+$(BINOUT)/%: bench/%.c $(STATIC_LIB) | $(GEN)/hc_build.h
+	@mkdir -p $(BINOUT) $(BUILD)/bin
 	@$(if $(Q),echo "  CCLD    $@")
 	$(Q)$(CC) $(ALL_CFLAGS) -MF $(BUILD)/bin/$*.d -o $@ $< $(STATIC_LIB) $(LIB_LDLIBS)
 
-bin/%: bench/mpi/%.c $(STATIC_LIB) | $(GEN)/hc_build.h
-	@mkdir -p bin $(BUILD)/bin
+$(BINOUT)/%: bench/mpi/%.c $(STATIC_LIB) | $(GEN)/hc_build.h
+	@mkdir -p $(BINOUT) $(BUILD)/bin
 	@$(if $(Q),echo "  MPICC   $@")
 	$(Q)mpicc $(ALL_CFLAGS) -MF $(BUILD)/bin/$*.d -o $@ $< $(STATIC_LIB) $(LIB_LDLIBS)
 
@@ -139,8 +142,8 @@ bin/%: bench/mpi/%.c $(STATIC_LIB) | $(GEN)/hc_build.h
 $(BUILD)/examples/%: examples/%.c $(SHARED_LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CCLD    $@")
-	$(Q)$(CC) -std=gnu11 -Wall -Wextra $(CFLAGS) -Iinclude -o $@ $< -Llib -lhcoll \
-	    -Wl,-rpath,'$$ORIGIN/../../lib'
+	$(Q)$(CC) -std=gnu11 -Wall -Wextra $(CFLAGS) -Iinclude -o $@ $< -L$(LIBOUT) -lhcoll \
+	    $(LIB_LDLIBS) -Wl,-rpath,'$(abspath $(LIBOUT))'
 
 CHECK_CFLAGS = $(shell pkg-config --cflags check 2>/dev/null)
 CHECK_LIBS   = $(shell pkg-config --libs check 2>/dev/null)
@@ -168,7 +171,7 @@ test: deps
 
 # Same suite under AddressSanitizer, in its own build tree.
 test-asan: deps
-	$(Q)$(MAKE) --no-print-directory BUILD=build-asan \
+	$(Q)$(MAKE) --no-print-directory BUILD=build-asan LIBOUT=build-asan/lib BINOUT=build-asan/bin \
 	    CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer" \
 	    LIB_LDLIBS="-fsanitize=address,undefined -pthread -ldl -lrt -lm" all tests
 	$(Q)HCOLL_TEST_BUILD=build-asan tests/run.sh

@@ -1,0 +1,638 @@
+/*
+ * Ring all-reduce: reduce-scatter then all-gather, each cut into chunks
+ * that flow independently, over the RDMA-shaped transport seam.
+ *
+ * The vector is split into N blocks (block b: elements [off(b), off(b+1)),
+ * the first count%N blocks one element longer), each block into C chunks.
+ * Message m = s*C + c is "step s, chunk c".
+ *
+ *   reduce-scatter, step s, rank r:                 (N-1 steps)
+ *     send block (r-s) chunk c ──put──► next's staging slot j  (needs a credit)
+ *     prev's put lands in my slot j  → recv[blk(r-1-s)] = slot j ⊕ send[...]
+ *                                    → credit j back to prev (0-byte put)
+ *   after step N-2, rank r holds block r+1 fully reduced (AVG divided here,
+ *   once, so every rank later gets the same bits).
+ *
+ *   all-gather, step s, rank r:                     (N-1 steps)
+ *     send block (r+1-s) chunk c ──put──► next's recv buffer, same offset
+ *     (next told me its buffer's key with a descriptor put at the start)
+ *
+ *   r-1 ──► r ──► r+1 ──► ... ──► r-1      block b is reduced in one fixed
+ *                                           chain b, b+1, ..., b-1, so the
+ *                                           result is bit-identical everywhere
+ *
+ * A chunk of step s+1 leaves as soon as its step-s chunk is reduced, so
+ * while one chunk is being reduced the others are on the wire. Nothing here
+ * relies on puts arriving in order: every immediate names its message.
+ *
+ * Immediate (32 bits): kind:2 | seq:4 | slot:4 | message:22. seq is the
+ * operation's sequence number mod 16: a neighbour can be at most one
+ * operation ahead, so messages of the next operation are recognised and
+ * kept until it starts.
+ */
+#include "inter/ring.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/log.h"
+#include "core/reduce.h"
+
+enum { IMM_RS = 0, IMM_AG = 1, IMM_CREDIT = 2, IMM_DESC = 3 };
+#define IMM(kind, seq, slot, m) \
+    (((uint32_t)(kind) << 30) | (((uint32_t)(seq)&15u) << 26) | (((uint32_t)(slot)&15u) << 22) | \
+     ((uint32_t)(m)&0x3fffffu))
+#define IMM_KIND(i) ((int)((i) >> 30))
+#define IMM_SEQ(i)  ((unsigned)(((i) >> 26) & 15u))
+#define IMM_SLOT(i) ((int)(((i) >> 22) & 15u))
+#define IMM_MSG(i)  ((size_t)((i)&0x3fffffu))
+#define IMM_MSG_MAX ((size_t)1 << 22)
+
+#define RING_MAGIC 0x48435247u /* "HCRG" */
+#define DESC_SLOTS 4           /* mailbox entries; neighbours differ by <= 1 op */
+#define DESC_BYTES 32
+#define EARLY_MAX  64
+#define DEFAULT_SLOTS 4
+
+/* What each rank publishes once at creation. */
+typedef struct ring_info {
+    uint32_t magic;
+    uint32_t rank;
+    uint32_t nslots;
+    uint32_t pad;
+    uint64_t chunk_bytes;
+    hc_rkey_t slots_rkey;
+    hc_rkey_t ctrl_rkey;
+} ring_info_t;
+
+typedef struct ring_desc {
+    hc_rkey_t recv_rkey;
+    uint64_t seq;
+    uint64_t pad;
+} ring_desc_t;
+
+typedef struct ring_op {
+    int active;
+    const char *send;
+    char *recv;
+    size_t count, esize;
+    hcoll_dtype_t dtype;
+    hcoll_op_t op;
+    int avg_div;
+    size_t base, rem;   /* block geometry */
+    size_t ce, C, nmsg; /* chunk elements, chunks per block, messages per phase */
+    hc_mr_t *send_mr, *recv_mr;
+    hc_rkey_t next_recv; /* next's receive buffer */
+    int have_desc;
+    size_t rs_next;      /* next reduce-scatter message to send */
+    size_t rs_nrecv;     /* reduced so far */
+    size_t ag_next;
+    size_t ag_nrecv;
+    uint8_t *rs_done;    /* [nmsg] received and reduced */
+    uint8_t *ag_done;    /* [nmsg] landed */
+} ring_op_t;
+
+struct hc_ring {
+    hc_ring_params_t p;
+    int rank, n, next, prev;
+    const hc_transport_ops_t *ops;
+    hc_transport_t *tr;
+    hc_ep_t *ep_next, *ep_prev;
+    size_t chunk_bytes;
+    int nslots;
+    char *slots;          /* my staging slots, written by prev */
+    hc_mr_t *slots_mr;
+    char *ctrl;           /* [mailbox DESC_SLOTS][outbox DESC_SLOTS] */
+    hc_mr_t *ctrl_mr;
+    hc_rkey_t next_slots, prev_ctrl;
+    uint8_t slot_busy[HC_RING_MAX_SLOTS]; /* next's slots I have filled */
+    int nbusy;
+    uint64_t seq;         /* operations started */
+    uint8_t desc_seen[16];
+    uint32_t early[EARLY_MAX];
+    int nearly;
+    size_t puts_out;
+    uint8_t *flags;       /* storage for rs_done/ag_done */
+    size_t flags_cap;
+    ring_op_t op;
+    double last_activity;
+    hcoll_status_t err;
+};
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+#define RING_ERRBUF(r) ((r)->p.tp.errbuf)
+#define RING_LOGRANK(r) ((r)->p.tp.log_rank)
+
+static hcoll_status_t ring_fail(hc_ring_t *r, hcoll_status_t st)
+{
+    if (r->err == HCOLL_SUCCESS)
+        r->err = st;
+    return r->err;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Creation                                                                   */
+/* ------------------------------------------------------------------------ */
+
+hcoll_status_t hc_ring_create(const hc_ring_params_t *params, hc_ring_t **ring_out)
+{
+    hcoll_status_t st = HCOLL_SUCCESS;
+    hc_errbuf_t *eb = params->tp.errbuf;
+    const int lr = params->tp.log_rank;
+    const int n = params->tp.nranks, me = params->tp.rank;
+    if (n < 1 || me < 0 || me >= n || !params->ops || !params->allgather ||
+        params->chunk_bytes < 8 || params->nslots < 0 || params->nslots > HC_RING_MAX_SLOTS)
+        return hc_err_set(eb, HC_NET, lr, HCOLL_ERR_INVALID_ARG,
+                          "ring: bad parameters (rank %d of %d, chunk %llu bytes, %d slots)", me,
+                          n, (unsigned long long)params->chunk_bytes, params->nslots);
+
+    hc_ring_t *r = calloc(1, sizeof *r);
+    if (!r)
+        return hc_err_set(eb, HC_NET, lr, HCOLL_ERR_NO_MEMORY, "ring: out of memory");
+    r->p = *params;
+    r->rank = me;
+    r->n = n;
+    r->next = (me + 1) % n;
+    r->prev = (me + n - 1) % n;
+    r->ops = params->ops;
+    r->chunk_bytes = (size_t)params->chunk_bytes & ~(size_t)7; /* whole elements of any type */
+    r->nslots = params->nslots ? params->nslots : DEFAULT_SLOTS;
+    *ring_out = r;
+    if (n == 1)
+        return HCOLL_SUCCESS;
+
+    HC_CHECK(r->ops->create(&params->tp, &r->tr), fail_ring);
+    int peers[2] = { r->next, r->prev };
+    hc_ep_t *eps[2] = { NULL, NULL };
+    HC_CHECK(r->ops->connect(r->tr, peers, n == 2 ? 1 : 2, params->allgather, params->ag_ctx, eps),
+             fail_tr);
+    r->ep_next = eps[0];
+    r->ep_prev = n == 2 ? eps[0] : eps[1];
+
+    r->slots = aligned_alloc(64, (size_t)r->nslots * r->chunk_bytes);
+    r->ctrl = aligned_alloc(64, 2 * DESC_SLOTS * DESC_BYTES);
+    if (!r->slots || !r->ctrl) {
+        st = hc_err_set(eb, HC_NET, lr, HCOLL_ERR_NO_MEMORY,
+                        "ring: out of memory for %d staging slots of %zu bytes", r->nslots,
+                        r->chunk_bytes);
+        goto fail_mem;
+    }
+    memset(r->ctrl, 0, 2 * DESC_SLOTS * DESC_BYTES);
+    ring_info_t mine = { RING_MAGIC, (uint32_t)me, (uint32_t)r->nslots, 0, r->chunk_bytes,
+                         { { 0, 0 } }, { { 0, 0 } } };
+    HC_CHECK(r->ops->mr_reg(r->tr, r->slots, (size_t)r->nslots * r->chunk_bytes, &r->slots_mr,
+                            &mine.slots_rkey),
+             fail_mem);
+    HC_CHECK(r->ops->mr_reg(r->tr, r->ctrl, 2 * DESC_SLOTS * DESC_BYTES, &r->ctrl_mr,
+                            &mine.ctrl_rkey),
+             fail_slots_mr);
+
+    ring_info_t *all = calloc((size_t)n, sizeof *all);
+    if (!all) {
+        st = hc_err_set(eb, HC_NET, lr, HCOLL_ERR_NO_MEMORY, "ring: out of memory");
+        goto fail_ctrl_mr;
+    }
+    HC_CHECK(params->allgather(params->ag_ctx, &mine, all, sizeof mine), fail_all);
+    for (int i = 0; i < n; i++) {
+        if (all[i].magic != RING_MAGIC || all[i].rank != (uint32_t)i) {
+            st = hc_err_set(eb, HC_NET, lr, HCOLL_ERR_INTERNAL,
+                            "ring: rank %d published no valid ring info", i);
+            goto fail_all;
+        }
+        if (all[i].nslots != mine.nslots || all[i].chunk_bytes != mine.chunk_bytes) {
+            st = hc_err_set(eb, HC_NET, lr, HCOLL_ERR_MISMATCH,
+                            "ring: rank %d uses %u slots of %llu bytes, rank %d %u of %llu "
+                            "(HCOLL_CHUNK_BYTES must be equal everywhere)",
+                            i, all[i].nslots, (unsigned long long)all[i].chunk_bytes, me,
+                            mine.nslots, (unsigned long long)mine.chunk_bytes);
+            goto fail_all;
+        }
+    }
+    r->next_slots = all[r->next].slots_rkey;
+    r->prev_ctrl = all[r->prev].ctrl_rkey;
+    free(all);
+    HC_INFO(HC_NET, lr, "ring: rank %d of %d, next %d prev %d, %d slots of %zu bytes over %s",
+            me, n, r->next, r->prev, r->nslots, r->chunk_bytes, r->ops->name);
+    return HCOLL_SUCCESS;
+
+fail_all:
+    free(all);
+fail_ctrl_mr:
+    r->ops->mr_dereg(r->tr, r->ctrl_mr);
+fail_slots_mr:
+    r->ops->mr_dereg(r->tr, r->slots_mr);
+fail_mem:
+    free(r->ctrl);
+    free(r->slots);
+fail_tr:
+    r->ops->destroy(r->tr, 0);
+fail_ring:
+    free(r);
+    *ring_out = NULL;
+    return st;
+}
+
+void hc_ring_destroy(hc_ring_t *r)
+{
+    if (!r)
+        return;
+    if (r->tr) {
+        /* Only an idle, healthy ring says goodbye; anything else resets so
+         * that the neighbours stop waiting for us at once. */
+        int graceful = r->err == HCOLL_SUCCESS && !r->op.active;
+        r->ops->destroy(r->tr, graceful); /* frees its regions too */
+    }
+    free(r->flags);
+    free(r->ctrl);
+    free(r->slots);
+    free(r);
+}
+
+hc_ep_t *hc_ring_debug_ep_next(hc_ring_t *r)
+{
+    return r->ep_next;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Geometry                                                                   */
+/* ------------------------------------------------------------------------ */
+
+static inline size_t blk_off(const ring_op_t *o, int b)
+{
+    return (size_t)b * o->base + ((size_t)b < o->rem ? (size_t)b : o->rem);
+}
+
+static inline size_t blk_cnt(const ring_op_t *o, int b)
+{
+    return o->base + ((size_t)b < o->rem);
+}
+
+/* Element offset and count of chunk c of block b. */
+static inline void chunk_of(const ring_op_t *o, int b, size_t c, size_t *off, size_t *cnt)
+{
+    size_t bc = blk_cnt(o, b), start = c * o->ce;
+    *off = blk_off(o, b) + start;
+    *cnt = start >= bc ? 0 : (bc - start < o->ce ? bc - start : o->ce);
+    if (start >= bc)
+        *off = blk_off(o, b);
+}
+
+static inline int mod_n(const hc_ring_t *r, long v)
+{
+    long n = r->n;
+    return (int)(((v % n) + n) % n);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Sending                                                                    */
+/* ------------------------------------------------------------------------ */
+
+static hcoll_status_t put(hc_ring_t *r, hc_ep_t *ep, hc_mr_t *lmr, size_t loff,
+                          const hc_rkey_t *rkey, uint64_t roff, size_t len, uint32_t imm)
+{
+    hcoll_status_t st = r->ops->put(ep, lmr, loff, rkey, roff, len, imm, 0);
+    if (st != HCOLL_SUCCESS)
+        return ring_fail(r, st);
+    r->puts_out++;
+    return HCOLL_SUCCESS;
+}
+
+static hcoll_status_t try_send(hc_ring_t *r)
+{
+    ring_op_t *o = &r->op;
+    const unsigned seq = (unsigned)(r->seq & 15);
+    hcoll_status_t st;
+
+    while (o->rs_next < o->nmsg && r->nbusy < r->nslots) {
+        size_t m = o->rs_next, s = m / o->C, c = m % o->C;
+        if (s > 0 && !o->rs_done[m - o->C])
+            break;
+        int slot = 0;
+        while (r->slot_busy[slot])
+            slot++;
+        size_t off, cnt;
+        chunk_of(o, mod_n(r, (long)r->rank - (long)s), c, &off, &cnt);
+        /* Step 0 sends my own contribution, later steps what I reduced. */
+        hc_mr_t *mr = s == 0 ? o->send_mr : o->recv_mr;
+        st = put(r, r->ep_next, mr, off * o->esize, &r->next_slots,
+                 (uint64_t)slot * r->chunk_bytes, cnt * o->esize, IMM(IMM_RS, seq, slot, m));
+        if (st != HCOLL_SUCCESS)
+            return st;
+        r->slot_busy[slot] = 1;
+        r->nbusy++;
+        o->rs_next++;
+    }
+    while (o->have_desc && o->ag_next < o->nmsg) {
+        size_t m = o->ag_next, s = m / o->C, c = m % o->C;
+        if (s == 0 ? !o->rs_done[(size_t)(r->n - 2) * o->C + c] : !o->ag_done[m - o->C])
+            break;
+        size_t off, cnt;
+        chunk_of(o, mod_n(r, (long)r->rank + 1 - (long)s), c, &off, &cnt);
+        st = put(r, r->ep_next, o->recv_mr, off * o->esize, &o->next_recv, off * o->esize,
+                 cnt * o->esize, IMM(IMM_AG, seq, 0, m));
+        if (st != HCOLL_SUCCESS)
+            return st;
+        o->ag_next++;
+    }
+    return HCOLL_SUCCESS;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Receiving                                                                  */
+/* ------------------------------------------------------------------------ */
+
+static hcoll_status_t on_rs(hc_ring_t *r, uint32_t imm)
+{
+    ring_op_t *o = &r->op;
+    size_t m = IMM_MSG(imm);
+    int slot = IMM_SLOT(imm);
+    if (m >= o->nmsg || o->rs_done[m] || slot >= r->nslots)
+        return ring_fail(r, hc_err_set(RING_ERRBUF(r), HC_NET, RING_LOGRANK(r), HCOLL_ERR_NETWORK,
+                                       "ring: unexpected reduce-scatter message %zu slot %d "
+                                       "from rank %d",
+                                       m, slot, r->prev));
+    size_t s = m / o->C, c = m % o->C, off, cnt;
+    chunk_of(o, mod_n(r, (long)r->rank - 1 - (long)s), c, &off, &cnt);
+    /* One pass: partial from the chain ⊕ my own contribution → my output. */
+    hc_reduce(o->recv + off * o->esize, r->slots + (size_t)slot * r->chunk_bytes,
+              o->send + off * o->esize, cnt, o->dtype, o->op);
+    if (s == (size_t)r->n - 2 && o->op == HCOLL_AVG)
+        hc_reduce_avg_finish(o->recv + off * o->esize, cnt, o->dtype, o->op, o->avg_div);
+    o->rs_done[m] = 1;
+    o->rs_nrecv++;
+    return put(r, r->ep_prev, NULL, 0, NULL, 0, 0,
+               IMM(IMM_CREDIT, r->seq & 15, slot, m));
+}
+
+static hcoll_status_t on_desc(hc_ring_t *r)
+{
+    ring_op_t *o = &r->op;
+    ring_desc_t d;
+    memcpy(&d, r->ctrl + (r->seq % DESC_SLOTS) * DESC_BYTES, sizeof d);
+    if (d.seq != r->seq)
+        return ring_fail(r, hc_err_set(RING_ERRBUF(r), HC_NET, RING_LOGRANK(r), HCOLL_ERR_NETWORK,
+                                       "ring: descriptor from rank %d is for operation %llu, "
+                                       "expected %llu",
+                                       r->next, (unsigned long long)d.seq,
+                                       (unsigned long long)r->seq));
+    o->next_recv = d.recv_rkey;
+    o->have_desc = 1;
+    r->desc_seen[r->seq & 15] = 0;
+    return HCOLL_SUCCESS;
+}
+
+static hcoll_status_t on_comp(hc_ring_t *r, const hc_comp_t *c)
+{
+    if (c->kind == HC_COMP_PUT) {
+        r->puts_out--;
+        return HCOLL_SUCCESS;
+    }
+    uint32_t imm = c->imm;
+    int kind = IMM_KIND(imm);
+    if (kind == IMM_CREDIT) {
+        int slot = IMM_SLOT(imm);
+        if (slot >= r->nslots || !r->slot_busy[slot])
+            return ring_fail(r, hc_err_set(RING_ERRBUF(r), HC_NET, RING_LOGRANK(r),
+                                           HCOLL_ERR_NETWORK,
+                                           "ring: credit for slot %d that is not in use", slot));
+        r->slot_busy[slot] = 0;
+        r->nbusy--;
+        return HCOLL_SUCCESS;
+    }
+    const unsigned cur = (unsigned)(r->seq & 15), nxt = (unsigned)((r->seq + 1) & 15);
+    const unsigned s4 = IMM_SEQ(imm);
+    const int active = r->op.active;
+    /* Between operations, the next one to start is r->seq. */
+    if ((active && s4 == nxt) || (!active && s4 == cur)) {
+        if (kind == IMM_DESC) {
+            r->desc_seen[s4] = 1;
+            return HCOLL_SUCCESS;
+        }
+        if (kind == IMM_RS && r->nearly < EARLY_MAX) {
+            r->early[r->nearly++] = imm;
+            return HCOLL_SUCCESS;
+        }
+    } else if (active && s4 == cur) {
+        switch (kind) {
+        case IMM_RS:
+            return on_rs(r, imm);
+        case IMM_AG: {
+            size_t m = IMM_MSG(imm);
+            if (m < r->op.nmsg && !r->op.ag_done[m]) {
+                r->op.ag_done[m] = 1;
+                r->op.ag_nrecv++;
+                return HCOLL_SUCCESS;
+            }
+            break;
+        }
+        case IMM_DESC:
+            return on_desc(r);
+        }
+    }
+    return ring_fail(r, hc_err_set(RING_ERRBUF(r), HC_NET, RING_LOGRANK(r), HCOLL_ERR_NETWORK,
+                                   "ring: unexpected message (kind %d, operation %u mod 16, "
+                                   "message %zu) from rank %d during operation %llu",
+                                   kind, s4, IMM_MSG(imm), c->peer, (unsigned long long)r->seq));
+}
+
+/* ------------------------------------------------------------------------ */
+/* Operation                                                                  */
+/* ------------------------------------------------------------------------ */
+
+static void op_finish(hc_ring_t *r)
+{
+    ring_op_t *o = &r->op;
+    if (o->send_mr && o->send_mr != o->recv_mr)
+        r->ops->mr_dereg(r->tr, o->send_mr);
+    if (o->recv_mr)
+        r->ops->mr_dereg(r->tr, o->recv_mr);
+    o->send_mr = o->recv_mr = NULL;
+    o->active = 0;
+    r->seq++;
+}
+
+static int op_complete(const hc_ring_t *r)
+{
+    const ring_op_t *o = &r->op;
+    /* Also wait for my credits and my puts: when an operation ends nothing
+     * of it is still in flight towards or from this rank. */
+    return o->rs_next == o->nmsg && o->rs_nrecv == o->nmsg && o->ag_next == o->nmsg &&
+           o->ag_nrecv == o->nmsg && r->puts_out == 0 && r->nbusy == 0;
+}
+
+hcoll_status_t hc_ring_start(hc_ring_t *r, const void *sendbuf, void *recvbuf, size_t count,
+                             hcoll_dtype_t dtype, hcoll_op_t op, int avg_divisor)
+{
+    hcoll_status_t st = HCOLL_SUCCESS;
+    hc_errbuf_t *eb = RING_ERRBUF(r);
+    if (r->err)
+        return r->err;
+    if (r->op.active)
+        return hc_err_set(eb, HC_NET, RING_LOGRANK(r), HCOLL_ERR_INVALID_ARG,
+                          "ring: an operation is already active");
+    if (!hc_reduce_valid(dtype, op))
+        return hc_err_set(eb, HC_NET, RING_LOGRANK(r), HCOLL_ERR_INVALID_ARG,
+                          "ring: invalid dtype %d or op %d", (int)dtype, (int)op);
+    if (count && (!sendbuf || !recvbuf))
+        return hc_err_set(eb, HC_NET, RING_LOGRANK(r), HCOLL_ERR_INVALID_ARG,
+                          "ring: NULL buffer with count %zu", count);
+    const size_t es = hcoll_dtype_size(dtype);
+    const int div = avg_divisor > 0 ? avg_divisor : r->n;
+    /* Nothing to exchange: every rank sees the same count and skips alike,
+     * so sequence numbers stay in step. */
+    if (count == 0)
+        return HCOLL_SUCCESS;
+    if (r->n == 1) {
+        if (sendbuf != recvbuf)
+            memmove(recvbuf, sendbuf, count * es);
+        hc_reduce_avg_finish(recvbuf, count, dtype, op, div);
+        return HCOLL_SUCCESS;
+    }
+
+    ring_op_t *o = &r->op;
+    memset(o, 0, sizeof *o);
+    o->send = sendbuf;
+    o->recv = recvbuf;
+    o->count = count;
+    o->esize = es;
+    o->dtype = dtype;
+    o->op = op;
+    o->avg_div = div;
+    o->base = count / (size_t)r->n;
+    o->rem = count % (size_t)r->n;
+    o->ce = r->chunk_bytes / es;
+    size_t maxblk = o->base + (o->rem > 0);
+    o->C = (maxblk + o->ce - 1) / o->ce;
+    o->nmsg = (size_t)(r->n - 1) * o->C;
+    if (o->nmsg >= IMM_MSG_MAX)
+        return hc_err_set(eb, HC_NET, RING_LOGRANK(r), HCOLL_ERR_UNSUPPORTED,
+                          "ring: %zu elements need %zu messages of %zu bytes per phase, more "
+                          "than %zu; raise HCOLL_CHUNK_BYTES",
+                          count, o->nmsg, r->chunk_bytes, IMM_MSG_MAX - 1);
+    if (o->nmsg * 2 > r->flags_cap) {
+        uint8_t *f = realloc(r->flags, o->nmsg * 2);
+        if (!f)
+            return hc_err_set(eb, HC_NET, RING_LOGRANK(r), HCOLL_ERR_NO_MEMORY,
+                              "ring: out of memory");
+        r->flags = f;
+        r->flags_cap = o->nmsg * 2;
+    }
+    memset(r->flags, 0, o->nmsg * 2);
+    o->rs_done = r->flags;
+    o->ag_done = r->flags + o->nmsg;
+
+    hc_rkey_t recv_rkey;
+    HC_CHECK(r->ops->mr_reg(r->tr, recvbuf, count * es, &o->recv_mr, &recv_rkey), fail);
+    if (sendbuf == recvbuf) {
+        o->send_mr = o->recv_mr;
+    } else {
+        hc_rkey_t unused;
+        HC_CHECK(r->ops->mr_reg(r->tr, (void *)sendbuf, count * es, &o->send_mr, &unused),
+                 fail_recv_mr);
+    }
+    o->active = 1;
+
+    /* Tell prev where my output is: its all-gather writes straight there. */
+    const size_t box = r->seq % DESC_SLOTS;
+    ring_desc_t d = { recv_rkey, r->seq, 0 };
+    memcpy(r->ctrl + (DESC_SLOTS + box) * DESC_BYTES, &d, sizeof d);
+    HC_CHECK(put(r, r->ep_prev, r->ctrl_mr, (DESC_SLOTS + box) * DESC_BYTES, &r->prev_ctrl,
+                 box * DESC_BYTES, sizeof d, IMM(IMM_DESC, r->seq & 15, 0, 0)),
+             fail_active);
+
+    r->last_activity = now_ms();
+    if (r->desc_seen[r->seq & 15])
+        HC_CHECK(on_desc(r), fail_active);
+    /* Reduce-scatter messages that arrived before this operation began. */
+    int nearly = r->nearly;
+    r->nearly = 0;
+    for (int i = 0; i < nearly; i++)
+        HC_CHECK(on_rs(r, r->early[i]), fail_active);
+    HC_CHECK(try_send(r), fail_active);
+    HC_TRACE(HC_NET, RING_LOGRANK(r),
+             "ring: op %llu started: %zu x %s %s, %zu chunk(s) of %zu elements per block",
+             (unsigned long long)r->seq, count, hcoll_dtype_name(dtype), hcoll_op_name(op), o->C,
+             o->ce);
+    return HCOLL_SUCCESS;
+
+fail_active:
+    /* The ring is broken (sticky error); keep the op marked active so that
+     * destroy resets the connections. */
+    return ring_fail(r, st);
+fail_recv_mr:
+    r->ops->mr_dereg(r->tr, o->recv_mr);
+    o->recv_mr = NULL;
+fail:
+    return ring_fail(r, st);
+}
+
+hcoll_status_t hc_ring_progress(hc_ring_t *r, int wait_ms, int *done_out)
+{
+    hcoll_status_t st = HCOLL_SUCCESS;
+    *done_out = 0;
+    if (r->err)
+        return r->err;
+    if (!r->op.active) {
+        *done_out = 1;
+        return HCOLL_SUCCESS;
+    }
+    const double give_up = now_ms() + wait_ms;
+    hc_comp_t comps[64];
+    for (;;) {
+        int n = 0;
+        HC_CHECK(r->ops->poll(r->tr, comps, (int)HC_ARRAY_LEN(comps), 0, &n), fail);
+        if (n == 0) {
+            if (op_complete(r))
+                break;
+            double now = now_ms();
+            if (now - r->last_activity > r->p.tp.timeout_ms) {
+                const ring_op_t *o = &r->op;
+                st = hc_err_set(RING_ERRBUF(r), HC_NET, RING_LOGRANK(r), HCOLL_ERR_TIMEOUT,
+                                "ring: no progress for %d ms in operation %llu (reduce-scatter "
+                                "%zu/%zu received from rank %d, all-gather %zu/%zu received, "
+                                "%d credit(s) owed by rank %d, %s)",
+                                r->p.tp.timeout_ms, (unsigned long long)r->seq, o->rs_nrecv,
+                                o->nmsg, r->prev, o->ag_nrecv, o->nmsg, r->nbusy, r->next,
+                                o->have_desc ? "descriptor received"
+                                             : "no descriptor from next rank");
+                goto fail;
+            }
+            if (now >= give_up)
+                return HCOLL_SUCCESS;
+            double left = r->last_activity + r->p.tp.timeout_ms - now;
+            if (give_up - now < left)
+                left = give_up - now;
+            int wait = (int)left + 1;
+            HC_CHECK(r->ops->poll(r->tr, comps, (int)HC_ARRAY_LEN(comps), wait, &n), fail);
+            if (n == 0)
+                continue;
+        }
+        r->last_activity = now_ms();
+        for (int i = 0; i < n; i++)
+            HC_CHECK(on_comp(r, &comps[i]), fail);
+        HC_CHECK(try_send(r), fail);
+    }
+    op_finish(r);
+    *done_out = 1;
+    return HCOLL_SUCCESS;
+
+fail:
+    return ring_fail(r, st);
+}
+
+hcoll_status_t hc_ring_allreduce(hc_ring_t *r, const void *sendbuf, void *recvbuf, size_t count,
+                                 hcoll_dtype_t dtype, hcoll_op_t op)
+{
+    hcoll_status_t st = hc_ring_start(r, sendbuf, recvbuf, count, dtype, op, 0);
+    int done = 0;
+    while (st == HCOLL_SUCCESS && !done)
+        st = hc_ring_progress(r, 1000, &done);
+    return st;
+}

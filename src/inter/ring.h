@@ -1,0 +1,72 @@
+/*
+ * Stage ② of the design: a chunked, pipelined ring all-reduce among the
+ * ranks that share a local rank, over any transport (transport.h).
+ *
+ * The ring knows nothing of communicators: the caller hands it the
+ * transport, its position, the rail address and an address-exchange
+ * callback. One all-reduce runs at a time per ring; the caller keeps
+ * several in issue order (every rank must issue the same sequence).
+ *
+ *   blocking:  hc_ring_allreduce(ring, send, recv, count, dtype, op)
+ *   step-wise: hc_ring_start(...) then hc_ring_progress(ring, wait, &done)
+ *              until done (a progress thread interleaves this with other
+ *              work; a sub-range of a vector is simply a pointer + count)
+ *
+ * Threading: a ring is used by one thread at a time.
+ */
+#ifndef HC_INTER_RING_H
+#define HC_INTER_RING_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "inter/transport.h"
+
+typedef struct hc_ring hc_ring_t;
+
+#define HC_RING_MAX_SLOTS 16
+
+typedef struct hc_ring_params {
+    const hc_transport_ops_t *ops; /* from hc_transport_select */
+    /* Transport settings; tp.rank/tp.nranks are the ring position and size,
+     * tp.timeout_ms the deadline for set-up and for any wait without
+     * progress, tp.errbuf where messages go, tp.log_rank the rank in logs. */
+    hc_transport_params_t tp;
+    uint64_t chunk_bytes;          /* pipelining unit (HCOLL_CHUNK_BYTES), >= 8 */
+    int nslots;                    /* staging slots, 0 = default (4), max 16 */
+    hc_allgather_fn allgather;     /* address exchange among the ring */
+    void *ag_ctx;
+} hc_ring_params_t;
+
+/* Connect the ring. Collective over the ring's ranks; blocks up to the
+ * timeout. chunk_bytes and nslots must be equal on every rank
+ * (HCOLL_ERR_MISMATCH otherwise). */
+hcoll_status_t hc_ring_create(const hc_ring_params_t *params, hc_ring_t **ring_out);
+
+/* Start recvbuf = op over the ring of sendbuf (count elements; in place
+ * when sendbuf == recvbuf, else no overlap). AVG divides by avg_divisor
+ * (0: the ring's size), so a hierarchical caller can divide by the total
+ * number of ranks. Buffers must stay valid until the operation is done.
+ * Non-blocking; HCOLL_ERR_INVALID_ARG while another operation is active. */
+hcoll_status_t hc_ring_start(hc_ring_t *ring, const void *sendbuf, void *recvbuf, size_t count,
+                             hcoll_dtype_t dtype, hcoll_op_t op, int avg_divisor);
+
+/* Drive the active operation: works until it is done or until nothing
+ * happened for wait_ms (0: one non-blocking sweep). *done_out = 1 once the
+ * result is in recvbuf (also when no operation is active). An error is
+ * sticky: the ring is unusable afterwards and should be destroyed.
+ * HCOLL_ERR_TIMEOUT when nothing arrived for the ring's timeout. */
+hcoll_status_t hc_ring_progress(hc_ring_t *ring, int wait_ms, int *done_out);
+
+/* Start + progress until done. Blocking, collective. */
+hcoll_status_t hc_ring_allreduce(hc_ring_t *ring, const void *sendbuf, void *recvbuf,
+                                 size_t count, hcoll_dtype_t dtype, hcoll_op_t op);
+
+/* Close the ring. After an error the connections are reset so that peers
+ * fail fast; otherwise peers get an orderly goodbye. Local. NULL: no-op. */
+void hc_ring_destroy(hc_ring_t *ring);
+
+/* Test hook: the endpoint towards the next rank (NULL for a 1-rank ring). */
+hc_ep_t *hc_ring_debug_ep_next(hc_ring_t *ring);
+
+#endif

@@ -1,0 +1,135 @@
+/*
+ * The inter-node transport seam: an RDMA-shaped ops table that the ring
+ * drives and that a backend (tcp.c today, ib/ later) implements.
+ *
+ *   rank A                                    rank B
+ *   ┌───────────────┐  put(lmr+loff → rkey+roff, len, imm)  ┌───────────────┐
+ *   │ region (lmr)  │ ────────────────────────────────────► │ region (rkey) │
+ *   └───────────────┘                                       └───────────────┘
+ *     poll → HC_COMP_PUT (wr_id)                 poll → HC_COMP_IMM (imm, peer)
+ *     "source may be reused"                     "payload is in place"
+ *
+ * verbs maps onto it one to one (ibv_reg_mr, RC QP, RDMA_WRITE_WITH_IMM,
+ * ibv_poll_cq); TCP emulates the write with a framed header and payload.
+ *
+ * Ordering guarantees, per endpoint (the only ones a user may rely on):
+ *   - A put's immediate is reported (HC_COMP_IMM at the target) only after
+ *     its whole payload is in the target region.
+ *   - A put's local completion (HC_COMP_PUT) means the source bytes have
+ *     been taken: the source may be rewritten. It does NOT mean the target
+ *     has them.
+ *   - Puts on one endpoint are NOT ordered with respect to each other (TCP
+ *     with several sockets per peer stripes them; a verbs backend may use
+ *     several QPs). Users that need an order build it from immediates.
+ *   - Nothing is ordered across endpoints.
+ * Flow control is the user's: a put may target any registered bytes at any
+ * time, and the transport lands it there. The ring keeps staging slots safe
+ * with credits (a slot is put into only after its receiver handed it back
+ * with a zero-length put whose immediate names it), which maps to verbs as
+ * a zero-byte RDMA_WRITE_WITH_IMM.
+ *
+ * Threading: one transport instance is used by one thread at a time (the
+ * ring's caller, later the communicator's progress thread). Distinct
+ * instances are independent; there is no process-wide state.
+ */
+#ifndef HC_INTER_TRANSPORT_H
+#define HC_INTER_TRANSPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/err.h"
+#include "hcoll.h"
+
+/* Exchange of fixed-size blobs among the ring's ranks: every rank passes
+ * `len` bytes in `mine`; all_out receives nranks*len bytes in rank order.
+ * Provided by the bootstrap (hc_boot_allgather) or by a test. Collective. */
+typedef hcoll_status_t (*hc_allgather_fn)(void *ctx, const void *mine, void *all_out,
+                                          size_t len);
+
+typedef struct hc_transport hc_transport_t; /* one instance per ring */
+typedef struct hc_ep hc_ep_t;               /* a connection to one peer */
+typedef struct hc_mr hc_mr_t;               /* a registered local region */
+
+/* What a peer needs to target a region; opaque, copied byte for byte.
+ * TCP: w[0] = region id. verbs: remote address and rkey. */
+typedef struct hc_rkey {
+    uint64_t w[2];
+} hc_rkey_t;
+
+typedef struct hc_transport_params {
+    int rank;                /* this rank's index among the transport's ranks */
+    int nranks;
+    const char *bind_addr;   /* IPv4 address (rail) to listen on and send from */
+    const char *ifname;      /* for the log line only; may be NULL */
+    int rail;                /* for the log line only */
+    int log_rank;            /* rank printed in logs (communicator rank) */
+    int timeout_ms;          /* connection set-up and silent-link deadline */
+    int nsocks_perpeer;      /* TCP: sockets per peer, >= 1 */
+    uint64_t socket_buf;     /* TCP: SO_SNDBUF/SO_RCVBUF, 0 = autotuning */
+    hc_errbuf_t *errbuf;     /* where error messages go (NULL: thread's) */
+} hc_transport_params_t;
+
+enum hc_comp_kind {
+    HC_COMP_PUT = 1, /* a local put finished: wr_id is valid */
+    HC_COMP_IMM = 2, /* a remote put landed here: imm and peer are valid */
+};
+
+typedef struct hc_comp {
+    int kind;        /* enum hc_comp_kind */
+    int peer;        /* rank of the endpoint's peer */
+    uint32_t imm;
+    uint64_t wr_id;
+} hc_comp_t;
+
+typedef struct hc_transport_ops {
+    const char *name;
+
+    hcoll_status_t (*create)(const hc_transport_params_t *params, hc_transport_t **tr_out);
+
+    /* Connect one endpoint to each of peers[0..npeers-1] (distinct, not
+     * self). Collective over all nranks: every rank calls it once, and the
+     * addresses are exchanged with allgather. Blocks up to timeout_ms.
+     * eps_out[i] is the endpoint to peers[i]. */
+    hcoll_status_t (*connect)(hc_transport_t *tr, const int *peers, int npeers,
+                              hc_allgather_fn allgather, void *ag_ctx, hc_ep_t **eps_out);
+
+    /* Register [base, base+len) (host memory; device memory where the
+     * backend supports it). rkey_out is what a peer passes to put. */
+    hcoll_status_t (*mr_reg)(hc_transport_t *tr, void *base, size_t len, hc_mr_t **mr_out,
+                             hc_rkey_t *rkey_out);
+    void (*mr_dereg)(hc_transport_t *tr, hc_mr_t *mr);
+
+    /* Start a one-sided write of lmr[loff, loff+len) to the peer's region
+     * rkey at roff, carrying imm. len may be 0 (a pure notification). Does
+     * not block; completes through poll. */
+    hcoll_status_t (*put)(hc_ep_t *ep, hc_mr_t *lmr, size_t loff, const hc_rkey_t *rkey,
+                          uint64_t roff, size_t len, uint32_t imm, uint64_t wr_id);
+
+    /* Progress and reap up to max completions into comps. Waits up to
+     * wait_ms (0: never blocks) when there is nothing to report. Returns an
+     * error once any endpoint failed (sticky): HCOLL_ERR_PEER_FAILED (peer
+     * closed or reset), HCOLL_ERR_TIMEOUT (link silent past the deadline),
+     * HCOLL_ERR_NETWORK (malformed traffic). */
+    hcoll_status_t (*poll)(hc_transport_t *tr, hc_comp_t *comps, int max, int wait_ms,
+                           int *n_out);
+
+    /* Close every endpoint and free the instance. graceful: tell peers this
+     * is an orderly goodbye; otherwise reset the connections so that peers
+     * notice a failure at once. NULL is a no-op. */
+    void (*destroy)(hc_transport_t *tr, int graceful);
+} hc_transport_ops_t;
+
+/*
+ * The one place that picks a transport. net is an enum hc_net_kind
+ * (HCOLL_NET). auto: verbs when it is built and a usable RDMA device is
+ * present, else TCP, with an INFO line saying which and why. ib with no
+ * verbs transport: HCOLL_ERR_UNSUPPORTED naming the reason.
+ */
+hcoll_status_t hc_transport_select(int net, hc_errbuf_t *eb, int log_rank,
+                                   const hc_transport_ops_t **ops_out);
+
+/* The TCP backend's table (tcp.c). */
+extern const hc_transport_ops_t hc_tcp_ops;
+
+#endif

@@ -1,0 +1,591 @@
+/*
+ * Ring all-reduce over the TCP transport, N = 2..8 ranks forked on this
+ * host (one per emulated node, each on its own 127.0.0.x "rail").
+ *
+ * Correctness is checked bit for bit two ways:
+ *   - "verifiable" inputs (nccl-tests' idea): small integers, ±1/±2/0.5
+ *     factors, any values for MAX/MIN, so every order of reduction gives the
+ *     same bits and the reference is a plain rank-order fold;
+ *   - random floats, whose reference replays the ring's fixed chain order
+ *     (block b: rank b, b+1, ..., b-1), and every rank's result must match.
+ * Failures on purpose: a rank SIGKILLed or SIGSTOPped mid-operation, and a
+ * corrupted frame.
+ */
+#include <check.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/ranks.h"
+#include "core/err.h"
+#include "core/reduce.h"
+#include "inter/ring.h"
+#include "inter/tcp.h"
+#include "inter/transport.h"
+
+#define TEST_TIMEOUT_S 240
+#define MAXR 8
+
+typedef struct shm {
+    hct_barrier_t bar;
+    int nranks;
+    char slot[MAXR][256];
+    /* fault tests */
+    volatile int ops_done[MAXR];
+    volatile int finished[MAXR];
+    volatile int status[MAXR];
+    volatile double t_err[MAXR];
+    volatile double t_fault;
+    int victim;
+    /* cross-rank identity */
+    volatile uint64_t hash[MAXR];
+} shm_t;
+
+typedef struct ag_ctx {
+    shm_t *shm;
+    int rank;
+} ag_ctx_t;
+
+static hcoll_status_t shm_allgather(void *ctx, const void *mine, void *all, size_t len)
+{
+    ag_ctx_t *c = ctx;
+    memcpy(c->shm->slot[c->rank], mine, len);
+    if (hct_barrier_wait(&c->shm->bar, c->shm->nranks, 30000) != 0)
+        return HCOLL_ERR_TIMEOUT;
+    for (int i = 0; i < c->shm->nranks; i++)
+        memcpy((char *)all + (size_t)i * len, c->shm->slot[i], len);
+    if (hct_barrier_wait(&c->shm->bar, c->shm->nranks, 30000) != 0)
+        return HCOLL_ERR_TIMEOUT;
+    return HCOLL_SUCCESS;
+}
+
+static hc_errbuf_t eb; /* one per forked rank */
+
+static hcoll_status_t ring_up(int rank, int n, ag_ctx_t *ag, uint64_t chunk, int nslots,
+                              int nsocks, int timeout_ms, hc_ring_t **ring_out)
+{
+    static char addr[32];
+    snprintf(addr, sizeof addr, "127.0.0.%d", rank + 1);
+    hc_errbuf_init(&eb);
+    hc_ring_params_t p = {
+        .ops = &hc_tcp_ops,
+        .tp = { rank, n, addr, "lo", rank, rank, timeout_ms, nsocks, 0, &eb },
+        .chunk_bytes = chunk,
+        .nslots = nslots,
+        .allgather = shm_allgather,
+        .ag_ctx = ag,
+    };
+    return hc_ring_create(&p, ring_out);
+}
+
+static shm_t *shm_new(int n)
+{
+    shm_t *s = hct_shared_alloc(sizeof *s);
+    s->nranks = n;
+    return s;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Inputs and references                                                      */
+/* ------------------------------------------------------------------------ */
+
+static void put_val(void *buf, size_t i, hcoll_dtype_t dt, double v)
+{
+    switch (dt) {
+    case HCOLL_FLOAT32: ((float *)buf)[i] = (float)v; break;
+    case HCOLL_FLOAT64: ((double *)buf)[i] = v; break;
+    case HCOLL_FLOAT16: ((uint16_t *)buf)[i] = hc_float_to_half((float)v); break;
+    case HCOLL_BFLOAT16: ((uint16_t *)buf)[i] = hc_float_to_bf16((float)v); break;
+    case HCOLL_INT8: ((int8_t *)buf)[i] = (int8_t)v; break;
+    case HCOLL_UINT8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
+    case HCOLL_INT32: ((int32_t *)buf)[i] = (int32_t)v; break;
+    case HCOLL_INT64: ((int64_t *)buf)[i] = (int64_t)v; break;
+    default: break;
+    }
+}
+
+/* Values whose reduction is exact in any order. */
+static double verif_val(int r, size_t i, hcoll_dtype_t dt, hcoll_op_t op)
+{
+    const int uns = dt == HCOLL_UINT8;
+    const size_t h = (size_t)r * 7 + i * 13 + (i >> 7);
+    switch (op) {
+    case HCOLL_SUM:
+    case HCOLL_AVG:
+        return uns ? (double)(h % 9) : (double)(h % 9) - 4;
+    case HCOLL_PROD: {
+        static const double f[4] = { 1, -1, 2, 0.5 };
+        if (dt == HCOLL_FLOAT32 || dt == HCOLL_FLOAT64 || dt == HCOLL_FLOAT16 ||
+            dt == HCOLL_BFLOAT16)
+            return f[h % 4];
+        return (double)(h % 3 + 1); /* integer products wrap: exact mod 2^k */
+    }
+    default:
+        return uns ? (double)(h % 201) : (double)(h % 201) - 100;
+    }
+}
+
+static void fill_verif(void *buf, size_t count, int r, hcoll_dtype_t dt, hcoll_op_t op)
+{
+    for (size_t i = 0; i < count; i++)
+        put_val(buf, i, dt, verif_val(r, i, dt, op));
+}
+
+static uint64_t rng_next(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static void fill_random(void *buf, size_t count, int r, hcoll_dtype_t dt)
+{
+    uint64_t s = 0x9e3779b97f4a7c15ull * (uint64_t)(r + 1);
+    for (size_t i = 0; i < count; i++)
+        put_val(buf, i, dt, ((double)(rng_next(&s) % 2000001) - 1000000.0) / 1234.567);
+}
+
+/* Rank-order fold of everyone's verifiable inputs. */
+static void ref_verif(void *ref, void *tmp, size_t count, int n, hcoll_dtype_t dt, hcoll_op_t op)
+{
+    fill_verif(ref, count, 0, dt, op);
+    for (int q = 1; q < n; q++) {
+        fill_verif(tmp, count, q, dt, op);
+        hc_reduce(ref, ref, tmp, count, dt, op);
+    }
+    hc_reduce_avg_finish(ref, count, dt, op, n);
+}
+
+/* The ring's own order: block b starts at rank b and is folded by b+1, ...
+ * (partial first, the rank's own contribution second). */
+static void ref_chain(void *ref, void *tmp, size_t count, int n, hcoll_dtype_t dt,
+                      hcoll_op_t op)
+{
+    const size_t es = hcoll_dtype_size(dt), base = count / (size_t)n, rem = count % (size_t)n;
+    for (int b = 0; b < n; b++) {
+        size_t off = (size_t)b * base + ((size_t)b < rem ? (size_t)b : rem);
+        size_t cnt = base + ((size_t)b < rem);
+        for (int k = 0; k < n; k++) {
+            int q = (b + k) % n;
+            fill_random(tmp, count, q, dt);
+            if (k == 0)
+                memcpy((char *)ref + off * es, (char *)tmp + off * es, cnt * es);
+            else
+                hc_reduce((char *)ref + off * es, (char *)ref + off * es, (char *)tmp + off * es,
+                          cnt, dt, op);
+        }
+        hc_reduce_avg_finish((char *)ref + off * es, cnt, dt, op, n);
+    }
+}
+
+static uint64_t fnv(const void *p, size_t len)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ ((const unsigned char *)p)[i]) * 1099511628211ull;
+    return h;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Every dtype × op, many counts, in place and not                            */
+/* ------------------------------------------------------------------------ */
+
+static int rank_matrix(int rank, int n, void *arg)
+{
+    shm_t *shm = arg;
+    ag_ctx_t ag = { shm, rank };
+    hc_ring_t *ring;
+    /* Small chunks and few slots: multi-chunk pipelining and slot reuse
+     * even at these counts. */
+    HCT_REQUIRE(ring_up(rank, n, &ag, 96, 2, 1, 20000, &ring) == HCOLL_SUCCESS, "create: %s",
+                eb.msg);
+    const size_t counts[] = { 0, 1, (size_t)n - 1, (size_t)n + 1, 13, 97, 1031 };
+    const size_t maxc = 1031;
+    char *send = malloc(maxc * 8), *recv = malloc(maxc * 8 + 8), *ref = malloc(maxc * 8),
+         *tmp = malloc(maxc * 8);
+    HCT_REQUIRE(send && recv && ref && tmp, "malloc");
+    for (int dt = 0; dt < HCOLL_DTYPE_COUNT_; dt++) {
+        const size_t es = hcoll_dtype_size(dt);
+        for (int op = 0; op < HCOLL_OP_COUNT_; op++) {
+            for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++) {
+                size_t count = counts[ci];
+                ref_verif(ref, tmp, count, n, dt, op);
+                for (int inplace = 0; inplace < 2; inplace++) {
+                    memset(recv, 0xCD, maxc * 8 + 8);
+                    fill_verif(inplace ? recv : send, count, rank, dt, op);
+                    hcoll_status_t st = hc_ring_allreduce(ring, inplace ? recv : send, recv, count,
+                                                          dt, op);
+                    HCT_REQUIRE(st == HCOLL_SUCCESS, "%s %s count %zu: %s", hcoll_dtype_name(dt),
+                                hcoll_op_name(op), count, eb.msg);
+                    HCT_REQUIRE(memcmp(recv, ref, count * es) == 0,
+                                "%s %s count %zu %s: result differs from the reference",
+                                hcoll_dtype_name(dt), hcoll_op_name(op), count,
+                                inplace ? "in place" : "out of place");
+                    for (size_t k = count * es; k < count * es + 8; k++)
+                        HCT_REQUIRE((unsigned char)recv[k] == 0xCD, "wrote past the end");
+                }
+            }
+        }
+    }
+    hc_ring_destroy(ring);
+    free(send), free(recv), free(ref), free(tmp);
+    return 0;
+}
+
+START_TEST(test_matrix)
+{
+    const int n = 2 + _i;
+    shm_t *shm = shm_new(n);
+    hct_opts_t o = { .nranks = n, .ranks_per_node = 1, .timeout_ms = 200000 };
+    hct_result_t res[MAXR];
+    double t0 = hct_now_ms();
+    ck_assert_int_eq(hct_run(&o, rank_matrix, shm, res), 0);
+    fprintf(stderr, "matrix N=%d: %.1f s\n", n, (hct_now_ms() - t0) / 1e3);
+    hct_shared_free(shm, sizeof *shm);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------ */
+/* Large vectors, default chunking                                            */
+/* ------------------------------------------------------------------------ */
+
+typedef struct large_case {
+    int n;
+    size_t count;
+    hcoll_dtype_t dt;
+    uint64_t chunk;
+    int nsocks;
+} large_case_t;
+
+static const large_case_t large_cases[] = {
+    { 2, (1u << 20) + 3, HCOLL_FLOAT32, 1u << 20, 1 },
+    { 3, (1u << 20) + 3, HCOLL_BFLOAT16, 1u << 20, 3 },
+    { 4, (1u << 20) + 3, HCOLL_INT32, 64u << 10, 1 },
+    { 7, (1u << 20) + 3, HCOLL_FLOAT64, 256u << 10, 2 },
+    { 8, (1u << 20) + 3, HCOLL_FLOAT16, 1u << 20, 1 },
+    /* 64 MiB of float32 */
+    { 2, 16u << 20, HCOLL_FLOAT32, 1u << 20, 1 },
+    { 5, 16u << 20, HCOLL_FLOAT32, 1u << 20, 1 },
+};
+
+static int rank_large(int rank, int n, void *arg)
+{
+    shm_t *shm = ((void **)arg)[0];
+    const large_case_t *lc = ((void **)arg)[1];
+    ag_ctx_t ag = { shm, rank };
+    hc_ring_t *ring;
+    HCT_REQUIRE(ring_up(rank, n, &ag, lc->chunk, 0, lc->nsocks, 30000, &ring) == HCOLL_SUCCESS,
+                "create: %s", eb.msg);
+    const size_t es = hcoll_dtype_size(lc->dt), bytes = lc->count * es;
+    char *send = malloc(bytes), *recv = malloc(bytes), *ref = malloc(bytes), *tmp = malloc(bytes);
+    HCT_REQUIRE(send && recv && ref && tmp, "malloc");
+    ref_verif(ref, tmp, lc->count, n, lc->dt, HCOLL_SUM);
+    free(tmp);
+    fill_verif(send, lc->count, rank, lc->dt, HCOLL_SUM);
+    HCT_REQUIRE(hc_ring_allreduce(ring, send, recv, lc->count, lc->dt, HCOLL_SUM) ==
+                    HCOLL_SUCCESS,
+                "out of place: %s", eb.msg);
+    HCT_REQUIRE(memcmp(recv, ref, bytes) == 0, "out of place: wrong result");
+    HCT_REQUIRE(hc_ring_allreduce(ring, send, send, lc->count, lc->dt, HCOLL_SUM) ==
+                    HCOLL_SUCCESS,
+                "in place: %s", eb.msg);
+    HCT_REQUIRE(memcmp(send, ref, bytes) == 0, "in place: wrong result");
+    hc_ring_destroy(ring);
+    free(send), free(recv), free(ref);
+    return 0;
+}
+
+START_TEST(test_large)
+{
+    const large_case_t *lc = &large_cases[_i];
+    shm_t *shm = shm_new(lc->n);
+    void *arg[2] = { shm, (void *)lc };
+    hct_opts_t o = { .nranks = lc->n, .ranks_per_node = 1, .timeout_ms = 200000 };
+    hct_result_t res[MAXR];
+    double t0 = hct_now_ms();
+    ck_assert_int_eq(hct_run(&o, rank_large, arg, res), 0);
+    fprintf(stderr, "large N=%d count %zu %s: %.1f s\n", lc->n, lc->count,
+            hcoll_dtype_name(lc->dt), (hct_now_ms() - t0) / 1e3);
+    hct_shared_free(shm, sizeof *shm);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------ */
+/* Random floats: the ring's chain order, the same bits on every rank         */
+/* ------------------------------------------------------------------------ */
+
+static int rank_chain(int rank, int n, void *arg)
+{
+    shm_t *shm = arg;
+    ag_ctx_t ag = { shm, rank };
+    hc_ring_t *ring;
+    HCT_REQUIRE(ring_up(rank, n, &ag, 4096, 3, 2, 30000, &ring) == HCOLL_SUCCESS, "create: %s",
+                eb.msg);
+    const hcoll_dtype_t dts[] = { HCOLL_FLOAT32, HCOLL_FLOAT16, HCOLL_BFLOAT16, HCOLL_FLOAT64 };
+    const hcoll_op_t ops[] = { HCOLL_SUM, HCOLL_AVG, HCOLL_PROD };
+    const size_t count = 100003;
+    char *buf = malloc(count * 8), *ref = malloc(count * 8), *tmp = malloc(count * 8);
+    for (size_t d = 0; d < 4; d++)
+        for (size_t k = 0; k < 3; k++) {
+            const size_t es = hcoll_dtype_size(dts[d]);
+            ref_chain(ref, tmp, count, n, dts[d], ops[k]);
+            fill_random(buf, count, rank, dts[d]);
+            HCT_REQUIRE(hc_ring_allreduce(ring, buf, buf, count, dts[d], ops[k]) == HCOLL_SUCCESS,
+                        "%s", eb.msg);
+            HCT_REQUIRE(memcmp(buf, ref, count * es) == 0, "%s %s: differs from chain order",
+                        hcoll_dtype_name(dts[d]), hcoll_op_name(ops[k]));
+            shm->hash[rank] = fnv(buf, count * es);
+            HCT_REQUIRE(hct_barrier_wait(&shm->bar, n, 30000) == 0, "barrier");
+            for (int q = 0; q < n; q++)
+                HCT_REQUIRE(shm->hash[q] == shm->hash[rank], "rank %d has other bits", q);
+            HCT_REQUIRE(hct_barrier_wait(&shm->bar, n, 30000) == 0, "barrier");
+        }
+    hc_ring_destroy(ring);
+    free(buf), free(ref), free(tmp);
+    return 0;
+}
+
+START_TEST(test_chain_order)
+{
+    shm_t *shm = shm_new(5);
+    hct_opts_t o = { .nranks = 5, .ranks_per_node = 1, .timeout_ms = 120000 };
+    hct_result_t res[MAXR];
+    ck_assert_int_eq(hct_run(&o, rank_chain, shm, res), 0);
+    hct_shared_free(shm, sizeof *shm);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------ */
+/* 1000 small calls back to back                                              */
+/* ------------------------------------------------------------------------ */
+
+static int rank_many(int rank, int n, void *arg)
+{
+    shm_t *shm = arg;
+    ag_ctx_t ag = { shm, rank };
+    hc_ring_t *ring;
+    HCT_REQUIRE(ring_up(rank, n, &ag, 1u << 20, 0, 1, 20000, &ring) == HCOLL_SUCCESS,
+                "create: %s", eb.msg);
+    float send[7], recv[7];
+    for (int it = 0; it < 1000; it++) {
+        for (int i = 0; i < 7; i++)
+            send[i] = (float)(rank * 3 + i + it % 5);
+        float *out = (it & 1) ? send : recv;
+        HCT_REQUIRE(hc_ring_allreduce(ring, send, out, 7, HCOLL_FLOAT32, HCOLL_SUM) ==
+                        HCOLL_SUCCESS,
+                    "call %d: %s", it, eb.msg);
+        for (int i = 0; i < 7; i++) {
+            float want = (float)(3 * n * (n - 1) / 2 + n * (i + it % 5));
+            HCT_REQUIRE(out[i] == want, "call %d elem %d: %g != %g", it, i, out[i], want);
+        }
+    }
+    hc_ring_destroy(ring);
+    return 0;
+}
+
+START_TEST(test_many_small)
+{
+    shm_t *shm = shm_new(4);
+    hct_opts_t o = { .nranks = 4, .ranks_per_node = 1, .timeout_ms = 120000 };
+    hct_result_t res[MAXR];
+    double t0 = hct_now_ms();
+    ck_assert_int_eq(hct_run(&o, rank_many, shm, res), 0);
+    fprintf(stderr, "1000 small calls, N=4: %.2f s\n", (hct_now_ms() - t0) / 1e3);
+    hct_shared_free(shm, sizeof *shm);
+}
+END_TEST
+
+START_TEST(test_single_rank)
+{
+    hc_errbuf_init(&eb);
+    shm_t *shm = shm_new(1);
+    ag_ctx_t ag = { shm, 0 };
+    hc_ring_t *ring;
+    ck_assert_int_eq(ring_up(0, 1, &ag, 4096, 0, 1, 1000, &ring), HCOLL_SUCCESS);
+    int32_t a[5] = { 1, 2, 3, 4, 5 }, b[5];
+    ck_assert_int_eq(hc_ring_allreduce(ring, a, b, 5, HCOLL_INT32, HCOLL_SUM), HCOLL_SUCCESS);
+    ck_assert_mem_eq(a, b, sizeof a);
+    ck_assert_int_eq(hc_ring_allreduce(ring, a, a, 5, HCOLL_INT32, HCOLL_AVG), HCOLL_SUCCESS);
+    ck_assert_mem_eq(a, b, sizeof a);
+    ck_assert_int_eq(hc_ring_allreduce(ring, a, b, 5, HCOLL_DTYPE_COUNT_, HCOLL_SUM),
+                     HCOLL_ERR_INVALID_ARG);
+    hc_ring_destroy(ring);
+    hc_ring_destroy(NULL);
+    hct_shared_free(shm, sizeof *shm);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------ */
+/* Failures                                                                   */
+/* ------------------------------------------------------------------------ */
+
+#define FAULT_TIMEOUT_MS 2000
+#define FAULT_COUNT ((size_t)1 << 20) /* 4 MiB of float32 per call */
+
+/* Loop all-reduces until one fails; record when and how. */
+static int rank_until_error(int rank, int n, void *arg)
+{
+    shm_t *shm = arg;
+    ag_ctx_t ag = { shm, rank };
+    hc_ring_t *ring;
+    HCT_REQUIRE(ring_up(rank, n, &ag, 256u << 10, 0, 1, FAULT_TIMEOUT_MS, &ring) == HCOLL_SUCCESS,
+                "create: %s", eb.msg);
+    float *buf = malloc(FAULT_COUNT * sizeof(float));
+    for (size_t i = 0; i < FAULT_COUNT; i++)
+        buf[i] = 1.0f;
+    hcoll_status_t st = HCOLL_SUCCESS;
+    for (int it = 0; it < 100000 && st == HCOLL_SUCCESS; it++) {
+        if (rank == 0 && shm->victim == 0 && it == 3)
+            hc_tcp_ep_corrupt_next(hc_ring_debug_ep_next(ring), HC_TCP_CORRUPT_OFFSET);
+        st = hc_ring_allreduce(ring, buf, buf, FAULT_COUNT, HCOLL_FLOAT32, HCOLL_MAX);
+        if (st == HCOLL_SUCCESS)
+            __atomic_add_fetch(&shm->ops_done[rank], 1, __ATOMIC_RELEASE);
+    }
+    shm->t_err[rank] = hct_now_ms();
+    shm->status[rank] = st;
+    hc_ring_destroy(ring);
+    __atomic_store_n(&shm->finished[rank], 1, __ATOMIC_RELEASE);
+    free(buf);
+    return 0;
+}
+
+static void wait_ops(shm_t *shm, int n, int k)
+{
+    double deadline = hct_now_ms() + 60000;
+    for (int r = 0; r < n && hct_now_ms() < deadline; r++)
+        while (__atomic_load_n(&shm->ops_done[r], __ATOMIC_ACQUIRE) < k &&
+               hct_now_ms() < deadline)
+            usleep(1000);
+}
+
+static void kill_victim(const pid_t *pids, int n, void *arg)
+{
+    shm_t *shm = arg;
+    wait_ops(shm, n, 3);
+    usleep(20000);
+    shm->t_fault = hct_now_ms();
+    kill(pids[shm->victim], SIGKILL);
+}
+
+static void stop_victim(const pid_t *pids, int n, void *arg)
+{
+    shm_t *shm = arg;
+    wait_ops(shm, n, 3);
+    usleep(20000);
+    shm->t_fault = hct_now_ms();
+    kill(pids[shm->victim], SIGSTOP);
+    double deadline = hct_now_ms() + 30000;
+    for (int r = 0; r < n; r++)
+        while (r != shm->victim && !__atomic_load_n(&shm->finished[r], __ATOMIC_ACQUIRE) &&
+               hct_now_ms() < deadline)
+            usleep(1000);
+    kill(pids[shm->victim], SIGKILL);
+}
+
+static void check_survivors(shm_t *shm, int n, const hct_result_t *res, int want_timeout)
+{
+    int timeouts = 0;
+    for (int r = 0; r < n; r++) {
+        if (r == shm->victim)
+            continue;
+        ck_assert_msg(res[r].exited && res[r].code == 0, "rank %d did not finish cleanly", r);
+        hcoll_status_t st = shm->status[r];
+        ck_assert_msg(st == HCOLL_ERR_PEER_FAILED || st == HCOLL_ERR_TIMEOUT ||
+                          st == HCOLL_ERR_NETWORK,
+                      "rank %d: %s", r, hcoll_status_name(st));
+        double dt = shm->t_err[r] - shm->t_fault;
+        fprintf(stderr, "  rank %d: %s %.0f ms after the fault\n", r, hcoll_status_name(st), dt);
+        ck_assert_msg(dt <= FAULT_TIMEOUT_MS + 1000, "rank %d took %.0f ms", r, dt);
+        timeouts += st == HCOLL_ERR_TIMEOUT;
+    }
+    if (want_timeout)
+        ck_assert_msg(timeouts > 0, "no survivor reported a timeout");
+}
+
+START_TEST(test_kill_rank)
+{
+    const int n = 4;
+    shm_t *shm = shm_new(n);
+    shm->victim = 2;
+    hct_opts_t o = { .nranks = n, .ranks_per_node = 1, .timeout_ms = 60000,
+                     .on_started = kill_victim };
+    hct_result_t res[MAXR];
+    hct_run(&o, rank_until_error, shm, res);
+    ck_assert(res[2].signaled && res[2].sig == SIGKILL);
+    check_survivors(shm, n, res, 0);
+    hct_shared_free(shm, sizeof *shm);
+}
+END_TEST
+
+START_TEST(test_stop_rank)
+{
+    const int n = 3;
+    shm_t *shm = shm_new(n);
+    shm->victim = 1;
+    hct_opts_t o = { .nranks = n, .ranks_per_node = 1, .timeout_ms = 60000,
+                     .on_started = stop_victim };
+    hct_result_t res[MAXR];
+    hct_run(&o, rank_until_error, shm, res);
+    check_survivors(shm, n, res, 1);
+    hct_shared_free(shm, sizeof *shm);
+}
+END_TEST
+
+/* Rank 0 sends one frame whose offset lies past rank 1's staging region:
+ * rank 1 reports HCOLL_ERR_NETWORK, nobody crashes, everyone returns. */
+static void note_fault_time(const pid_t *pids, int n, void *arg)
+{
+    (void)pids, (void)n;
+    shm_t *shm = arg;
+    shm->t_fault = hct_now_ms();
+}
+
+START_TEST(test_corrupt_frame)
+{
+    const int n = 3;
+    shm_t *shm = shm_new(n);
+    shm->victim = 0; /* the corrupter; it must fail too, but it is not checked for timing */
+    hct_opts_t o = { .nranks = n, .ranks_per_node = 1, .timeout_ms = 60000,
+                     .on_started = note_fault_time };
+    hct_result_t res[MAXR];
+    hct_run(&o, rank_until_error, shm, res);
+    for (int r = 0; r < n; r++)
+        ck_assert_msg(res[r].exited && res[r].code == 0, "rank %d crashed or failed", r);
+    ck_assert_msg(shm->status[1] == HCOLL_ERR_NETWORK, "rank 1: %s",
+                  hcoll_status_name(shm->status[1]));
+    ck_assert_int_ne(shm->status[0], HCOLL_SUCCESS);
+    ck_assert_int_ne(shm->status[2], HCOLL_SUCCESS);
+    hct_shared_free(shm, sizeof *shm);
+}
+END_TEST
+
+static Suite *ring_suite(void)
+{
+    Suite *s = suite_create("ring");
+    TCase *tc = tcase_create("correctness");
+    tcase_set_timeout(tc, TEST_TIMEOUT_S);
+    tcase_add_test(tc, test_single_rank);
+    tcase_add_loop_test(tc, test_matrix, 0, MAXR - 1);
+    tcase_add_loop_test(tc, test_large, 0, (int)(sizeof large_cases / sizeof large_cases[0]));
+    tcase_add_test(tc, test_chain_order);
+    tcase_add_test(tc, test_many_small);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("faults");
+    tcase_set_timeout(tc, TEST_TIMEOUT_S);
+    tcase_add_test(tc, test_kill_rank);
+    tcase_add_test(tc, test_stop_rank);
+    tcase_add_test(tc, test_corrupt_frame);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(ring_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,450 @@
+/*
+ * TCP transport: transport choice, puts landing at their offsets with their
+ * immediates (one and several sockets per peer), headers that lie about
+ * their target rejected before a byte is written, a peer that dies, an
+ * orderly close, a stranger on the port, a hello that never comes.
+ * All traffic on 127.0.0.0/8, ranks forked by tests/common/ranks.h.
+ */
+#include <check.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <unistd.h>
+
+#include "common/ranks.h"
+#include "core/config.h"
+#include "core/err.h"
+#include "inter/tcp.h"
+#include "inter/transport.h"
+
+#define TEST_TIMEOUT_S 120
+#define MAXR 8
+
+/* Address exchange over shared memory, standing in for the bootstrap. */
+typedef struct shm_ag {
+    hct_barrier_t bar;
+    int nranks;
+    volatile int port[MAXR];
+    char slot[MAXR][512];
+} shm_ag_t;
+
+typedef struct ag_ctx {
+    shm_ag_t *shm;
+    int rank;
+} ag_ctx_t;
+
+static hcoll_status_t shm_allgather(void *ctx, const void *mine, void *all, size_t len)
+{
+    ag_ctx_t *c = ctx;
+    memcpy(c->shm->slot[c->rank], mine, len);
+    if (hct_barrier_wait(&c->shm->bar, c->shm->nranks, 20000) != 0)
+        return HCOLL_ERR_TIMEOUT;
+    for (int i = 0; i < c->shm->nranks; i++)
+        memcpy((char *)all + (size_t)i * len, c->shm->slot[i], len);
+    if (hct_barrier_wait(&c->shm->bar, c->shm->nranks, 20000) != 0)
+        return HCOLL_ERR_TIMEOUT;
+    return HCOLL_SUCCESS;
+}
+
+static hc_errbuf_t eb; /* per forked rank */
+
+static hc_transport_params_t tparams(int rank, int n, int nsocks, int timeout_ms)
+{
+    static char addr[MAXR][32];
+    snprintf(addr[rank], sizeof addr[rank], "127.0.0.%d", rank + 1);
+    hc_errbuf_init(&eb);
+    hc_transport_params_t p = { rank, n, addr[rank], "lo", rank, rank, timeout_ms, nsocks, 0, &eb };
+    return p;
+}
+
+static int wait_comps(hc_transport_t *tr, int kind, int want, uint32_t *imms, int timeout_ms,
+                      hcoll_status_t *st_out)
+{
+    int got = 0;
+    double deadline = hct_now_ms() + timeout_ms;
+    while (got < want && hct_now_ms() < deadline) {
+        hc_comp_t c[16];
+        int n;
+        hcoll_status_t st = hc_tcp_ops.poll(tr, c, 16, 50, &n);
+        if (st != HCOLL_SUCCESS) {
+            *st_out = st;
+            return got;
+        }
+        for (int i = 0; i < n; i++)
+            if (c[i].kind == kind) {
+                if (imms)
+                    imms[got] = c[i].imm;
+                got++;
+            }
+    }
+    *st_out = HCOLL_SUCCESS;
+    return got;
+}
+
+/* ------------------------------------------------------------------------ */
+
+START_TEST(test_select)
+{
+    const hc_transport_ops_t *ops = NULL;
+    ck_assert_int_eq(hc_transport_select(HC_NET_TCP, NULL, -1, &ops), HCOLL_SUCCESS);
+    ck_assert_ptr_eq(ops, &hc_tcp_ops);
+    ops = NULL;
+    ck_assert_int_eq(hc_transport_select(HC_NET_AUTO, NULL, -1, &ops), HCOLL_SUCCESS);
+    ck_assert_ptr_eq(ops, &hc_tcp_ops);
+    ops = NULL;
+    hc_errbuf_t e;
+    hc_errbuf_init(&e);
+    ck_assert_int_eq(hc_transport_select(HC_NET_IB, &e, -1, &ops), HCOLL_ERR_UNSUPPORTED);
+    ck_assert_ptr_null(ops);
+    ck_assert_ptr_nonnull(strstr(hc_errbuf_get(&e), "verbs transport is not built"));
+    hc_errbuf_fini(&e);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------ */
+
+#define GUARD 64
+static const struct { size_t off, len; } puts_tab[] = {
+    { 0, 0 }, { 0, 1 }, { 17, 4095 }, { 5000, 1 << 20 }, { 3u << 20, (1u << 20) + 3 },
+    { 100, 31 }, { (1u << 20) + 7, 65536 },
+};
+#define NPUTS (int)(sizeof puts_tab / sizeof puts_tab[0])
+#define REGION ((4u << 20) + 16)
+
+static unsigned char pat(size_t i)
+{
+    return (unsigned char)(i * 131 + (i >> 9) + 7);
+}
+
+static int rank_puts(int rank, int n, void *arg)
+{
+    shm_ag_t *shm = ((void **)arg)[0];
+    int nsocks = *(int *)((void **)arg)[1];
+    ag_ctx_t ag = { shm, rank };
+    hc_transport_params_t p = tparams(rank, n, nsocks, 10000);
+    hc_transport_t *tr;
+    HCT_REQUIRE(hc_tcp_ops.create(&p, &tr) == HCOLL_SUCCESS, "create: %s", eb.msg);
+    int peer = 1 - rank;
+    hc_ep_t *ep;
+    HCT_REQUIRE(hc_tcp_ops.connect(tr, &peer, 1, shm_allgather, &ag, &ep) == HCOLL_SUCCESS,
+                "connect: %s", eb.msg);
+    unsigned char *buf = malloc(REGION + 2 * GUARD);
+    HCT_REQUIRE(buf, "malloc");
+    hc_mr_t *mr;
+    hc_rkey_t rk;
+    hcoll_status_t st;
+    if (rank == 0) {
+        for (size_t i = 0; i < REGION; i++)
+            buf[GUARD + i] = pat(i);
+    } else {
+        memset(buf, 0xA5, REGION + 2 * GUARD);
+    }
+    HCT_REQUIRE(hc_tcp_ops.mr_reg(tr, buf + GUARD, REGION, &mr, &rk) == HCOLL_SUCCESS, "reg");
+    hc_rkey_t rks[2];
+    HCT_REQUIRE(shm_allgather(&ag, &rk, rks, sizeof rk) == HCOLL_SUCCESS, "exchange keys");
+    if (rank == 0) {
+        for (int k = 0; k < NPUTS; k++)
+            HCT_REQUIRE(hc_tcp_ops.put(ep, mr, puts_tab[k].off, &rks[1], puts_tab[k].off,
+                                       puts_tab[k].len, 1000u + (unsigned)k, (uint64_t)k) ==
+                            HCOLL_SUCCESS,
+                        "put %d: %s", k, eb.msg);
+        int got = wait_comps(tr, HC_COMP_PUT, NPUTS, NULL, 10000, &st);
+        HCT_REQUIRE(st == HCOLL_SUCCESS && got == NPUTS, "local completions %d/%d %s", got, NPUTS,
+                    eb.msg);
+        /* The peer's "all checked" notification. */
+        uint32_t imm = 0;
+        got = wait_comps(tr, HC_COMP_IMM, 1, &imm, 10000, &st);
+        HCT_REQUIRE(st == HCOLL_SUCCESS && got == 1 && imm == 4242u, "notify: %d %s", got, eb.msg);
+    } else {
+        uint32_t imms[NPUTS];
+        int got = wait_comps(tr, HC_COMP_IMM, NPUTS, imms, 10000, &st);
+        HCT_REQUIRE(st == HCOLL_SUCCESS && got == NPUTS, "immediates %d/%d %s", got, NPUTS, eb.msg);
+        unsigned seen = 0;
+        for (int k = 0; k < NPUTS; k++) {
+            HCT_REQUIRE(imms[k] >= 1000u && imms[k] < 1000u + NPUTS, "imm %u", imms[k]);
+            seen |= 1u << (imms[k] - 1000u);
+        }
+        HCT_REQUIRE(seen == (1u << NPUTS) - 1, "every immediate once: %x", seen);
+        /* Written ranges hold the pattern, everything else is untouched. */
+        unsigned char *want = malloc(REGION);
+        memset(want, 0xA5, REGION);
+        for (int k = 0; k < NPUTS; k++)
+            for (size_t i = puts_tab[k].off; i < puts_tab[k].off + puts_tab[k].len; i++)
+                want[i] = pat(i);
+        HCT_REQUIRE(memcmp(want, buf + GUARD, REGION) == 0, "region contents");
+        for (int i = 0; i < GUARD; i++)
+            HCT_REQUIRE(buf[i] == 0xA5 && buf[GUARD + REGION + i] == 0xA5, "guard %d", i);
+        free(want);
+        HCT_REQUIRE(hc_tcp_ops.put(ep, NULL, 0, NULL, 0, 0, 4242u, 99) == HCOLL_SUCCESS, "notify");
+        got = wait_comps(tr, HC_COMP_PUT, 1, NULL, 10000, &st);
+        HCT_REQUIRE(got == 1, "notify completion");
+    }
+    /* An orderly close: the survivor sees no failure. */
+    HCT_REQUIRE(shm_allgather(&ag, &rk, rks, sizeof rk) == HCOLL_SUCCESS, "barrier");
+    if (rank == 1) {
+        hc_tcp_ops.destroy(tr, 1);
+        tr = NULL;
+    } else {
+        uint32_t imm;
+        wait_comps(tr, HC_COMP_IMM, 1, &imm, 300, &st);
+        HCT_REQUIRE(st == HCOLL_SUCCESS, "peer's goodbye taken as a failure: %s", eb.msg);
+        hc_tcp_ops.destroy(tr, 1);
+    }
+    HCT_REQUIRE(shm_allgather(&ag, &rk, rks, sizeof rk) == HCOLL_SUCCESS, "barrier");
+    free(buf);
+    return 0;
+}
+
+START_TEST(test_puts)
+{
+    static const int nsocks_tab[] = { 1, 3 };
+    int nsocks = nsocks_tab[_i];
+    shm_ag_t *shm = hct_shared_alloc(sizeof *shm);
+    shm->nranks = 2;
+    void *arg[2] = { shm, &nsocks };
+    hct_opts_t o = { .nranks = 2, .ranks_per_node = 1, .timeout_ms = 60000 };
+    hct_result_t res[2];
+    ck_assert_int_eq(hct_run(&o, rank_puts, arg, res), 0);
+    hct_shared_free(shm, sizeof *shm);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------ */
+
+static int rank_corrupt(int rank, int n, void *arg)
+{
+    shm_ag_t *shm = arg;
+    ag_ctx_t ag = { shm, rank };
+    for (int mode = HC_TCP_CORRUPT_MAGIC; mode <= HC_TCP_CORRUPT_LENGTH; mode++) {
+        hc_transport_params_t p = tparams(rank, n, 1, 10000);
+        hc_transport_t *tr;
+        HCT_REQUIRE(hc_tcp_ops.create(&p, &tr) == HCOLL_SUCCESS, "create");
+        int peer = 1 - rank;
+        hc_ep_t *ep;
+        HCT_REQUIRE(hc_tcp_ops.connect(tr, &peer, 1, shm_allgather, &ag, &ep) == HCOLL_SUCCESS,
+                    "connect: %s", eb.msg);
+        enum { LEN = 8192 };
+        unsigned char *buf = malloc(3 * LEN);
+        memset(buf, 0x5A, 3 * LEN);
+        hc_mr_t *mr;
+        hc_rkey_t rk, rks[2];
+        /* The region is the middle third; the rest must stay 0x5A. */
+        HCT_REQUIRE(hc_tcp_ops.mr_reg(tr, buf + LEN, LEN, &mr, &rk) == HCOLL_SUCCESS, "reg");
+        HCT_REQUIRE(shm_allgather(&ag, &rk, rks, sizeof rk) == HCOLL_SUCCESS, "keys");
+        hcoll_status_t st;
+        if (rank == 0) {
+            memset(buf, 0xEE, 3 * LEN);
+            hc_tcp_ep_corrupt_next(ep, mode);
+            HCT_REQUIRE(hc_tcp_ops.put(ep, mr, 0, &rks[1], 100, 4096, 7, 0) == HCOLL_SUCCESS,
+                        "put");
+            wait_comps(tr, HC_COMP_PUT, 1, NULL, 5000, &st);
+        } else {
+            wait_comps(tr, HC_COMP_IMM, 1, NULL, 5000, &st);
+            HCT_REQUIRE(st == HCOLL_ERR_NETWORK, "mode %d: got %s (%s)", mode,
+                        hcoll_status_name(st), eb.msg);
+            HCT_REQUIRE(strstr(eb.msg, "bad frame"), "message: %s", eb.msg);
+            for (size_t i = 0; i < 3 * LEN; i++)
+                HCT_REQUIRE(buf[i] == 0x5A, "mode %d: byte %zu written", mode, i);
+            /* Sticky: later calls report it too. */
+            HCT_REQUIRE(hc_tcp_ops.put(ep, mr, 0, &rks[0], 0, 1, 1, 0) == HCOLL_ERR_NETWORK,
+                        "sticky");
+        }
+        HCT_REQUIRE(shm_allgather(&ag, &rk, rks, sizeof rk) == HCOLL_SUCCESS, "barrier");
+        hc_tcp_ops.destroy(tr, 0);
+        free(buf);
+    }
+    return 0;
+}
+
+START_TEST(test_corrupt_frames)
+{
+    shm_ag_t *shm = hct_shared_alloc(sizeof *shm);
+    shm->nranks = 2;
+    hct_opts_t o = { .nranks = 2, .ranks_per_node = 1, .timeout_ms = 60000 };
+    hct_result_t res[2];
+    ck_assert_int_eq(hct_run(&o, rank_corrupt, shm, res), 0);
+    hct_shared_free(shm, sizeof *shm);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------ */
+
+/* Rank 1 vanishes (exit without close, as a crash would); rank 0 must see
+ * HCOLL_ERR_PEER_FAILED promptly, not wait for the timeout. */
+static int rank_death(int rank, int n, void *arg)
+{
+    shm_ag_t *shm = arg;
+    ag_ctx_t ag = { shm, rank };
+    hc_transport_params_t p = tparams(rank, n, 2, 20000);
+    hc_transport_t *tr;
+    HCT_REQUIRE(hc_tcp_ops.create(&p, &tr) == HCOLL_SUCCESS, "create");
+    int peer = 1 - rank;
+    hc_ep_t *ep;
+    HCT_REQUIRE(hc_tcp_ops.connect(tr, &peer, 1, shm_allgather, &ag, &ep) == HCOLL_SUCCESS,
+                "connect: %s", eb.msg);
+    if (rank == 1)
+        _exit(0);
+    double t0 = hct_now_ms();
+    hcoll_status_t st;
+    wait_comps(tr, HC_COMP_IMM, 1, NULL, 10000, &st);
+    HCT_REQUIRE(st == HCOLL_ERR_PEER_FAILED, "got %s (%s)", hcoll_status_name(st), eb.msg);
+    HCT_REQUIRE(hct_now_ms() - t0 < 5000, "took %.0f ms", hct_now_ms() - t0);
+    char buf[8];
+    hc_mr_t *mr;
+    hc_rkey_t rk;
+    hc_tcp_ops.mr_reg(tr, buf, sizeof buf, &mr, &rk);
+    HCT_REQUIRE(hc_tcp_ops.put(ep, mr, 0, &rk, 0, 8, 1, 0) == HCOLL_ERR_PEER_FAILED, "put after");
+    hc_tcp_ops.destroy(tr, 0);
+    return 0;
+}
+
+START_TEST(test_peer_death)
+{
+    shm_ag_t *shm = hct_shared_alloc(sizeof *shm);
+    shm->nranks = 2;
+    hct_opts_t o = { .nranks = 2, .ranks_per_node = 1, .timeout_ms = 30000 };
+    hct_result_t res[2];
+    ck_assert_int_eq(hct_run(&o, rank_death, shm, res), 0);
+    hct_shared_free(shm, sizeof *shm);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------ */
+
+/* Ranks 0 and 1 form the transport; process 2 knocks on rank 1's port with
+ * garbage first. The real connection must still be made. */
+static int rank_stranger(int rank, int n, void *arg)
+{
+    (void)n;
+    shm_ag_t *shm = arg;
+    if (rank == 2) {
+        while (!shm->port[1])
+            usleep(1000);
+        for (int k = 0; k < 3; k++) {
+            int fd = socket(AF_INET, SOCK_STREAM, 0);
+            struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)shm->port[1]) };
+            inet_pton(AF_INET, "127.0.0.2", &sa.sin_addr);
+            HCT_REQUIRE(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0, "knock");
+            char junk[64];
+            memset(junk, k == 0 ? 'G' : 0, sizeof junk);
+            if (k < 2)
+                (void)!write(fd, junk, (size_t)(k == 0 ? 64 : 24));
+            if (k == 2)
+                usleep(100000); /* connected but silent for a while */
+            close(fd);
+        }
+        __atomic_store_n(&shm->port[2], 1, __ATOMIC_RELEASE);
+        return 0;
+    }
+    ag_ctx_t ag = { shm, rank };
+    hc_transport_params_t p = tparams(rank, 2, 1, 10000);
+    hc_transport_t *tr;
+    HCT_REQUIRE(hc_tcp_ops.create(&p, &tr) == HCOLL_SUCCESS, "create");
+    shm->port[rank] = hc_tcp_listen_port(tr);
+    while (!__atomic_load_n(&shm->port[2], __ATOMIC_ACQUIRE))
+        usleep(1000);
+    int peer = 1 - rank;
+    hc_ep_t *ep;
+    HCT_REQUIRE(hc_tcp_ops.connect(tr, &peer, 1, shm_allgather, &ag, &ep) == HCOLL_SUCCESS,
+                "connect: %s", eb.msg);
+    hcoll_status_t st;
+    if (rank == 0) {
+        HCT_REQUIRE(hc_tcp_ops.put(ep, NULL, 0, NULL, 0, 0, 77, 0) == HCOLL_SUCCESS, "put");
+        wait_comps(tr, HC_COMP_PUT, 1, NULL, 5000, &st);
+    } else {
+        uint32_t imm = 0;
+        int got = wait_comps(tr, HC_COMP_IMM, 1, &imm, 5000, &st);
+        HCT_REQUIRE(got == 1 && imm == 77, "notification over the real connection");
+    }
+    HCT_REQUIRE(st == HCOLL_SUCCESS, "%s", eb.msg);
+    hct_barrier_wait(&shm->bar, 2, 10000);
+    hc_tcp_ops.destroy(tr, 1);
+    return 0;
+}
+
+START_TEST(test_stranger)
+{
+    shm_ag_t *shm = hct_shared_alloc(sizeof *shm);
+    shm->nranks = 2;
+    hct_opts_t o = { .nranks = 3, .ranks_per_node = 1, .timeout_ms = 30000 };
+    hct_result_t res[3];
+    ck_assert_int_eq(hct_run(&o, rank_stranger, shm, res), 0);
+    hct_shared_free(shm, sizeof *shm);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------ */
+
+/* Rank 0 dials with a different socket count, so rank 1 rejects its hellos
+ * and must give up with HCOLL_ERR_TIMEOUT at its deadline. */
+static int rank_no_hello(int rank, int n, void *arg)
+{
+    shm_ag_t *shm = arg;
+    ag_ctx_t ag = { shm, rank };
+    hc_transport_params_t p = tparams(rank, n, rank == 0 ? 1 : 2, 1500);
+    hc_transport_t *tr;
+    HCT_REQUIRE(hc_tcp_ops.create(&p, &tr) == HCOLL_SUCCESS, "create");
+    int peer = 1 - rank;
+    hc_ep_t *ep;
+    double t0 = hct_now_ms();
+    hcoll_status_t st = hc_tcp_ops.connect(tr, &peer, 1, shm_allgather, &ag, &ep);
+    double dt = hct_now_ms() - t0;
+    if (rank == 1) {
+        HCT_REQUIRE(st == HCOLL_ERR_TIMEOUT, "got %s (%s)", hcoll_status_name(st), eb.msg);
+        HCT_REQUIRE(dt > 1000 && dt < 4000, "gave up after %.0f ms", dt);
+    }
+    hc_tcp_ops.destroy(tr, 0);
+    return 0;
+}
+
+START_TEST(test_connect_timeout)
+{
+    shm_ag_t *shm = hct_shared_alloc(sizeof *shm);
+    shm->nranks = 2;
+    hct_opts_t o = { .nranks = 2, .ranks_per_node = 1, .timeout_ms = 30000 };
+    hct_result_t res[2];
+    ck_assert_int_eq(hct_run(&o, rank_no_hello, shm, res), 0);
+    hct_shared_free(shm, sizeof *shm);
+}
+END_TEST
+
+START_TEST(test_bad_bind)
+{
+    hc_errbuf_t e;
+    hc_errbuf_init(&e);
+    hc_transport_params_t p = { 0, 2, "not-an-ip", "lo", 0, 0, 1000, 1, 0, &e };
+    hc_transport_t *tr = NULL;
+    ck_assert_int_eq(hc_tcp_ops.create(&p, &tr), HCOLL_ERR_INVALID_ARG);
+    ck_assert_ptr_null(tr);
+    hc_tcp_ops.destroy(NULL, 1);
+    hc_errbuf_fini(&e);
+}
+END_TEST
+
+static Suite *tcp_suite(void)
+{
+    Suite *s = suite_create("tcp");
+    TCase *tc = tcase_create("tcp");
+    tcase_set_timeout(tc, TEST_TIMEOUT_S);
+    tcase_add_test(tc, test_select);
+    tcase_add_test(tc, test_bad_bind);
+    tcase_add_loop_test(tc, test_puts, 0, 2);
+    tcase_add_test(tc, test_corrupt_frames);
+    tcase_add_test(tc, test_peer_death);
+    tcase_add_test(tc, test_stranger);
+    tcase_add_test(tc, test_connect_timeout);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(tcp_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
