@@ -68,6 +68,11 @@ TOOLS      := $(patsubst %.c,$(BINOUT)/%,$(notdir $(TOOL_SRCS)))
 # Peer programs built with mpicc, only where Open MPI is installed.
 MPI_SRCS   := $(if $(filter 1,$(HAVE_MPI)),$(sort $(wildcard bench/mpi/*.c)))
 TOOLS      += $(patsubst %.c,$(BINOUT)/%,$(notdir $(MPI_SRCS)))
+# Code shared by tools, benchmarks and tests (argument parsing, bandwidth
+# arithmetic...): a static library of its own, never part of libhcoll.
+TOOLLIB_SRCS := $(sort $(wildcard tools/lib/*.c))
+TOOLLIB_OBJS := $(TOOLLIB_SRCS:%.c=$(BUILD)/%.o)
+TOOLLIB      := $(BUILD)/libhctools.a
 TEST_SRCS  := $(sort $(wildcard tests/test_*.c))
 TESTS      := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 TESTLIB_SRCS := $(sort $(wildcard tests/common/*.c))
@@ -123,15 +128,23 @@ $(SHARED_LIB): $(SHARED_REAL)
 	$(Q)ln -sf libhcoll.so.$(VERSION) $(LIBOUT)/$(SONAME)
 	$(Q)ln -sf $(SONAME) $@
 
+$(TOOLLIB): $(TOOLLIB_OBJS)
+	@mkdir -p $(dir $@)
+	$(Q)rm -f $@ && ar rcs $@ $^
+
 # Tools and benchmarks see internal headers, so they link the static library.
-$(BINOUT)/%: tools/%.c $(STATIC_LIB) | $(GEN)/hc_build.h
+# hcoll_perf is built with mpicc where Open MPI is installed, for --peer mpi.
+PERF_CC := $(if $(filter 1,$(HAVE_MPI)),mpicc,$(CC))
+$(BINOUT)/hcoll_perf: private CC := $(PERF_CC)
+$(BINOUT)/hcoll_perf: private ALL_CFLAGS += -DHCOLL_PERF_MPI=$(HAVE_MPI)
+$(BINOUT)/%: tools/%.c $(STATIC_LIB) $(TOOLLIB) | $(GEN)/hc_build.h
 	@mkdir -p $(BINOUT) $(BUILD)/bin
 	@$(if $(Q),echo "  CCLD    $@")
-	$(Q)$(CC) $(ALL_CFLAGS) -MF $(BUILD)/bin/$*.d -o $@ $< $(STATIC_LIB) $(LIB_LDLIBS)
-$(BINOUT)/%: bench/%.c $(STATIC_LIB) | $(GEN)/hc_build.h
+	$(Q)$(CC) $(ALL_CFLAGS) -Itools -MF $(BUILD)/bin/$*.d -o $@ $< $(TOOLLIB) $(STATIC_LIB) $(LIB_LDLIBS)
+$(BINOUT)/%: bench/%.c $(STATIC_LIB) $(TOOLLIB) | $(GEN)/hc_build.h
 	@mkdir -p $(BINOUT) $(BUILD)/bin
 	@$(if $(Q),echo "  CCLD    $@")
-	$(Q)$(CC) $(ALL_CFLAGS) -MF $(BUILD)/bin/$*.d -o $@ $< $(STATIC_LIB) $(LIB_LDLIBS)
+	$(Q)$(CC) $(ALL_CFLAGS) -Itools -MF $(BUILD)/bin/$*.d -o $@ $< $(TOOLLIB) $(STATIC_LIB) $(LIB_LDLIBS)
 
 $(BINOUT)/%: bench/mpi/%.c $(STATIC_LIB) | $(GEN)/hc_build.h
 	@mkdir -p $(BINOUT) $(BUILD)/bin
@@ -148,11 +161,11 @@ $(BUILD)/examples/%: examples/%.c $(SHARED_LIB)
 CHECK_CFLAGS = $(shell pkg-config --cflags check 2>/dev/null)
 CHECK_LIBS   = $(shell pkg-config --libs check 2>/dev/null)
 
-$(BUILD)/tests/%: tests/%.c $(TESTLIB_OBJS) $(STATIC_LIB) | $(GEN)/hc_build.h
+$(BUILD)/tests/%: tests/%.c $(TESTLIB_OBJS) $(STATIC_LIB) $(TOOLLIB) | $(GEN)/hc_build.h
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CCLD    $@")
-	$(Q)$(CC) $(ALL_CFLAGS) $(CHECK_CFLAGS) -Itests -MF $@.d -o $@ $< $(TESTLIB_OBJS) \
-	    $(STATIC_LIB) $(CHECK_LIBS) $(LIB_LDLIBS)
+	$(Q)$(CC) $(ALL_CFLAGS) $(CHECK_CFLAGS) -Itests -Itools -MF $@.d -o $@ $< $(TESTLIB_OBJS) \
+	    $(TOOLLIB) $(STATIC_LIB) $(CHECK_LIBS) $(LIB_LDLIBS)
 
 $(BUILD)/tests/common/%.o: tests/common/%.c | $(GEN)/hc_build.h
 	@mkdir -p $(dir $@)
