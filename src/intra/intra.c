@@ -1,0 +1,27 @@
+/* Helpers shared by every intra-node backend and its callers. */
+#include "intra/intra.h"
+
+void hc_intra_shard(size_t count, int L, int i, size_t *offset_out, size_t *len_out)
+{
+    /* q*L + r == count; shards below r take q+1. Written without i*count so
+     * that no product can overflow. */
+    size_t n = L > 0 ? (size_t)L : 1;
+    size_t k = i < 0 ? 0 : (size_t)i;
+    size_t q = count / n, r = count % n;
+    if (k > n)
+        k = n;
+    *offset_out = k * q + (k < r ? k : r);
+    *len_out = k < n ? q + (k < r ? 1 : 0) : 0;
+}
+
+void hc_intra_abort(hc_intra_t *ctx)
+{
+    if (ctx && ctx->ops && ctx->ops->abort)
+        ctx->ops->abort(ctx);
+}
+
+void hc_intra_destroy(hc_intra_t *ctx)
+{
+    if (ctx && ctx->ops && ctx->ops->destroy)
+        ctx->ops->destroy(ctx);
+}

@@ -1,0 +1,134 @@
+/*
+ * Intra-node phase of the hierarchical all-reduce, behind one ops table.
+ *
+ *   stage ①  reduce_scatter: afterwards local rank i holds, at shard i's
+ *            offset in its own recvbuf, the node's reduction of shard i
+ *   stage ③  all_gather:     afterwards every local rank holds all L shards
+ *   one-node plan: allreduce = reduce_scatter then all_gather
+ *
+ * Shards come from hc_intra_shard(), which the ring and the executor use
+ * too, so that everybody agrees on who owns which elements.
+ *
+ * A backend never sees the communicator: it gets its inputs explicitly in
+ * hc_intra_params_t, including a callback that all-gathers a few bytes over
+ * the node's local ranks (the lead wires it to the bootstrap).
+ *
+ * Backends: hc_intra_shm_ops (host memory, POSIX shared memory, shm.c);
+ * later nccl.c (device memory on the caller's stream).
+ *
+ * AVG: no intra operation ever divides. reduce_scatter, all_gather and
+ * allreduce treat HCOLL_AVG as HCOLL_SUM; the caller finishes AVG exactly
+ * once at the very end with hc_reduce_avg_finish over the *full* rank
+ * count (all nodes), so that the division happens once and identically on
+ * every rank.
+ *
+ * Calls on one hc_intra_t are collective over the L local ranks: every
+ * local rank issues the same calls, in the same order, with the same count,
+ * dtype and op (a disagreement that a backend notices ends in
+ * HCOLL_ERR_MISMATCH, otherwise in HCOLL_ERR_TIMEOUT). They are serialised
+ * by the caller (one thread at a time), except hc_intra_abort, which any
+ * thread may call at any time; destroy must not run concurrently with it.
+ * Each call takes plain pointer + count, so the executor may slice a vector
+ * into pieces and call reduce_scatter / all_gather per piece (the shard
+ * split then applies within each piece); successive calls never mix.
+ *
+ * Every wait has the deadline timeout_ms. After any failed call the object
+ * is unusable: later calls fail at once; only destroy remains. A failure
+ * seen by one local rank (death, abort, timeout, mismatch) is published to
+ * the others, whose blocked calls then fail promptly:
+ *   HCOLL_ERR_ABORTED      hc_intra_abort was called on this rank
+ *   HCOLL_ERR_PEER_FAILED  a local rank died, left (destroyed) or aborted
+ *   HCOLL_ERR_TIMEOUT      an awaited local rank made no progress in time
+ *   HCOLL_ERR_MISMATCH     local ranks called with different arguments
+ */
+#ifndef HC_INTRA_H
+#define HC_INTRA_H
+
+#include <stddef.h>
+
+#include "core/err.h"
+#include "hcoll.h"
+
+typedef struct hc_intra hc_intra_t;
+typedef struct hc_intra_ops hc_intra_ops_t;
+
+/*
+ * All-gather of len bytes over the local ranks only: all_out receives
+ * L * len bytes, local rank q's `mine` at offset q * len. Blocking,
+ * collective over the local ranks, with the communicator's deadline.
+ */
+typedef hcoll_status_t (*hc_allgather_fn)(void *ctx, const void *mine, void *all_out,
+                                          size_t len);
+
+typedef struct hc_intra_params {
+    int local_rank;      /* 0 .. local_size-1 */
+    int local_size;      /* L >= 1 */
+    /* Name unique to the communicator and node, agreed over the bootstrap,
+     * e.g. "/hcoll-<jobid>-<node>". POSIX shm rules: leading '/', no other
+     * '/', at most NAME_MAX bytes. Copied; need not outlive create. */
+    const char *name;
+    size_t chunk_bytes;  /* pipelining granule (HCOLL_CHUNK_BYTES), >= 4096 */
+    int timeout_ms;      /* deadline of every single wait, > 0 */
+    hc_errbuf_t *errbuf; /* where errors are recorded (NULL: thread's) */
+    int rank;            /* global rank, for messages only */
+    hc_allgather_fn allgather; /* used during create only */
+    void *allgather_ctx;
+} hc_intra_params_t;
+
+struct hc_intra_ops {
+    const char *name;
+    /* Collective over the local ranks; blocks until all have joined or the
+     * deadline passed. *out is written only on success. */
+    hcoll_status_t (*create)(const hc_intra_params_t *params, hc_intra_t **out);
+    /* In place on the caller's buffers. sendbuf == recvbuf is allowed;
+     * otherwise they must not overlap. Only shard i of recvbuf (local rank
+     * i) is written. count may be 0. stream: NULL for host backends. */
+    hcoll_status_t (*reduce_scatter)(hc_intra_t *ctx, const void *sendbuf, void *recvbuf,
+                                     size_t count, hcoll_dtype_t dtype, hcoll_op_t op,
+                                     void *stream);
+    /* recvbuf holds this rank's shard at its offset; afterwards it holds
+     * all shards. */
+    hcoll_status_t (*all_gather)(hc_intra_t *ctx, void *recvbuf, size_t count,
+                                 hcoll_dtype_t dtype, void *stream);
+    hcoll_status_t (*allreduce)(hc_intra_t *ctx, const void *sendbuf, void *recvbuf,
+                                size_t count, hcoll_dtype_t dtype, hcoll_op_t op,
+                                void *stream);
+    hcoll_status_t (*barrier)(hc_intra_t *ctx);
+    /* Thread-safe, non-blocking: blocked and later calls of this rank
+     * return HCOLL_ERR_ABORTED; peers' calls fail with
+     * HCOLL_ERR_PEER_FAILED promptly. Frees nothing. */
+    void (*abort)(hc_intra_t *ctx);
+    /* Local, never blocks on peers. NULL is a no-op. */
+    void (*destroy)(hc_intra_t *ctx);
+};
+
+/* Every backend's object starts with this, so the generic helpers below can
+ * dispatch. */
+struct hc_intra {
+    const hc_intra_ops_t *ops;
+};
+
+/*
+ * Shared memory, host buffers (stream must be NULL, else
+ * HCOLL_ERR_UNSUPPORTED). One POSIX segment per node and communicator,
+ * L * 2 slots of chunk_bytes (rounded up to pages); params->name is
+ * unlinked before create returns, so a crash afterwards leaves nothing in
+ * /dev/shm. L = 1 uses no segment. A local rank that dies is noticed in
+ * about 10 ms (pidfd, else kill/proc), except for a rank in another pid
+ * namespace, which only the deadline catches. See shm.c for the design.
+ */
+extern const hc_intra_ops_t hc_intra_shm_ops;
+
+/*
+ * The shard split: shard i of a count-element vector over L parts is
+ * [*offset_out, *offset_out + *len_out). Contiguous blocks in rank order
+ * covering the vector exactly; the first count % L shards have one element
+ * more than the others. Any count works (0, < L, primes).
+ */
+void hc_intra_shard(size_t count, int L, int i, size_t *offset_out, size_t *len_out);
+
+/* ctx->ops->abort / destroy; NULL is a no-op. */
+void hc_intra_abort(hc_intra_t *ctx);
+void hc_intra_destroy(hc_intra_t *ctx);
+
+#endif
