@@ -203,10 +203,14 @@ typedef struct hcoll_config {
 /* ------------------------------------------------------------------------ */
 
 /*
- * hcoll_get_unique_id: called once, by the rank that will be rank 0. Opens
- * the rendezvous listener (on the interface chosen by HCOLL_SOCKET_IFNAME)
- * and fills *id_out with its address and a fresh random secret.
- * Non-blocking, local, thread-safe.
+ * hcoll_get_unique_id: called once per communicator, normally by the
+ * process that will be rank 0. Opens the rendezvous listener, bound to the
+ * address of the first interface HCOLL_SOCKET_IFNAME selects (never the
+ * wildcard address), and fills *id_out with that address and a fresh
+ * 256-bit secret from the kernel's random source. The listener stays open
+ * in this process, reachable only through the id's secret, until rank 0's
+ * hcoll_comm_init takes it over; if rank 0 runs in another process, it
+ * binds the id's address and port itself. Non-blocking, local, thread-safe.
  */
 HCOLL_API hcoll_status_t hcoll_get_unique_id(hcoll_unique_id_t *id_out);
 
@@ -215,9 +219,17 @@ HCOLL_API hcoll_status_t hcoll_get_unique_id(hcoll_unique_id_t *id_out);
  * rank `rank` (0 <= rank < nranks). Every rank passes the same *id.
  * config may be NULL (all defaults).
  * Blocks until every rank has joined, or until the timeout, and is
- * collective: all nranks processes must call it. On success *comm_out is
- * the new communicator; on failure it is left unchanged and
- * hcoll_comm_last_error(NULL) says why (on this thread).
+ * collective: all nranks processes must call it. Every rank proves to rank
+ * 0, and rank 0 to every rank, that it holds the id's secret (the secret
+ * itself never crosses the network). Ranks with the same host id (host
+ * name and boot id, or HCOLL_HOSTID) form a node; local ranks are numbered
+ * in rank order and local rank i uses rail i.
+ * On success *comm_out is the new communicator; on failure it is left
+ * unchanged and hcoll_comm_last_error(NULL) says why (on this thread):
+ * HCOLL_ERR_TIMEOUT when some rank did not join within the timeout (the
+ * message names the missing ranks; every rank fails within the timeout
+ * plus about half a second), HCOLL_ERR_PEER_FAILED when a rank died during
+ * init, HCOLL_ERR_MISMATCH for a wrong secret or a different nranks.
  * Thread-safe for distinct comm_out.
  */
 HCOLL_API hcoll_status_t hcoll_comm_init(hcoll_comm_t *comm_out, int nranks, int rank,
@@ -227,11 +239,17 @@ HCOLL_API hcoll_status_t hcoll_comm_init(hcoll_comm_t *comm_out, int nranks, int
 /*
  * hcoll_comm_init_env: like hcoll_comm_init, with rank, size and rendezvous
  * address read from the launcher's environment, in this order of
- * precedence: HCOLL_RANK/HCOLL_NRANKS/HCOLL_ROOT, then Open MPI
+ * precedence: HCOLL_RANK/HCOLL_NRANKS, then Open MPI
  * (OMPI_COMM_WORLD_RANK/SIZE), then Slurm (SLURM_PROCID/SLURM_NTASKS),
- * then torchrun (RANK/WORLD_SIZE). The root address is HCOLL_ROOT
- * (host:port), else MASTER_ADDR:MASTER_PORT; the shared secret is
- * HCOLL_SECRET. Blocking and collective, as hcoll_comm_init.
+ * then torchrun (RANK/WORLD_SIZE); the first launcher whose rank variable
+ * is set decides, and its size variable must be set too. The root address
+ * is HCOLL_ROOT (host:port, [IPv6]:port), else MASTER_ADDR and
+ * MASTER_PORT; rank 0 listens on exactly that address, which must be one
+ * of its own. The shared secret is HCOLL_SECRET (any string; use at least
+ * 128 bits of randomness). Without it the rendezvous is not authenticated:
+ * any process that reaches the root and speaks the protocol may join, and
+ * a WARN says so. Malformed or missing variables: HCOLL_ERR_INVALID_ARG
+ * naming them. Blocking and collective, as hcoll_comm_init.
  */
 HCOLL_API hcoll_status_t hcoll_comm_init_env(hcoll_comm_t *comm_out,
                                              const hcoll_config_t *config);
@@ -249,15 +267,18 @@ HCOLL_API hcoll_status_t hcoll_comm_destroy(hcoll_comm_t comm);
  * with HCOLL_ERR_ABORTED, connections close (so peers see
  * HCOLL_ERR_PEER_FAILED), and all resources are freed. Returns promptly
  * even when peers are dead. NULL is a no-op. Safe to call from any thread,
- * once; the handle is invalid afterwards.
+ * once, also while another thread is blocked in a call on the same
+ * communicator: that call returns HCOLL_ERR_ABORTED, and abort frees the
+ * communicator only after it has returned. The handle is invalid
+ * afterwards, in every thread.
  */
 HCOLL_API hcoll_status_t hcoll_comm_abort(hcoll_comm_t comm);
 
 /*
- * hcoll_comm_get_async_error: the first error the communicator met in the
- * background (a peer failure seen by the progress engine, say), or
- * HCOLL_SUCCESS; HCOLL_IN_PROGRESS while the communicator is still being
- * set up. Non-blocking, thread-safe.
+ * hcoll_comm_get_async_error: the first error that left the communicator
+ * unusable (a peer failure seen by the progress engine or by a set-up
+ * exchange, a timeout, an abort), or HCOLL_SUCCESS; HCOLL_IN_PROGRESS while
+ * the communicator is still being set up. Non-blocking, thread-safe.
  */
 HCOLL_API hcoll_status_t hcoll_comm_get_async_error(hcoll_comm_t comm,
                                                     hcoll_status_t *async_error_out);
@@ -328,6 +349,39 @@ HCOLL_API hcoll_status_t hcoll_allreduce_async(hcoll_comm_t comm, const void *se
 HCOLL_API hcoll_status_t hcoll_test(hcoll_request_t req, int *done_out);
 HCOLL_API hcoll_status_t hcoll_wait(hcoll_request_t req);
 HCOLL_API hcoll_status_t hcoll_request_free(hcoll_request_t req);
+
+/* ------------------------------------------------------------------------ */
+/* Per-stage timing                                                           */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Where one all-reduce spent its time, in microseconds on this rank.
+ *   intra_rs_us  stage 1, intra-node reduce-scatter, summed over pieces
+ *   inter_us     stage 2, inter-node ring, summed over pieces
+ *   intra_ag_us  stage 3, intra-node all-gather, summed over pieces
+ *   total_us     from the start of the operation to its end
+ * Large vectors are pipelined, so the stages overlap and their sum may
+ * exceed total_us. A stage the plan does not use reads 0 (one node: the
+ * whole intra-node all-reduce counts as intra_rs_us + intra_ag_us; one rank
+ * per node: everything is inter_us).
+ */
+typedef struct hcoll_stage_times {
+    double intra_rs_us;
+    double inter_us;
+    double intra_ag_us;
+    double total_us;
+} hcoll_stage_times_t;
+
+/*
+ * hcoll_request_stage_times: the times of a finished request
+ * (HCOLL_IN_PROGRESS while it runs). hcoll_comm_last_stage_times: the
+ * times of the communicator's most recently finished all-reduce, blocking
+ * or not (HCOLL_ERR_INVALID_ARG before the first). Non-blocking, local.
+ */
+HCOLL_API hcoll_status_t hcoll_request_stage_times(hcoll_request_t req,
+                                                   hcoll_stage_times_t *times_out);
+HCOLL_API hcoll_status_t hcoll_comm_last_stage_times(hcoll_comm_t comm,
+                                                     hcoll_stage_times_t *times_out);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,136 @@
+/*
+ * Bootstrap: the authenticated TCP rendezvous that lets the ranks of a job
+ * find each other, and small collectives over it for set-up (exchanging
+ * data-plane endpoint addresses, agreeing, synchronising).
+ *
+ * Shape: a star through rank 0 (the root). Every other rank keeps one
+ * connection to the root for the communicator's life.
+ *
+ *            rank 1 ─┐                        ┌─► rank 1
+ *            rank 2 ─┼─ UP (len) ─► rank 0 ───┼─► rank 2   DOWN (nranks*len)
+ *            rank 3 ─┘   gathers in rank order└─► rank 3
+ *
+ * Wire: every message is a 16-byte header {magic, version, type, length,
+ * arg} (big-endian) then length bytes. The receiver always knows the exact
+ * length it expects (or a small cap for error texts) and checks the header
+ * before reading or allocating anything.
+ *
+ * Rendezvous (hc_boot_create):
+ *   root → rank   CHALLENGE  nonce_s (32 random bytes)
+ *   rank → root   AUTH       rank, nranks, rec_len, nonce_c,
+ *                            HMAC(key, "C" nonce_s nonce_c rank nranks rec_len)
+ *   root → rank   AUTH_OK    HMAC(key, "S" nonce_s nonce_c rank nranks rec_len)
+ *                 (or ERROR with the reason, then close)
+ *   rank → root   RECORD     rec_len bytes (opaque to boot)
+ *   root → rank   TABLE      nranks * rec_len bytes, rank order
+ * Both sides prove they hold the key, the secret never crosses the wire,
+ * and a MAC made for one rank, job size or nonce is useless for any other.
+ * What this does not give: confidentiality or integrity of later messages
+ * against an active man in the middle (that would need TLS).
+ *
+ * Stray connections (port scanners, HTTP requests, garbage, a wrong secret,
+ * a duplicate rank) are dropped with a WARN and do not disturb the job: the
+ * root serves all unauthenticated connections from one non-blocking loop,
+ * keeps at most HC_BOOT_PENDING_MAX of them (the oldest goes when a new one
+ * arrives) and gives each HC_BOOT_AUTH_MS-style time cap (a quarter of the
+ * timeout, clamped to 1..10 s) to finish the handshake.
+ *
+ * Deadlines: each call's deadline is timeout_ms from its start. A rank that
+ * never arrives makes the root fail with HCOLL_ERR_TIMEOUT naming the
+ * missing ranks, and the root tells every connected rank so; a rank that
+ * connected waits up to HC_BOOT_VERDICT_GRACE_MS past its own deadline for
+ * that verdict, so that it can name the missing ranks too.
+ *
+ * Failure: when the root sees a rank fail (connection closed, bad message),
+ * it sends ERROR to every other rank and shuts all connections, so pending
+ * calls everywhere fail promptly with HCOLL_ERR_PEER_FAILED. A boot that
+ * failed once stays failed: later calls return the same status at once.
+ *
+ * Threads: one caller at a time per boot, except hc_boot_abort, which any
+ * thread may call at any time; it wakes a blocked call (which then returns
+ * HCOLL_ERR_ABORTED) and closes nothing, so hc_boot_destroy must follow.
+ */
+#ifndef HC_BOOT_H
+#define HC_BOOT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/err.h"
+#include "hcoll.h"
+#include "sys/ifaces.h"
+
+#define HC_BOOT_KEY_BYTES 32
+#define HC_BOOT_PENDING_MAX 32
+#define HC_BOOT_VERDICT_GRACE_MS 500
+#define HC_BOOT_REC_MAX (64u * 1024)
+/* Largest nranks * len one collective may move (a sanity bound, not a
+ * protocol limit that set-up data comes near). */
+#define HC_BOOT_COLL_MAX ((size_t)1 << 30)
+
+typedef struct hc_boot hc_boot_t;
+
+/* The shape in which other modules (transports, the ring) take an
+ * allgather: all_out receives nranks*len bytes in rank order. Pass
+ * hc_boot_allgather with the hc_boot_t as ctx. */
+typedef hcoll_status_t (*hc_allgather_fn)(void *ctx, const void *mine, void *all_out, size_t len);
+
+typedef struct hc_boot_args {
+    int rank, nranks;
+    hc_sockaddr_t root;  /* where the root listens */
+    /* Root only: an already listening socket bound to root, which boot
+     * takes over (and closes in every case); -1 to bind root here. */
+    int listen_fd;
+    unsigned char key[HC_BOOT_KEY_BYTES];
+    int authenticated;   /* 0: the key is public, logged as such */
+    int64_t timeout_ms;
+    hc_errbuf_t *eb;     /* where errors go; NULL: the calling thread's */
+} hc_boot_args_t;
+
+/*
+ * Rendezvous: blocks until every rank has joined or the deadline passed.
+ * rec (rec_len bytes, same rec_len on every rank, <= HC_BOOT_REC_MAX) is
+ * this rank's record; all_recs_out (nranks*rec_len) receives everyone's.
+ * Collective. On success *boot_out is the bootstrap for later collectives.
+ */
+hcoll_status_t hc_boot_create(const hc_boot_args_t *args, const void *rec, size_t rec_len,
+                              void *all_recs_out, hc_boot_t **boot_out);
+
+/* Where errors of later calls go (the communicator's buffer once it exists). */
+void hc_boot_set_errbuf(hc_boot_t *b, hc_errbuf_t *eb);
+
+/* Collectives. Every rank must call the same ones in the same order with
+ * the same len (and root); a mismatch seen on the wire is
+ * HCOLL_ERR_MISMATCH. Each returns HCOLL_ERR_TIMEOUT, HCOLL_ERR_PEER_FAILED
+ * or HCOLL_ERR_ABORTED as the case may be. ctx is an hc_boot_t. */
+hcoll_status_t hc_boot_allgather(void *boot, const void *mine, void *all_out, size_t len);
+hcoll_status_t hc_boot_bcast(void *boot, void *buf, size_t len, int root);
+hcoll_status_t hc_boot_barrier(void *boot);
+
+/* Thread-safe, idempotent: wake a blocked call and shut the connections so
+ * that peers see this rank leave. */
+void hc_boot_abort(hc_boot_t *b);
+
+/* Close and free everything; waits for a call in flight on another thread
+ * to return (call hc_boot_abort first to make that prompt). NULL: no-op. */
+void hc_boot_destroy(hc_boot_t *b);
+
+/* The status that broke this boot, or HCOLL_SUCCESS while it is healthy. */
+hcoll_status_t hc_boot_status(const hc_boot_t *b);
+
+/* The address the root listens on (rank 0: the one it bound). */
+const hc_sockaddr_t *hc_boot_root_addr(const hc_boot_t *b);
+
+/* Shared secrets: the unique id's secret is used as the key directly; a
+ * launcher's HCOLL_SECRET string is hashed into one. The unauthenticated
+ * mode uses a fixed public key so that it runs the same protocol. */
+void hc_boot_key_from_string(const char *secret, unsigned char key_out[HC_BOOT_KEY_BYTES]);
+void hc_boot_key_public(unsigned char key_out[HC_BOOT_KEY_BYTES]);
+
+/* Open a listening socket bound to addr (port 0: an ephemeral port), with
+ * SO_REUSEADDR, non-blocking, close-on-exec. On success *addr_out (may be
+ * NULL) gets the bound address. Returns the fd, or -1 with err set. */
+int hc_boot_listen(const hc_sockaddr_t *addr, hc_sockaddr_t *addr_out, char *err,
+                   size_t errlen);
+
+#endif

@@ -1,0 +1,126 @@
+#include "boot/uid.h"
+
+#include <arpa/inet.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "boot/hmac.h"
+
+#define UID_MAGIC "HCID"
+#define UID_VERSION 1
+#define UID_CHECKED 60
+
+void hc_uid_encode(const hc_uid_t *u, hcoll_unique_id_t *id_out)
+{
+    unsigned char *p = id_out->internal;
+    memset(p, 0, HCOLL_UNIQUE_ID_BYTES);
+    memcpy(p, UID_MAGIC, 4);
+    p[4] = UID_VERSION;
+    int port = hc_sockaddr_port(&u->root);
+    p[6] = (unsigned char)(port >> 8), p[7] = (unsigned char)port;
+    if (u->root.sa.sa_family == AF_INET6) {
+        p[5] = 6;
+        memcpy(p + 8, &u->root.sin6.sin6_addr, 16);
+        uint32_t sc = u->root.sin6.sin6_scope_id;
+        p[24] = (unsigned char)(sc >> 24), p[25] = (unsigned char)(sc >> 16);
+        p[26] = (unsigned char)(sc >> 8), p[27] = (unsigned char)sc;
+    } else {
+        p[5] = 4;
+        memcpy(p + 8, &u->root.sin.sin_addr, 4);
+    }
+    memcpy(p + 28, u->secret, HC_UID_SECRET_BYTES);
+    unsigned char d[HC_SHA256_BYTES];
+    hc_sha256(p, UID_CHECKED, d);
+    memcpy(p + UID_CHECKED, d, 4);
+}
+
+int hc_uid_decode(const hcoll_unique_id_t *id, hc_uid_t *u_out, char *err, size_t errlen)
+{
+    const unsigned char *p = id->internal;
+    unsigned char d[HC_SHA256_BYTES];
+    if (memcmp(p, UID_MAGIC, 4) != 0) {
+        snprintf(err, errlen, "not a unique id made by hcoll_get_unique_id (bad magic)");
+        return -1;
+    }
+    if (p[4] != UID_VERSION) {
+        snprintf(err, errlen, "unique id version %u (this library reads %u)", p[4], UID_VERSION);
+        return -1;
+    }
+    hc_sha256(p, UID_CHECKED, d);
+    if (memcmp(p + UID_CHECKED, d, 4) != 0) {
+        snprintf(err, errlen, "unique id is corrupted (check bytes differ: not copied whole?)");
+        return -1;
+    }
+    hc_uid_t u;
+    memset(&u, 0, sizeof u);
+    int port = p[6] << 8 | p[7];
+    if (p[5] == 6) {
+        u.root.sin6.sin6_family = AF_INET6;
+        memcpy(&u.root.sin6.sin6_addr, p + 8, 16);
+        u.root.sin6.sin6_scope_id = (uint32_t)p[24] << 24 | (uint32_t)p[25] << 16 |
+                                    (uint32_t)p[26] << 8 | p[27];
+    } else if (p[5] == 4) {
+        u.root.sin.sin_family = AF_INET;
+        memcpy(&u.root.sin.sin_addr, p + 8, 4);
+    } else {
+        snprintf(err, errlen, "unique id has unknown address family %u", p[5]);
+        return -1;
+    }
+    if (port == 0) {
+        snprintf(err, errlen, "unique id has port 0");
+        return -1;
+    }
+    hc_sockaddr_set_port(&u.root, port);
+    memcpy(u.secret, p + 28, HC_UID_SECRET_BYTES);
+    *u_out = u;
+    return 0;
+}
+
+/* See uid.h for why this table exists and why it is safe. */
+static struct {
+    pthread_mutex_t lock;
+    unsigned long seq;
+    struct {
+        int fd; /* 0: free slot (fd 0 is never a socket we made: stdin) */
+        unsigned long seq;
+        unsigned char secret[HC_UID_SECRET_BYTES];
+    } e[HC_UID_PARKED_MAX];
+} parked = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+void hc_uid_park(const unsigned char secret[HC_UID_SECRET_BYTES], int fd)
+{
+    pthread_mutex_lock(&parked.lock);
+    int slot = -1;
+    for (int i = 0; i < HC_UID_PARKED_MAX && slot < 0; i++)
+        if (parked.e[i].fd <= 0)
+            slot = i;
+    if (slot < 0) {
+        slot = 0;
+        for (int i = 1; i < HC_UID_PARKED_MAX; i++)
+            if (parked.e[i].seq < parked.e[slot].seq)
+                slot = i;
+        close(parked.e[slot].fd);
+    }
+    parked.e[slot].fd = fd;
+    parked.e[slot].seq = ++parked.seq;
+    memcpy(parked.e[slot].secret, secret, HC_UID_SECRET_BYTES);
+    pthread_mutex_unlock(&parked.lock);
+}
+
+int hc_uid_take(const unsigned char secret[HC_UID_SECRET_BYTES])
+{
+    int fd = -1;
+    pthread_mutex_lock(&parked.lock);
+    for (int i = 0; i < HC_UID_PARKED_MAX; i++) {
+        if (parked.e[i].fd > 0 && hc_ct_equal(parked.e[i].secret, secret, HC_UID_SECRET_BYTES)) {
+            fd = parked.e[i].fd;
+            parked.e[i].fd = 0;
+            hc_secure_zero(parked.e[i].secret, HC_UID_SECRET_BYTES);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&parked.lock);
+    return fd;
+}

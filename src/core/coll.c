@@ -1,0 +1,817 @@
+/*
+ * The all-reduce executor.
+ *
+ * Three-stage plan, one vector of S bytes cut into pieces p0 p1 p2 ...:
+ *
+ *   executor thread   RS(p0) RS(p1) AG(p0) RS(p2) AG(p1) ... AG(pK-1)
+ *   ring thread              ring(p0)  ring(p1)   ring(p2) ...
+ *                     (ring(k) overlaps RS(k+1) and AG(k-1))
+ *
+ *   RS(p)   intra-node reduce-scatter: local rank i now holds shard i of p
+ *   ring(p) shard i of p all-reduced among the ranks with local rank i, one
+ *           per node, over rail i (in place in recvbuf)
+ *   AG(p)   intra-node all-gather: every local rank holds all of p
+ *
+ * Requests: hcoll_allreduce_async queues a request for the communicator's
+ * worker thread, which runs them one at a time in issue order. A blocking
+ * hcoll_allreduce waits for earlier requests and then runs on the caller's
+ * thread, which saves a thread hand-off on every small call. Whoever runs
+ * an operation holds the executor role (exec_busy) so only one runs at once.
+ *
+ * Failure: the first error of any operation is sticky. The communicator's
+ * async error is set, queued requests fail with it, and later calls fail
+ * at once: the ring and the segment are in an unknown state after a peer
+ * died, so the only way forward is a new communicator.
+ */
+#include "core/coll.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <stdio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/comm.h"
+#include "core/err.h"
+#include "core/log.h"
+#include "core/reduce.h"
+#include "inter/ring.h"
+#include "intra/intra.h"
+
+/* Pieces of the pipeline hold this many ring chunks per shard: enough to
+ * keep the ring's slots busy, small enough that the pipeline fills fast. */
+#define PIECE_CHUNKS 4
+/* How long the ring thread sleeps in the transport before it looks at the
+ * abort flag again. */
+#define RING_POLL_MS 20
+/* Ring jobs in flight between executor and ring thread (a power of two). */
+#define RING_JOBS 8
+
+typedef struct hc_group_ag {
+    hc_boot_t *boot;
+    int nranks;     /* of the communicator */
+    int nmembers;
+    int *members;   /* communicator ranks, in group order */
+} hc_group_ag_t;
+
+typedef struct ring_job {
+    void *buf;
+    size_t count;
+    hcoll_dtype_t dtype;
+    hcoll_op_t op;
+    int avg_div;
+    double busy_us; /* written by the ring thread */
+} ring_job_t;
+
+struct hcoll_request {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int done;
+    hcoll_status_t status;
+    hcoll_stage_times_t times;
+
+    /* Arguments; used only by the executor. */
+    const void *sendbuf;
+    void *recvbuf;
+    size_t count;
+    hcoll_dtype_t dtype;
+    hcoll_op_t op;
+    struct hcoll_request *next;
+};
+
+struct hc_coll {
+    struct hcoll_comm *comm;
+    enum hc_plan plan;
+    hc_intra_t *intra;
+    hc_ring_t *ring;
+    hc_group_ag_t intra_ag, ring_ag;
+    size_t piece_bytes;
+
+    /* Requests and the executor role. */
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    struct hcoll_request *head, *tail;
+    int exec_busy;
+    int worker_started;
+    int stopping;
+    pthread_t worker;
+    hcoll_status_t failed; /* sticky; HCOLL_SUCCESS while healthy */
+    hcoll_stage_times_t last_times;
+    int have_last_times;
+
+    /* Ring thread (three-stage plan only). */
+    pthread_t ring_thread;
+    int ring_thread_started;
+    pthread_mutex_t rlock;
+    pthread_cond_t rcond;
+    ring_job_t jobs[RING_JOBS];
+    uint64_t jobs_posted, jobs_done; /* under rlock */
+    hcoll_status_t ring_status;     /* under rlock; sticky */
+    int ring_stop;
+};
+
+/* ------------------------------------------------------------------------ */
+
+static double now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+enum hc_plan hc_coll_plan_for(int nranks, int nnodes, int local_size, int uniform)
+{
+    if (nranks == 1)
+        return HC_PLAN_SINGLE;
+    if (nnodes == 1)
+        return HC_PLAN_INTRA;
+    if (!uniform)
+        return HC_PLAN_FLAT;
+    if (local_size == 1)
+        return HC_PLAN_RING;
+    return HC_PLAN_3STAGE;
+}
+
+const char *hc_coll_plan_name(enum hc_plan plan)
+{
+    switch (plan) {
+    case HC_PLAN_SINGLE: return "single rank (copy)";
+    case HC_PLAN_INTRA: return "one node: intra-node all-reduce";
+    case HC_PLAN_RING: return "one rank per node: inter-node ring";
+    case HC_PLAN_FLAT: return "unequal nodes: flat ring over all ranks";
+    case HC_PLAN_3STAGE: return "three stages: intra RS, ring per rail, intra AG";
+    }
+    return "?";
+}
+
+/* ------------------------------------------------------------------------ */
+/* Set-up exchanges over a subset of ranks                                    */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * The bootstrap's allgather spans every rank; a ring or a node needs one
+ * over its members only. Every rank takes part in the full exchange (all
+ * groups are set up at the same point of init), and keeps its members'
+ * entries.
+ */
+static hcoll_status_t group_allgather(void *ctx, const void *mine, void *all_out, size_t len)
+{
+    hc_group_ag_t *g = ctx;
+    unsigned char *all = malloc((size_t)g->nranks * len);
+    if (!all)
+        return HCOLL_ERR_NO_MEMORY;
+    hcoll_status_t st = hc_boot_allgather(g->boot, mine, all, len);
+    if (st == HCOLL_SUCCESS)
+        for (int i = 0; i < g->nmembers; i++)
+            memcpy((unsigned char *)all_out + (size_t)i * len, all + (size_t)g->members[i] * len,
+                   len);
+    free(all);
+    return st;
+}
+
+static hcoll_status_t group_init(hc_group_ag_t *g, struct hcoll_comm *c, int n)
+{
+    g->boot = c->boot;
+    g->nranks = c->nranks;
+    g->nmembers = n;
+    g->members = calloc((size_t)n, sizeof *g->members);
+    return g->members ? HCOLL_SUCCESS : HCOLL_ERR_NO_MEMORY;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Ring thread                                                                */
+/* ------------------------------------------------------------------------ */
+
+static void *ring_thread_main(void *arg)
+{
+    hc_coll_t *co = arg;
+    struct hcoll_comm *c = co->comm;
+    uint64_t next = 0;
+
+    for (;;) {
+        pthread_mutex_lock(&co->rlock);
+        while (!co->ring_stop && co->jobs_posted == next)
+            pthread_cond_wait(&co->rcond, &co->rlock);
+        if (co->ring_stop) {
+            pthread_mutex_unlock(&co->rlock);
+            return NULL;
+        }
+        ring_job_t *job = &co->jobs[next % RING_JOBS];
+        hcoll_status_t st = co->ring_status;
+        pthread_mutex_unlock(&co->rlock);
+
+        double t0 = now_us();
+        if (st == HCOLL_SUCCESS)
+            st = hc_ring_start(co->ring, job->buf, job->buf, job->count, job->dtype, job->op,
+                               job->avg_div);
+        int done = 0;
+        while (st == HCOLL_SUCCESS && !done) {
+            if (atomic_load(&c->aborted)) {
+                st = hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_ABORTED,
+                                "communicator aborted during the inter-node stage");
+                break;
+            }
+            st = hc_ring_progress(co->ring, RING_POLL_MS, &done);
+        }
+        job->busy_us = now_us() - t0;
+
+        pthread_mutex_lock(&co->rlock);
+        if (st != HCOLL_SUCCESS && co->ring_status == HCOLL_SUCCESS)
+            co->ring_status = st;
+        co->jobs_done = ++next;
+        pthread_cond_broadcast(&co->rcond);
+        pthread_mutex_unlock(&co->rlock);
+    }
+}
+
+/* Queue shard work for the ring thread; waits while RING_JOBS are in flight. */
+static uint64_t ring_post(hc_coll_t *co, const ring_job_t *job)
+{
+    pthread_mutex_lock(&co->rlock);
+    while (co->jobs_posted - co->jobs_done >= RING_JOBS)
+        pthread_cond_wait(&co->rcond, &co->rlock);
+    uint64_t id = co->jobs_posted;
+    co->jobs[id % RING_JOBS] = *job;
+    co->jobs_posted++;
+    pthread_cond_broadcast(&co->rcond);
+    pthread_mutex_unlock(&co->rlock);
+    return id;
+}
+
+/* Wait for ring job id; returns the ring's status and adds its busy time. */
+static hcoll_status_t ring_wait(hc_coll_t *co, uint64_t id, double *inter_us)
+{
+    pthread_mutex_lock(&co->rlock);
+    while (co->jobs_done <= id)
+        pthread_cond_wait(&co->rcond, &co->rlock);
+    *inter_us += co->jobs[id % RING_JOBS].busy_us;
+    hcoll_status_t st = co->ring_status;
+    pthread_mutex_unlock(&co->rlock);
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Executing one all-reduce                                                   */
+/* ------------------------------------------------------------------------ */
+
+static hcoll_status_t run_3stage(hc_coll_t *co, struct hcoll_request *rq)
+{
+    struct hcoll_comm *c = co->comm;
+    const hc_intra_ops_t *iops = co->intra->ops;
+    const size_t esize = hcoll_dtype_size(rq->dtype);
+    const int L = c->local_size;
+    const unsigned char *send = rq->sendbuf;
+    unsigned char *recv = rq->recvbuf;
+    size_t piece = co->piece_bytes / esize;
+    if (piece < (size_t)L)
+        piece = (size_t)L;
+    const size_t npieces = (rq->count + piece - 1) / piece;
+    hcoll_status_t st = HCOLL_SUCCESS, rst;
+    double t;
+
+    /* Stage 2 of piece k is waited for only after stage 1 of piece k+1. */
+    uint64_t pending_id = 0;
+    size_t pending_off = 0, pending_n = 0;
+    int have_pending = 0;
+
+    for (size_t k = 0; k <= npieces; k++) {
+        if (k < npieces) {
+            size_t off = k * piece;
+            size_t n = rq->count - off < piece ? rq->count - off : piece;
+            t = now_us();
+            st = iops->reduce_scatter(co->intra, send + off * esize, recv + off * esize, n,
+                                      rq->dtype, rq->op, NULL);
+            rq->times.intra_rs_us += now_us() - t;
+            if (st != HCOLL_SUCCESS)
+                break;
+            size_t soff, slen;
+            hc_intra_shard(n, L, c->local_rank, &soff, &slen);
+            ring_job_t job = {
+                .buf = recv + (off + soff) * esize,
+                .count = slen,
+                .dtype = rq->dtype,
+                .op = rq->op,
+                .avg_div = c->nranks,
+            };
+            uint64_t id = ring_post(co, &job);
+            if (have_pending) {
+                rst = ring_wait(co, pending_id, &rq->times.inter_us);
+                if (rst != HCOLL_SUCCESS) {
+                    st = rst;
+                    /* Let the ring thread finish the job just posted (it
+                     * fails at once) before the buffers go back. */
+                    ring_wait(co, id, &rq->times.inter_us);
+                    break;
+                }
+                t = now_us();
+                st = iops->all_gather(co->intra, recv + pending_off * esize, pending_n,
+                                      rq->dtype, NULL);
+                rq->times.intra_ag_us += now_us() - t;
+                if (st != HCOLL_SUCCESS) {
+                    ring_wait(co, id, &rq->times.inter_us);
+                    break;
+                }
+            }
+            pending_id = id;
+            pending_off = off;
+            pending_n = n;
+            have_pending = 1;
+        } else if (have_pending) {
+            st = ring_wait(co, pending_id, &rq->times.inter_us);
+            if (st != HCOLL_SUCCESS)
+                break;
+            t = now_us();
+            st = iops->all_gather(co->intra, recv + pending_off * esize, pending_n, rq->dtype,
+                                  NULL);
+            rq->times.intra_ag_us += now_us() - t;
+        }
+    }
+    return st;
+}
+
+static hcoll_status_t run_op(hc_coll_t *co, struct hcoll_request *rq)
+{
+    struct hcoll_comm *c = co->comm;
+    double t0 = now_us(), t;
+    hcoll_status_t st = HCOLL_SUCCESS;
+    memset(&rq->times, 0, sizeof rq->times);
+
+    switch (co->plan) {
+    case HC_PLAN_SINGLE:
+        if (rq->sendbuf != rq->recvbuf)
+            memcpy(rq->recvbuf, rq->sendbuf, rq->count * hcoll_dtype_size(rq->dtype));
+        break;
+    case HC_PLAN_INTRA: {
+        const hc_intra_ops_t *iops = co->intra->ops;
+        t = now_us();
+        st = iops->allreduce(co->intra, rq->sendbuf, rq->recvbuf, rq->count, rq->dtype, rq->op,
+                             NULL);
+        if (st == HCOLL_SUCCESS)
+            hc_reduce_avg_finish(rq->recvbuf, rq->count, rq->dtype, rq->op, c->nranks);
+        /* One fused stage: split it evenly so the breakdown still adds up. */
+        rq->times.intra_rs_us = rq->times.intra_ag_us = (now_us() - t) / 2;
+        break;
+    }
+    case HC_PLAN_RING:
+    case HC_PLAN_FLAT: {
+        int done = 0;
+        t = now_us();
+        st = hc_ring_start(co->ring, rq->sendbuf, rq->recvbuf, rq->count, rq->dtype, rq->op,
+                           c->nranks);
+        while (st == HCOLL_SUCCESS && !done) {
+            if (atomic_load(&c->aborted)) {
+                st = hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_ABORTED,
+                                "communicator aborted during the all-reduce");
+                break;
+            }
+            st = hc_ring_progress(co->ring, RING_POLL_MS, &done);
+        }
+        rq->times.inter_us = now_us() - t;
+        break;
+    }
+    case HC_PLAN_3STAGE:
+        st = run_3stage(co, rq);
+        break;
+    }
+    rq->times.total_us = now_us() - t0;
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Requests and the worker                                                    */
+/* ------------------------------------------------------------------------ */
+
+static void request_complete(struct hcoll_request *rq, hcoll_status_t st)
+{
+    pthread_mutex_lock(&rq->lock);
+    rq->status = st;
+    rq->done = 1;
+    pthread_cond_broadcast(&rq->cond);
+    pthread_mutex_unlock(&rq->lock);
+}
+
+/* Run rq as the executor (the caller holds the role). Records the sticky
+ * failure and the last times. */
+static hcoll_status_t execute(hc_coll_t *co, struct hcoll_request *rq)
+{
+    struct hcoll_comm *c = co->comm;
+    pthread_mutex_lock(&co->lock);
+    hcoll_status_t st = co->failed;
+    pthread_mutex_unlock(&co->lock);
+    if (st == HCOLL_SUCCESS && atomic_load(&c->aborted))
+        st = HCOLL_ERR_ABORTED;
+    if (st != HCOLL_SUCCESS)
+        return hc_err_set(&c->err, HC_COLL, c->rank, st,
+                          "the communicator failed earlier (%s); create a new one",
+                          hcoll_strerror(st));
+
+    st = run_op(co, rq);
+
+    pthread_mutex_lock(&co->lock);
+    if (st != HCOLL_SUCCESS && co->failed == HCOLL_SUCCESS)
+        co->failed = st;
+    if (st == HCOLL_SUCCESS) {
+        co->last_times = rq->times;
+        co->have_last_times = 1;
+    }
+    pthread_mutex_unlock(&co->lock);
+    if (st != HCOLL_SUCCESS)
+        hc_comm_set_async_error(c, st);
+    return st;
+}
+
+static void *worker_main(void *arg)
+{
+    hc_coll_t *co = arg;
+    pthread_mutex_lock(&co->lock);
+    for (;;) {
+        while (!co->stopping && (!co->head || co->exec_busy))
+            pthread_cond_wait(&co->cond, &co->lock);
+        if (!co->head && co->stopping)
+            break;
+        if (!co->head)
+            continue;
+        struct hcoll_request *rq = co->head;
+        co->head = rq->next;
+        if (!co->head)
+            co->tail = NULL;
+        co->exec_busy = 1;
+        pthread_mutex_unlock(&co->lock);
+
+        hcoll_status_t st = execute(co, rq);
+
+        pthread_mutex_lock(&co->lock);
+        co->exec_busy = 0;
+        pthread_cond_broadcast(&co->cond);
+        pthread_mutex_unlock(&co->lock);
+        /* Completed outside co->lock: the owner may free rq at once. */
+        request_complete(rq, st);
+        pthread_mutex_lock(&co->lock);
+    }
+    pthread_mutex_unlock(&co->lock);
+    return NULL;
+}
+
+static hcoll_status_t validate(struct hcoll_comm *c, const void *sendbuf, void *recvbuf,
+                               size_t count, hcoll_dtype_t dtype, hcoll_op_t op, void *stream)
+{
+    if (!hc_reduce_valid(dtype, op))
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
+                          "dtype %d / op %d is not a known type and operation", (int)dtype,
+                          (int)op);
+    if (stream)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_UNSUPPORTED,
+                          "a CUDA stream was given, but this version's all-reduce handles host "
+                          "buffers only (pass stream = NULL); device buffers are not supported "
+                          "yet");
+    if (count == 0)
+        return HCOLL_SUCCESS;
+    if (!sendbuf || !recvbuf)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
+                          "%s is NULL with count %zu", !sendbuf ? "sendbuf" : "recvbuf", count);
+    size_t esize = hcoll_dtype_size(dtype);
+    if (count > SIZE_MAX / esize / 2)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
+                          "count %zu of %s is larger than memory", count, hcoll_dtype_name(dtype));
+    uintptr_t s = (uintptr_t)sendbuf, r = (uintptr_t)recvbuf, bytes = count * esize;
+    if (s != r && s < r + bytes && r < s + bytes)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
+                          "sendbuf and recvbuf overlap without being equal (in place means "
+                          "sendbuf == recvbuf)");
+    return HCOLL_SUCCESS;
+}
+
+static hcoll_status_t allreduce_common(hcoll_comm_t comm, const void *sendbuf, void *recvbuf,
+                                       size_t count, hcoll_dtype_t dtype, hcoll_op_t op,
+                                       void *stream, hcoll_request_t *req_out)
+{
+    if (!comm)
+        return hc_err_set(NULL, HC_COLL, -1, HCOLL_ERR_INVALID_ARG, "comm is NULL");
+    if (!comm->coll)
+        return hc_err_set(&comm->err, HC_COLL, comm->rank, HCOLL_ERR_INTERNAL,
+                          "communicator has no data plane");
+    hc_coll_t *co = comm->coll;
+    hcoll_status_t st = validate(comm, sendbuf, recvbuf, count, dtype, op, stream);
+    if (st != HCOLL_SUCCESS)
+        return st;
+
+    struct hcoll_request *rq = calloc(1, sizeof *rq);
+    if (!rq)
+        return hc_err_set(&comm->err, HC_COLL, comm->rank, HCOLL_ERR_NO_MEMORY,
+                          "no memory for a request");
+    pthread_mutex_init(&rq->lock, NULL);
+    pthread_cond_init(&rq->cond, NULL);
+    rq->sendbuf = sendbuf;
+    rq->recvbuf = recvbuf;
+    rq->count = count;
+    rq->dtype = dtype;
+    rq->op = op;
+
+    pthread_mutex_lock(&co->lock);
+    if (req_out) {
+        if (!co->worker_started) {
+            int rc = pthread_create(&co->worker, NULL, worker_main, co);
+            if (rc != 0) {
+                pthread_mutex_unlock(&co->lock);
+                hcoll_request_free(rq);
+                return hc_err_set(&comm->err, HC_COLL, comm->rank, HCOLL_ERR_SYSTEM,
+                                  "cannot start the progress thread: %s", strerror(rc));
+            }
+            co->worker_started = 1;
+        }
+        if (co->tail)
+            co->tail->next = rq;
+        else
+            co->head = rq;
+        co->tail = rq;
+        pthread_cond_broadcast(&co->cond);
+        pthread_mutex_unlock(&co->lock);
+        *req_out = rq;
+        return HCOLL_SUCCESS;
+    }
+
+    /* Blocking: after every earlier request, on this thread. */
+    while (co->head || co->exec_busy)
+        pthread_cond_wait(&co->cond, &co->lock);
+    co->exec_busy = 1;
+    pthread_mutex_unlock(&co->lock);
+
+    st = execute(co, rq);
+
+    pthread_mutex_lock(&co->lock);
+    co->exec_busy = 0;
+    pthread_cond_broadcast(&co->cond);
+    pthread_mutex_unlock(&co->lock);
+    pthread_mutex_destroy(&rq->lock);
+    pthread_cond_destroy(&rq->cond);
+    free(rq);
+    return st;
+}
+
+HCOLL_API hcoll_status_t hcoll_allreduce(hcoll_comm_t comm, const void *sendbuf, void *recvbuf,
+                                         size_t count, hcoll_dtype_t dtype, hcoll_op_t op,
+                                         void *stream)
+{
+    return allreduce_common(comm, sendbuf, recvbuf, count, dtype, op, stream, NULL);
+}
+
+HCOLL_API hcoll_status_t hcoll_allreduce_async(hcoll_comm_t comm, const void *sendbuf,
+                                               void *recvbuf, size_t count, hcoll_dtype_t dtype,
+                                               hcoll_op_t op, void *stream,
+                                               hcoll_request_t *req_out)
+{
+    if (!req_out)
+        return hc_err_set(comm ? &comm->err : NULL, HC_COLL, comm ? comm->rank : -1,
+                          HCOLL_ERR_INVALID_ARG, "req_out is NULL");
+    return allreduce_common(comm, sendbuf, recvbuf, count, dtype, op, stream, req_out);
+}
+
+HCOLL_API hcoll_status_t hcoll_test(hcoll_request_t req, int *done_out)
+{
+    if (!req || !done_out)
+        return hc_err_set(NULL, HC_COLL, -1, HCOLL_ERR_INVALID_ARG, "%s is NULL",
+                          req ? "done_out" : "req");
+    pthread_mutex_lock(&req->lock);
+    int done = req->done;
+    hcoll_status_t st = done ? req->status : HCOLL_SUCCESS;
+    pthread_mutex_unlock(&req->lock);
+    *done_out = done;
+    return st;
+}
+
+HCOLL_API hcoll_status_t hcoll_wait(hcoll_request_t req)
+{
+    if (!req)
+        return hc_err_set(NULL, HC_COLL, -1, HCOLL_ERR_INVALID_ARG, "req is NULL");
+    /* No deadline of its own: the operation's every wait has one, so the
+     * request always completes (with HCOLL_ERR_TIMEOUT at worst). */
+    pthread_mutex_lock(&req->lock);
+    while (!req->done)
+        pthread_cond_wait(&req->cond, &req->lock);
+    hcoll_status_t st = req->status;
+    pthread_mutex_unlock(&req->lock);
+    return st;
+}
+
+HCOLL_API hcoll_status_t hcoll_request_free(hcoll_request_t req)
+{
+    if (!req)
+        return HCOLL_SUCCESS;
+    hcoll_wait(req);
+    pthread_mutex_destroy(&req->lock);
+    pthread_cond_destroy(&req->cond);
+    free(req);
+    return HCOLL_SUCCESS;
+}
+
+HCOLL_API hcoll_status_t hcoll_request_stage_times(hcoll_request_t req,
+                                                   hcoll_stage_times_t *times_out)
+{
+    if (!req || !times_out)
+        return hc_err_set(NULL, HC_COLL, -1, HCOLL_ERR_INVALID_ARG, "%s is NULL",
+                          req ? "times_out" : "req");
+    pthread_mutex_lock(&req->lock);
+    int done = req->done;
+    hcoll_stage_times_t t = req->times;
+    pthread_mutex_unlock(&req->lock);
+    if (!done)
+        return HCOLL_IN_PROGRESS;
+    *times_out = t;
+    return HCOLL_SUCCESS;
+}
+
+HCOLL_API hcoll_status_t hcoll_comm_last_stage_times(hcoll_comm_t comm,
+                                                     hcoll_stage_times_t *times_out)
+{
+    if (!comm || !times_out)
+        return hc_err_set(NULL, HC_COLL, -1, HCOLL_ERR_INVALID_ARG, "%s is NULL",
+                          comm ? "times_out" : "comm");
+    if (!comm->coll)
+        return hc_err_set(&comm->err, HC_COLL, comm->rank, HCOLL_ERR_INVALID_ARG,
+                          "communicator has no data plane");
+    hc_coll_t *co = comm->coll;
+    pthread_mutex_lock(&co->lock);
+    int have = co->have_last_times;
+    hcoll_stage_times_t t = co->last_times;
+    pthread_mutex_unlock(&co->lock);
+    if (!have)
+        return hc_err_set(&comm->err, HC_COLL, comm->rank, HCOLL_ERR_INVALID_ARG,
+                          "no all-reduce has finished on this communicator yet");
+    *times_out = t;
+    return HCOLL_SUCCESS;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Creation and teardown                                                      */
+/* ------------------------------------------------------------------------ */
+
+static void coll_teardown(struct hcoll_comm *c, void *arg, int aborting)
+{
+    hc_coll_t *co = arg;
+    (void)c;
+
+    if (aborting) {
+        /* Make every blocked stage return: the shm waits watch this flag,
+         * the ring threads poll c->aborted every RING_POLL_MS. */
+        hc_intra_abort(co->intra);
+    }
+    /* Stop the worker after it has drained the queue; on abort each queued
+     * request fails at once (execute sees c->aborted). */
+    pthread_mutex_lock(&co->lock);
+    co->stopping = 1;
+    pthread_cond_broadcast(&co->cond);
+    /* abort may come from another thread while a blocking all-reduce runs
+     * on the caller's: it returns promptly now, and must be out before the
+     * memory goes. */
+    while (co->exec_busy)
+        pthread_cond_wait(&co->cond, &co->lock);
+    pthread_mutex_unlock(&co->lock);
+    if (co->worker_started)
+        pthread_join(co->worker, NULL);
+    if (co->ring_thread_started) {
+        pthread_mutex_lock(&co->rlock);
+        co->ring_stop = 1;
+        pthread_cond_broadcast(&co->rcond);
+        pthread_mutex_unlock(&co->rlock);
+        pthread_join(co->ring_thread, NULL);
+    }
+    /* A ring that failed or is aborted resets its connections so peers
+     * fail fast; otherwise they get an orderly goodbye. */
+    hc_ring_destroy(co->ring);
+    hc_intra_destroy(co->intra);
+    free(co->intra_ag.members);
+    free(co->ring_ag.members);
+    pthread_mutex_destroy(&co->lock);
+    pthread_cond_destroy(&co->cond);
+    pthread_mutex_destroy(&co->rlock);
+    pthread_cond_destroy(&co->rcond);
+    c->coll = NULL;
+    free(co);
+}
+
+/* The rail address rank r binds: the (local rank)-th address of its node,
+ * wrapping around when the node has fewer interfaces than ranks. */
+static const hc_iface_t *rail_iface(const struct hcoll_comm *c, int r)
+{
+    const hc_peer_t *p = &c->peers[r];
+    return &p->addrs[c->local_of[r] % p->naddrs];
+}
+
+static hcoll_status_t ring_setup(hc_coll_t *co, int nmembers, int position)
+{
+    struct hcoll_comm *c = co->comm;
+    hcoll_status_t st;
+    const hc_transport_ops_t *ops;
+    HC_CHECK(hc_transport_select((int)c->params.net, &c->err, c->rank, &ops), out);
+
+    const hc_iface_t *ifc = rail_iface(c, c->rank);
+    char addr[INET6_ADDRSTRLEN + 8];
+    hc_sockaddr_str(&ifc->addr, addr, sizeof addr);
+    hc_ring_params_t rp = {
+        .ops = ops,
+        .tp = {
+            .rank = position,
+            .nranks = nmembers,
+            .bind_addr = addr,
+            .ifname = ifc->name,
+            .rail = c->local_rank,
+            .log_rank = c->rank,
+            .timeout_ms = (int)c->params.timeout_ms,
+            .nsocks_perpeer = (int)c->params.nsocks_perpeer,
+            .socket_buf = c->params.socket_buf,
+            .errbuf = &c->err,
+        },
+        .chunk_bytes = c->params.chunk_bytes,
+        .nslots = 0,
+        .allgather = group_allgather,
+        .ag_ctx = &co->ring_ag,
+    };
+    st = hc_ring_create(&rp, &co->ring);
+out:
+    return st;
+}
+
+hcoll_status_t hc_coll_create(struct hcoll_comm *c)
+{
+    hcoll_status_t st;
+    hc_coll_t *co = calloc(1, sizeof *co);
+    if (!co)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_NO_MEMORY,
+                          "no memory for the data plane");
+    co->comm = c;
+    pthread_mutex_init(&co->lock, NULL);
+    pthread_cond_init(&co->cond, NULL);
+    pthread_mutex_init(&co->rlock, NULL);
+    pthread_cond_init(&co->rcond, NULL);
+    co->plan = hc_coll_plan_for(c->nranks, c->nnodes, c->local_size, c->uniform);
+    /* A piece holds PIECE_CHUNKS ring chunks per local rank's shard. */
+    co->piece_bytes = (size_t)c->params.chunk_bytes * PIECE_CHUNKS * (size_t)c->local_size;
+    c->coll = co;
+    HC_CHECK(hc_comm_add_teardown(c, coll_teardown, co), fail_early);
+
+    if (c->rank == 0)
+        HC_INFO(HC_INIT, c->rank, "all-reduce plan: %s (%d nodes x %d ranks%s)",
+                hc_coll_plan_name(co->plan), c->nnodes, c->local_size,
+                c->uniform ? "" : ", unequal");
+
+    if (co->plan == HC_PLAN_INTRA || co->plan == HC_PLAN_3STAGE) {
+        /* A name unique to this communicator: rank 0 draws it for all. */
+        uint64_t job = 0;
+        if (c->rank == 0 && getrandom(&job, sizeof job, 0) != (ssize_t)sizeof job)
+            job = (uint64_t)now_us() ^ ((uint64_t)getpid() << 32);
+        HC_CHECK(hc_boot_bcast(c->boot, &job, sizeof job, 0), out);
+        HC_CHECK(group_init(&co->intra_ag, c, c->local_size), out);
+        for (int i = 0; i < c->local_size; i++)
+            co->intra_ag.members[i] = hc_comm_rank_at(c, c->node, i);
+        char name[64];
+        snprintf(name, sizeof name, "/hcoll-%016" PRIx64 "-n%d", job, c->node);
+        hc_intra_params_t ip = {
+            .local_rank = c->local_rank,
+            .local_size = c->local_size,
+            .name = name,
+            .chunk_bytes = c->params.chunk_bytes,
+            .timeout_ms = (int)c->params.timeout_ms,
+            .errbuf = &c->err,
+            .rank = c->rank,
+            .allgather = group_allgather,
+            .allgather_ctx = &co->intra_ag,
+        };
+        HC_CHECK(hc_intra_shm_ops.create(&ip, &co->intra), out);
+    }
+
+    if (co->plan == HC_PLAN_RING || co->plan == HC_PLAN_FLAT) {
+        HC_CHECK(group_init(&co->ring_ag, c, c->nranks), out);
+        for (int r = 0; r < c->nranks; r++)
+            co->ring_ag.members[r] = r;
+        HC_CHECK(ring_setup(co, c->nranks, c->rank), out);
+    } else if (co->plan == HC_PLAN_3STAGE) {
+        HC_CHECK(group_init(&co->ring_ag, c, c->nnodes), out);
+        for (int n = 0; n < c->nnodes; n++)
+            co->ring_ag.members[n] = hc_comm_rank_at(c, n, c->local_rank);
+        HC_CHECK(ring_setup(co, c->nnodes, c->node), out);
+        int rc = pthread_create(&co->ring_thread, NULL, ring_thread_main, co);
+        if (rc != 0) {
+            st = hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_SYSTEM,
+                            "cannot start the ring thread: %s", strerror(rc));
+            goto out;
+        }
+        co->ring_thread_started = 1;
+    }
+    return HCOLL_SUCCESS;
+
+out:
+    /* The teardown hook is registered: the caller's cleanup frees the rest. */
+    return st;
+fail_early:
+    c->coll = NULL;
+    pthread_mutex_destroy(&co->lock);
+    pthread_cond_destroy(&co->cond);
+    pthread_mutex_destroy(&co->rlock);
+    pthread_cond_destroy(&co->rcond);
+    free(co);
+    return st;
+}

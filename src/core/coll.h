@@ -1,0 +1,33 @@
+/*
+ * The all-reduce executor: plan selection, the data plane of a
+ * communicator (intra-node backend, ring, threads) and requests.
+ *
+ * Plans, chosen once per communicator from its topology:
+ *   single  one rank: a copy
+ *   intra   one node: the intra-node backend's all-reduce
+ *   ring    one rank per node: the ring over all ranks
+ *   flat    nodes of different sizes: the ring over all ranks, in rank order
+ *   3stage  intra reduce-scatter → ring per rail → intra all-gather
+ */
+#ifndef HC_CORE_COLL_H
+#define HC_CORE_COLL_H
+
+#include "hcoll.h"
+
+struct hcoll_comm;
+typedef struct hc_coll hc_coll_t;
+
+enum hc_plan { HC_PLAN_SINGLE, HC_PLAN_INTRA, HC_PLAN_RING, HC_PLAN_FLAT, HC_PLAN_3STAGE };
+
+/* The plan a topology calls for. */
+enum hc_plan hc_coll_plan_for(int nranks, int nnodes, int local_size, int uniform);
+const char *hc_coll_plan_name(enum hc_plan plan);
+
+/*
+ * Build the communicator's data plane: collective over all ranks (it
+ * connects rings and attaches shared memory through the bootstrap).
+ * Registers its teardown with the communicator; sets comm->coll.
+ */
+hcoll_status_t hc_coll_create(struct hcoll_comm *comm);
+
+#endif

@@ -1,0 +1,686 @@
+/*
+ * Communicator lifecycle: unique id, init (explicit and from a launcher's
+ * environment), topology, queries, destroy and abort.
+ *
+ *   hcoll_get_unique_id ─► listener parked under the id's secret (uid.h)
+ *   hcoll_comm_init ─► own record (host id, interface addresses)
+ *                   ─► hc_boot_create: authenticated rendezvous, rank table
+ *                   ─► hc_comm_topo_build: nodes, local ranks, rails
+ *
+ * Unique-id hand-over: see boot/uid.h. In short, get_unique_id keeps its
+ * listening socket open in a mutex-guarded per-process table keyed by the
+ * id's random secret, and rank 0's init takes it over; a rank 0 in another
+ * process binds the id's address itself. Keeping the socket (rather than
+ * binding again later) means the port cannot be lost in between and early
+ * ranks wait in the backlog.
+ */
+#include "core/comm.h"
+#include "core/coll.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <limits.h>
+#include <netdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "boot/hmac.h"
+#include "boot/uid.h"
+#include "core/log.h"
+#include "sys/host.h"
+
+/* ------------------------------------------------------------------------ */
+/* The record each rank brings to the rendezvous (fixed size, big-endian)   */
+/* ------------------------------------------------------------------------ */
+
+#define REC_MAGIC "HCRC"
+#define REC_ADDR_BYTES 40 /* family, 3 pad, scope, address[16], name[16] */
+#define REC_HEAD 88
+#define REC_BYTES (REC_HEAD + HC_IFACE_MAX * REC_ADDR_BYTES)
+_Static_assert(REC_BYTES == HC_COMM_REC_BYTES, "comm.h's record size is stale");
+
+static void put32(unsigned char *p, uint32_t v)
+{
+    p[0] = (unsigned char)(v >> 24), p[1] = (unsigned char)(v >> 16);
+    p[2] = (unsigned char)(v >> 8), p[3] = (unsigned char)v;
+}
+
+static uint32_t get32(const unsigned char *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static void rec_encode(const hc_peer_t *me, int rank, unsigned char *p)
+{
+    memset(p, 0, REC_BYTES);
+    memcpy(p, REC_MAGIC, 4);
+    put32(p + 4, (uint32_t)rank);
+    put32(p + 8, (uint32_t)me->pid);
+    put32(p + 12, (uint32_t)(me->hostid >> 32));
+    put32(p + 16, (uint32_t)me->hostid);
+    snprintf((char *)p + 20, HC_HOST_LABEL_MAX, "%s", me->host);
+    put32(p + 84, (uint32_t)me->naddrs);
+    for (int i = 0; i < me->naddrs; i++) {
+        unsigned char *a = p + REC_HEAD + i * REC_ADDR_BYTES;
+        const hc_sockaddr_t *s = &me->addrs[i].addr;
+        if (s->sa.sa_family == AF_INET6) {
+            a[0] = 6;
+            put32(a + 4, s->sin6.sin6_scope_id);
+            memcpy(a + 8, &s->sin6.sin6_addr, 16);
+        } else {
+            a[0] = 4;
+            memcpy(a + 8, &s->sin.sin_addr, 4);
+        }
+        memcpy(a + 24, me->addrs[i].name, 16 < IF_NAMESIZE ? 16 : IF_NAMESIZE);
+        a[39] = '\0';
+    }
+}
+
+/* The table came from authenticated ranks, but is still checked field by
+ * field: a buggy or mismatched peer must not make us read out of bounds. */
+static int rec_decode(const unsigned char *p, int rank, hc_peer_t *out, char *err, size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    if (memcmp(p, REC_MAGIC, 4) != 0 || get32(p + 4) != (uint32_t)rank) {
+        snprintf(err, errlen, "record of rank %d is malformed", rank);
+        return -1;
+    }
+    out->pid = (int)get32(p + 8);
+    out->hostid = (uint64_t)get32(p + 12) << 32 | get32(p + 16);
+    memcpy(out->host, p + 20, HC_HOST_LABEL_MAX);
+    out->host[HC_HOST_LABEL_MAX - 1] = '\0';
+    for (char *s = out->host; *s; s++)
+        if ((unsigned char)*s < 0x20 || (unsigned char)*s > 0x7e)
+            *s = '?';
+    uint32_t n = get32(p + 84);
+    if (n < 1 || n > HC_IFACE_MAX) {
+        snprintf(err, errlen, "record of rank %d lists %u addresses (1..%d allowed)", rank, n,
+                 HC_IFACE_MAX);
+        return -1;
+    }
+    out->naddrs = (int)n;
+    for (uint32_t i = 0; i < n; i++) {
+        const unsigned char *a = p + REC_HEAD + i * REC_ADDR_BYTES;
+        hc_iface_t *f = &out->addrs[i];
+        if (a[0] == 6) {
+            f->addr.sin6.sin6_family = AF_INET6;
+            f->addr.sin6.sin6_scope_id = get32(a + 4);
+            memcpy(&f->addr.sin6.sin6_addr, a + 8, 16);
+        } else if (a[0] == 4) {
+            f->addr.sin.sin_family = AF_INET;
+            memcpy(&f->addr.sin.sin_addr, a + 8, 4);
+        } else {
+            snprintf(err, errlen, "record of rank %d: address %u has family %u", rank, i, a[0]);
+            return -1;
+        }
+        memcpy(f->name, a + 24, sizeof f->name < 16 ? sizeof f->name : 16);
+        f->name[sizeof f->name - 1] = '\0';
+        f->flags = IFF_UP;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Topology                                                                   */
+/* ------------------------------------------------------------------------ */
+
+hcoll_status_t hc_comm_topo_build(struct hcoll_comm *c)
+{
+    const int n = c->nranks;
+    int *node_of = calloc((size_t)n, sizeof *node_of);
+    int *local_of = calloc((size_t)n, sizeof *local_of);
+    int *start = calloc((size_t)n + 1, sizeof *start);
+    int *ranks = calloc((size_t)n, sizeof *ranks);
+    int *first = calloc((size_t)n, sizeof *first); /* first rank of node k */
+    if (!node_of || !local_of || !start || !ranks || !first) {
+        free(node_of), free(local_of), free(start), free(ranks), free(first);
+        return hc_err_set(&c->err, HC_INIT, c->rank, HCOLL_ERR_NO_MEMORY,
+                          "topology: out of memory");
+    }
+    int nnodes = 0;
+    for (int r = 0; r < n; r++) {
+        int k = 0;
+        while (k < nnodes && c->peers[first[k]].hostid != c->peers[r].hostid)
+            k++;
+        if (k == nnodes)
+            first[nnodes++] = r;
+        node_of[r] = k;
+        start[k + 1]++;
+    }
+    for (int k = 0; k < nnodes; k++)
+        start[k + 1] += start[k];
+    /* Fill each node's slice in rank order: local rank = position. */
+    int *fill = first; /* reused as a cursor per node */
+    for (int k = 0; k < nnodes; k++)
+        fill[k] = start[k];
+    for (int r = 0; r < n; r++) {
+        int k = node_of[r];
+        local_of[r] = fill[k] - start[k];
+        ranks[fill[k]++] = r;
+    }
+    free(first);
+
+    int uniform = 1;
+    for (int k = 1; k < nnodes; k++)
+        uniform &= start[k + 1] - start[k] == start[1] - start[0];
+
+    free(c->node_of), free(c->local_of), free(c->node_start), free(c->node_ranks);
+    c->node_of = node_of;
+    c->local_of = local_of;
+    c->node_start = start;
+    c->node_ranks = ranks;
+    c->nnodes = nnodes;
+    c->uniform = uniform;
+    c->node = node_of[c->rank];
+    c->local_rank = local_of[c->rank];
+    c->local_size = start[c->node + 1] - start[c->node];
+    return HCOLL_SUCCESS;
+}
+
+int hc_comm_node_size(const struct hcoll_comm *c, int node)
+{
+    if (node < 0 || node >= c->nnodes)
+        return 0;
+    return c->node_start[node + 1] - c->node_start[node];
+}
+
+int hc_comm_rank_at(const struct hcoll_comm *c, int node, int local)
+{
+    if (local < 0 || local >= hc_comm_node_size(c, node))
+        return -1;
+    return c->node_ranks[c->node_start[node] + local];
+}
+
+void hc_comm_topo_log(const struct hcoll_comm *c)
+{
+    if (!hc_log_enabled(HC_LOG_INFO, HC_INIT))
+        return;
+    char as[80];
+    const hc_peer_t *me = &c->peers[c->rank];
+    const hc_iface_t *rail = &me->addrs[c->local_rank % me->naddrs];
+    HC_INFO(HC_INIT, c->rank,
+            "rank %d/%d: node %d/%d '%s', local rank %d/%d, rail %d via %s %s (%d address%s)",
+            c->rank, c->nranks, c->node, c->nnodes, me->host, c->local_rank, c->local_size,
+            c->local_rank, rail->name, hc_sockaddr_str(&rail->addr, as, sizeof as), me->naddrs,
+            me->naddrs == 1 ? "" : "es");
+    if (c->rank != 0)
+        return;
+    HC_INFO(HC_INIT, 0, "topology: %d ranks on %d node%s, %s, %s", c->nranks, c->nnodes,
+            c->nnodes == 1 ? "" : "s",
+            c->authenticated ? "authenticated rendezvous" : "UNAUTHENTICATED rendezvous",
+            c->uniform ? "same number of ranks on every node" : "nodes differ in size");
+    for (int k = 0; k < c->nnodes; k++) {
+        char line[700];
+        size_t o = 0;
+        const int r0 = hc_comm_rank_at(c, k, 0);
+        for (int l = 0; l < hc_comm_node_size(c, k) && o < sizeof line - 80; l++) {
+            const int r = hc_comm_rank_at(c, k, l);
+            const hc_peer_t *p = &c->peers[r];
+            const hc_iface_t *f = &p->addrs[l % p->naddrs];
+            o += (size_t)snprintf(line + o, sizeof line - o, "%s rank %d (pid %d) rail %d %s %s",
+                                  l ? ";" : "", r, p->pid, l, f->name,
+                                  hc_sockaddr_str(&f->addr, as, sizeof as));
+        }
+        HC_INFO(HC_INIT, 0, "node %d '%s' (%d ranks):%s", k, c->peers[r0].host,
+                hc_comm_node_size(c, k), line);
+    }
+    if (!c->uniform) {
+        char sizes[256];
+        size_t o = 0;
+        for (int k = 0; k < c->nnodes && o < sizeof sizes - 16; k++)
+            o += (size_t)snprintf(sizes + o, sizeof sizes - o, "%s%d", k ? "," : "",
+                                  hc_comm_node_size(c, k));
+        HC_INFO(HC_INIT, 0,
+                "flat ring only: nodes have %s ranks (the three-stage plan needs the same "
+                "number on every node)", sizes);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+
+hcoll_status_t hc_comm_add_teardown(struct hcoll_comm *c, hc_teardown_fn fn, void *arg)
+{
+    if (c->nteardown == HC_COMM_TEARDOWN_MAX)
+        return hc_err_set(&c->err, HC_INIT, c->rank, HCOLL_ERR_NO_MEMORY,
+                          "too many teardown hooks (at most %d)", HC_COMM_TEARDOWN_MAX);
+    c->teardown[c->nteardown].fn = fn;
+    c->teardown[c->nteardown].arg = arg;
+    c->nteardown++;
+    return HCOLL_SUCCESS;
+}
+
+void hc_comm_set_async_error(struct hcoll_comm *c, hcoll_status_t st)
+{
+    int expected = HCOLL_SUCCESS;
+    atomic_compare_exchange_strong(&c->async_error, &expected, (int)st);
+}
+
+static void comm_free(struct hcoll_comm *c, int aborting)
+{
+    for (int i = c->nteardown - 1; i >= 0; i--)
+        c->teardown[i].fn(c, c->teardown[i].arg, aborting);
+    hc_boot_destroy(c->boot);
+    free(c->node_of);
+    free(c->local_of);
+    free(c->node_start);
+    free(c->node_ranks);
+    free(c->peers);
+    hc_errbuf_fini(&c->err);
+    free(c);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Init                                                                       */
+/* ------------------------------------------------------------------------ */
+
+typedef struct init_args {
+    int nranks, rank;
+    hc_sockaddr_t root;
+    int listen_fd; /* consumed in every case */
+    unsigned char key[HC_BOOT_KEY_BYTES];
+    int authenticated;
+} init_args_t;
+
+static hcoll_status_t comm_create(init_args_t *ia, const hcoll_config_t *config,
+                                  hcoll_comm_t *comm_out)
+{
+    hcoll_status_t st;
+    char err[512];
+    unsigned char *recs = NULL;
+    unsigned char rec[REC_BYTES];
+    hc_peer_t me;
+
+    struct hcoll_comm *c = calloc(1, sizeof *c);
+    if (!c) {
+        st = hc_err_set(NULL, HC_INIT, ia->rank, HCOLL_ERR_NO_MEMORY, "init: out of memory");
+        goto err_fd;
+    }
+    hc_errbuf_init(&c->err);
+    c->rank = ia->rank;
+    c->nranks = ia->nranks;
+    c->authenticated = ia->authenticated;
+    atomic_init(&c->async_error, HCOLL_SUCCESS);
+    atomic_init(&c->aborted, 0);
+    if (hc_params_load(&c->params, config, err, sizeof err) != HCOLL_SUCCESS) {
+        st = hc_err_set(NULL, HC_INIT, ia->rank, HCOLL_ERR_INVALID_ARG, "init: %s", err);
+        goto err_comm;
+    }
+
+    memset(&me, 0, sizeof me);
+    me.pid = (int)getpid();
+    hc_host_id(c->params.hostid, &me.hostid, me.host, sizeof me.host);
+    me.naddrs = hc_ifaces_list(c->params.socket_ifname, me.addrs, HC_IFACE_MAX, err, sizeof err);
+    if (me.naddrs <= 0) {
+        st = hc_err_set(NULL, HC_INIT, ia->rank,
+                        me.naddrs < 0 ? HCOLL_ERR_INVALID_ARG : HCOLL_ERR_NETWORK,
+                        "init: HCOLL_SOCKET_IFNAME: %s", err);
+        goto err_comm;
+    }
+    rec_encode(&me, ia->rank, rec);
+
+    recs = malloc((size_t)ia->nranks * REC_BYTES);
+    c->peers = calloc((size_t)ia->nranks, sizeof *c->peers);
+    if (!recs || !c->peers) {
+        st = hc_err_set(NULL, HC_INIT, ia->rank, HCOLL_ERR_NO_MEMORY,
+                        "init: out of memory for %d ranks", ia->nranks);
+        goto err_comm;
+    }
+
+    hc_boot_args_t ba;
+    memset(&ba, 0, sizeof ba);
+    ba.rank = ia->rank;
+    ba.nranks = ia->nranks;
+    ba.root = ia->root;
+    ba.listen_fd = ia->listen_fd;
+    memcpy(ba.key, ia->key, sizeof ba.key);
+    ba.authenticated = ia->authenticated;
+    ba.timeout_ms = c->params.timeout_ms;
+    ba.eb = NULL; /* no communicator for the caller yet: the thread's buffer */
+    ia->listen_fd = -1;
+    st = hc_boot_create(&ba, rec, REC_BYTES, recs, &c->boot);
+    hc_secure_zero(ba.key, sizeof ba.key);
+    if (st != HCOLL_SUCCESS)
+        goto err_comm;
+
+    for (int r = 0; r < ia->nranks; r++) {
+        if (rec_decode(recs + (size_t)r * REC_BYTES, r, &c->peers[r], err, sizeof err) != 0) {
+            st = hc_err_set(NULL, HC_INIT, ia->rank, HCOLL_ERR_NETWORK, "init: %s", err);
+            goto err_comm;
+        }
+    }
+    st = hc_comm_topo_build(c);
+    if (st != HCOLL_SUCCESS) {
+        hc_err_set(NULL, HC_INIT, ia->rank, st, "init: %s", hc_errbuf_get(&c->err));
+        goto err_comm;
+    }
+    hc_boot_set_errbuf(c->boot, &c->err);
+    hc_comm_topo_log(c);
+    st = hc_coll_create(c);
+    if (st != HCOLL_SUCCESS) {
+        hc_err_set(NULL, HC_INIT, ia->rank, st, "init: %s", hc_errbuf_get(&c->err));
+        goto err_comm;
+    }
+    free(recs);
+    *comm_out = c;
+    return HCOLL_SUCCESS;
+
+err_comm:
+    free(recs);
+    if (c)
+        comm_free(c, 1);
+err_fd:
+    if (ia->listen_fd >= 0)
+        close(ia->listen_fd);
+    ia->listen_fd = -1;
+    return st;
+}
+
+HCOLL_API hcoll_status_t hcoll_get_unique_id(hcoll_unique_id_t *id_out)
+{
+    char err[512];
+    hc_params_t params;
+    hc_iface_t ifs[1];
+    hc_uid_t u;
+
+    if (!id_out)
+        return hc_err_set(NULL, HC_INIT, -1, HCOLL_ERR_INVALID_ARG, "id_out is NULL");
+    if (hc_params_load(&params, NULL, err, sizeof err) != HCOLL_SUCCESS)
+        return hc_err_set(NULL, HC_INIT, -1, HCOLL_ERR_INVALID_ARG, "get_unique_id: %s", err);
+    int n = hc_ifaces_list(params.socket_ifname, ifs, 1, err, sizeof err);
+    if (n <= 0)
+        return hc_err_set(NULL, HC_INIT, -1, n < 0 ? HCOLL_ERR_INVALID_ARG : HCOLL_ERR_NETWORK,
+                          "get_unique_id: HCOLL_SOCKET_IFNAME: %s", err);
+    memset(&u, 0, sizeof u);
+    int fd = hc_boot_listen(&ifs[0].addr, &u.root, err, sizeof err);
+    if (fd < 0)
+        return hc_err_set(NULL, HC_INIT, -1, HCOLL_ERR_NETWORK, "get_unique_id: %s", err);
+    if (hc_random_bytes(u.secret, sizeof u.secret) != 0) {
+        close(fd);
+        return hc_err_set(NULL, HC_INIT, -1, HCOLL_ERR_SYSTEM, "get_unique_id: getrandom: %s",
+                          strerror(errno));
+    }
+    hc_uid_park(u.secret, fd);
+    hc_uid_encode(&u, id_out);
+    if (hc_log_enabled(HC_LOG_INFO, HC_INIT)) {
+        char as[80];
+        HC_INFO(HC_INIT, -1, "unique id: root listens on %s (%s)",
+                hc_sockaddr_str(&u.root, as, sizeof as), ifs[0].name);
+    }
+    hc_secure_zero(&u, sizeof u);
+    return HCOLL_SUCCESS;
+}
+
+HCOLL_API hcoll_status_t hcoll_comm_init(hcoll_comm_t *comm_out, int nranks, int rank,
+                                         const hcoll_unique_id_t *id,
+                                         const hcoll_config_t *config)
+{
+    char err[200];
+    hc_uid_t u;
+    if (!comm_out || !id)
+        return hc_err_set(NULL, HC_INIT, rank, HCOLL_ERR_INVALID_ARG, "init: %s is NULL",
+                          comm_out ? "id" : "comm_out");
+    if (nranks < 1 || rank < 0 || rank >= nranks)
+        return hc_err_set(NULL, HC_INIT, rank, HCOLL_ERR_INVALID_ARG,
+                          "init: rank %d is not in 0..nranks-1 (nranks %d)", rank, nranks);
+    if (hc_uid_decode(id, &u, err, sizeof err) != 0)
+        return hc_err_set(NULL, HC_INIT, rank, HCOLL_ERR_INVALID_ARG, "init: %s", err);
+
+    init_args_t ia;
+    memset(&ia, 0, sizeof ia);
+    ia.nranks = nranks;
+    ia.rank = rank;
+    ia.root = u.root;
+    ia.listen_fd = rank == 0 ? hc_uid_take(u.secret) : -1;
+    memcpy(ia.key, u.secret, sizeof ia.key);
+    ia.authenticated = 1;
+    hc_secure_zero(&u, sizeof u);
+    hcoll_status_t st = comm_create(&ia, config, comm_out);
+    hc_secure_zero(ia.key, sizeof ia.key);
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Launcher environment                                                       */
+/* ------------------------------------------------------------------------ */
+
+/* 0: unset, 1: parsed, -1: malformed (message in err). */
+static int env_long(const char *name, long lo, long hi, long *out, char *err, size_t errlen)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return 0;
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi) {
+        snprintf(err, errlen, "%s='%s' is not an integer in %ld..%ld", name, v, lo, hi);
+        return -1;
+    }
+    *out = x;
+    return 1;
+}
+
+/* Launchers in order of precedence: the first whose rank variable is set
+ * decides rank and size (both must be set). */
+static const struct {
+    const char *launcher, *rank, *size;
+} launchers[] = {
+    { "hcoll", "HCOLL_RANK", "HCOLL_NRANKS" },
+    { "Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE" },
+    { "Slurm", "SLURM_PROCID", "SLURM_NTASKS" },
+    { "torchrun", "RANK", "WORLD_SIZE" },
+};
+
+static int env_rank_size(int *rank_out, int *nranks_out, const char **from_out, char *err,
+                         size_t errlen)
+{
+    for (size_t i = 0; i < sizeof launchers / sizeof launchers[0]; i++) {
+        long r, n;
+        int hr = env_long(launchers[i].rank, 0, INT_MAX - 1, &r, err, errlen);
+        if (hr < 0)
+            return -1;
+        if (hr == 0)
+            continue;
+        int hn = env_long(launchers[i].size, 1, INT_MAX, &n, err, errlen);
+        if (hn < 0)
+            return -1;
+        if (hn == 0) {
+            snprintf(err, errlen, "%s is set but %s is not", launchers[i].rank,
+                     launchers[i].size);
+            return -1;
+        }
+        if (r >= n) {
+            snprintf(err, errlen, "%s=%ld is not below %s=%ld", launchers[i].rank, r,
+                     launchers[i].size, n);
+            return -1;
+        }
+        *rank_out = (int)r;
+        *nranks_out = (int)n;
+        *from_out = launchers[i].launcher;
+        return 0;
+    }
+    snprintf(err, errlen, "no launcher variables: set HCOLL_RANK and HCOLL_NRANKS (or run under "
+                          "Open MPI, Slurm or torchrun)");
+    return -1;
+}
+
+static int resolve(const char *host, const char *port, hc_sockaddr_t *out, char *err,
+                   size_t errlen)
+{
+    char *end;
+    errno = 0;
+    long p = strtol(port, &end, 10);
+    if (errno || end == port || *end || p < 1 || p > 65535) {
+        snprintf(err, errlen, "port '%s' is not a number in 1..65535", port);
+        return -1;
+    }
+    struct addrinfo hints, *res;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    int rc = getaddrinfo(host, NULL, &hints, &res);
+    if (rc != 0) {
+        snprintf(err, errlen, "cannot resolve '%s': %s", host, gai_strerror(rc));
+        return -1;
+    }
+    /* IPv4 first, as for interfaces. */
+    const struct addrinfo *pick = NULL;
+    for (const struct addrinfo *a = res; a && !pick; a = a->ai_next)
+        if (a->ai_family == AF_INET)
+            pick = a;
+    for (const struct addrinfo *a = res; a && !pick; a = a->ai_next)
+        if (a->ai_family == AF_INET6)
+            pick = a;
+    if (!pick) {
+        freeaddrinfo(res);
+        snprintf(err, errlen, "'%s' has no IPv4 or IPv6 address", host);
+        return -1;
+    }
+    memset(out, 0, sizeof *out);
+    memcpy(out, pick->ai_addr, pick->ai_addrlen);
+    hc_sockaddr_set_port(out, (int)p);
+    freeaddrinfo(res);
+    return 0;
+}
+
+/* HCOLL_ROOT ("host:port", "[v6]:port"), else MASTER_ADDR and MASTER_PORT. */
+static int env_root(hc_sockaddr_t *out, char *err, size_t errlen)
+{
+    char host[256];
+    const char *v = getenv("HCOLL_ROOT");
+    if (v && *v) {
+        const char *colon;
+        if (v[0] == '[') {
+            const char *close = strchr(v, ']');
+            if (!close || close[1] != ':' || (size_t)(close - v - 1) >= sizeof host) {
+                snprintf(err, errlen, "HCOLL_ROOT='%s' is not [address]:port", v);
+                return -1;
+            }
+            memcpy(host, v + 1, (size_t)(close - v - 1));
+            host[close - v - 1] = '\0';
+            colon = close + 1;
+        } else {
+            colon = strrchr(v, ':');
+            if (!colon || colon == v || memchr(v, ':', (size_t)(colon - v)) ||
+                (size_t)(colon - v) >= sizeof host) {
+                snprintf(err, errlen, "HCOLL_ROOT='%s' is not host:port (write an IPv6 "
+                                      "address as [address]:port)", v);
+                return -1;
+            }
+            memcpy(host, v, (size_t)(colon - v));
+            host[colon - v] = '\0';
+        }
+        char detail[300];
+        if (resolve(host, colon + 1, out, detail, sizeof detail) != 0) {
+            snprintf(err, errlen, "HCOLL_ROOT: %s", detail);
+            return -1;
+        }
+        return 0;
+    }
+    const char *ma = getenv("MASTER_ADDR"), *mp = getenv("MASTER_PORT");
+    if (ma && *ma && mp && *mp) {
+        char detail[300];
+        if (resolve(ma, mp, out, detail, sizeof detail) != 0) {
+            snprintf(err, errlen, "MASTER_ADDR/MASTER_PORT: %s", detail);
+            return -1;
+        }
+        return 0;
+    }
+    snprintf(err, errlen, "no rendezvous address: set HCOLL_ROOT=host:port (or MASTER_ADDR and "
+                          "MASTER_PORT)");
+    return -1;
+}
+
+HCOLL_API hcoll_status_t hcoll_comm_init_env(hcoll_comm_t *comm_out, const hcoll_config_t *config)
+{
+    char err[400];
+    const char *from = "";
+    init_args_t ia;
+    memset(&ia, 0, sizeof ia);
+    ia.listen_fd = -1;
+    if (!comm_out)
+        return hc_err_set(NULL, HC_INIT, -1, HCOLL_ERR_INVALID_ARG, "init_env: comm_out is NULL");
+    if (env_rank_size(&ia.rank, &ia.nranks, &from, err, sizeof err) != 0)
+        return hc_err_set(NULL, HC_INIT, -1, HCOLL_ERR_INVALID_ARG, "init_env: %s", err);
+    if (env_root(&ia.root, err, sizeof err) != 0)
+        return hc_err_set(NULL, HC_INIT, ia.rank, HCOLL_ERR_INVALID_ARG, "init_env: %s", err);
+    const char *secret = getenv("HCOLL_SECRET");
+    if (secret && *secret) {
+        hc_boot_key_from_string(secret, ia.key);
+        ia.authenticated = 1;
+    } else {
+        hc_boot_key_public(ia.key);
+        HC_WARN(HC_INIT, ia.rank,
+                "HCOLL_SECRET is not set: peers are not authenticated; any process that can "
+                "reach the root and speaks the protocol can join this job");
+    }
+    if (hc_log_enabled(HC_LOG_INFO, HC_INIT)) {
+        char as[80];
+        HC_INFO(HC_INIT, ia.rank, "init_env: rank %d of %d from %s variables, root %s", ia.rank,
+                ia.nranks, from, hc_sockaddr_str(&ia.root, as, sizeof as));
+    }
+    hcoll_status_t st = comm_create(&ia, config, comm_out);
+    hc_secure_zero(ia.key, sizeof ia.key);
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Lifecycle and queries                                                      */
+/* ------------------------------------------------------------------------ */
+
+HCOLL_API hcoll_status_t hcoll_comm_destroy(hcoll_comm_t comm)
+{
+    if (!comm)
+        return HCOLL_SUCCESS;
+    comm_free(comm, 0);
+    return HCOLL_SUCCESS;
+}
+
+HCOLL_API hcoll_status_t hcoll_comm_abort(hcoll_comm_t comm)
+{
+    if (!comm)
+        return HCOLL_SUCCESS;
+    atomic_store(&comm->aborted, 1);
+    hc_comm_set_async_error(comm, HCOLL_ERR_ABORTED);
+    HC_INFO(HC_INIT, comm->rank, "communicator aborted");
+    /* Wake whatever is blocked, then free: comm_free waits for the woken
+     * call to leave the bootstrap before closing its sockets. */
+    hc_boot_abort(comm->boot);
+    comm_free(comm, 1);
+    return HCOLL_SUCCESS;
+}
+
+HCOLL_API hcoll_status_t hcoll_comm_get_async_error(hcoll_comm_t comm,
+                                                    hcoll_status_t *async_error_out)
+{
+    if (!comm || !async_error_out)
+        return hc_err_set(NULL, HC_INIT, -1, HCOLL_ERR_INVALID_ARG,
+                          "get_async_error: %s is NULL", comm ? "async_error_out" : "comm");
+    hcoll_status_t st = (hcoll_status_t)atomic_load(&comm->async_error);
+    if (st == HCOLL_SUCCESS && comm->boot)
+        st = hc_boot_status(comm->boot);
+    *async_error_out = st;
+    return HCOLL_SUCCESS;
+}
+
+HCOLL_API const char *hcoll_comm_last_error(hcoll_comm_t comm)
+{
+    return hc_errbuf_get(comm ? &comm->err : hc_errbuf_thread());
+}
+
+#define QUERY(fn, field)                                                             \
+    HCOLL_API hcoll_status_t fn(hcoll_comm_t comm, int *out)                         \
+    {                                                                                \
+        if (!comm || !out)                                                           \
+            return hc_err_set(NULL, HC_INIT, -1, HCOLL_ERR_INVALID_ARG, "%s: %s is NULL", \
+                              #fn, comm ? "output" : "comm");                        \
+        *out = comm->field;                                                          \
+        return HCOLL_SUCCESS;                                                        \
+    }
+QUERY(hcoll_comm_rank, rank)
+QUERY(hcoll_comm_size, nranks)
+QUERY(hcoll_comm_local_rank, local_rank)
+QUERY(hcoll_comm_local_size, local_size)
+QUERY(hcoll_comm_node_count, nnodes)

@@ -1,0 +1,106 @@
+/*
+ * The communicator: who is where, and the bootstrap that found it out.
+ *
+ * Topology, the same on every rank because every rank derives it from the
+ * same rank table:
+ *   - a node is a set of ranks with the same host id; nodes are numbered by
+ *     their lowest rank;
+ *   - a rank's local rank is its index among its node's ranks in rank
+ *     order; local rank i drives rail i (the i-th address of its node);
+ *   - uniform: every node has the same number of local ranks, which the
+ *     three-stage plan needs; otherwise only the flat ring is possible.
+ *
+ * Data-plane modules (transport, ring, intra-node backend, progress thread)
+ * add their state at the end of struct hcoll_comm and register a teardown
+ * hook with hc_comm_add_teardown; destroy and abort run the hooks, newest
+ * first, before the bootstrap goes.
+ */
+#ifndef HC_CORE_COMM_H
+#define HC_CORE_COMM_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "boot/boot.h"
+#include "core/config.h"
+#include "core/err.h"
+#include "hcoll.h"
+#include "sys/ifaces.h"
+
+#define HC_HOST_LABEL_MAX 64
+#define HC_COMM_TEARDOWN_MAX 16
+/* Bytes of the record each rank sends at the rendezvous (layout in comm.c);
+ * part of the authenticated handshake, so versions that differ fail clearly. */
+#define HC_COMM_REC_BYTES (88 + HC_IFACE_MAX * 40)
+
+/* What each rank told the others about itself at the rendezvous. */
+typedef struct hc_peer {
+    uint64_t hostid;
+    char host[HC_HOST_LABEL_MAX]; /* HCOLL_HOSTID, else the host name */
+    int pid;
+    int naddrs;                   /* >= 1 */
+    hc_iface_t addrs[HC_IFACE_MAX]; /* in rail order; ports are 0 */
+} hc_peer_t;
+
+/* aborting: 1 from hcoll_comm_abort (peers may be dead: do not wait for
+ * them, fail pending operations with HCOLL_ERR_ABORTED), 0 from destroy.
+ * A hook must not fail and must free everything its module holds. */
+typedef void (*hc_teardown_fn)(struct hcoll_comm *comm, void *arg, int aborting);
+
+struct hcoll_comm {
+    hc_errbuf_t err;
+    hc_params_t params;
+
+    int rank, nranks;
+    int local_rank, local_size;
+    int node, nnodes;
+    int uniform;        /* every node has local_size ranks */
+    int *node_of;       /* [nranks] node index of each rank */
+    int *local_of;      /* [nranks] local rank of each rank */
+    int *node_start;    /* [nnodes+1] node n's ranks are */
+    int *node_ranks;    /* node_ranks[node_start[n] .. node_start[n+1]), by local rank */
+    hc_peer_t *peers;   /* [nranks] */
+
+    hc_boot_t *boot;
+    int authenticated;  /* the rendezvous checked a shared secret */
+
+    atomic_int async_error; /* hcoll_status_t: first background failure */
+    atomic_int aborted;
+
+    struct {
+        hc_teardown_fn fn;
+        void *arg;
+    } teardown[HC_COMM_TEARDOWN_MAX];
+    int nteardown;
+
+    /* ---- data-plane state (transport, ring, intra backend, progress) ----
+     * goes below this line; tear it down through hc_comm_add_teardown. */
+    struct hc_coll *coll; /* the all-reduce executor (core/coll.c) */
+};
+
+/* Rank with local rank `local` on node `node`, or -1 when there is none. */
+int hc_comm_rank_at(const struct hcoll_comm *c, int node, int local);
+
+/* Number of ranks on node n. */
+int hc_comm_node_size(const struct hcoll_comm *c, int node);
+
+/* Register a hook run by destroy/abort (newest first). HCOLL_ERR_NO_MEMORY
+ * when HC_COMM_TEARDOWN_MAX are registered. */
+hcoll_status_t hc_comm_add_teardown(struct hcoll_comm *c, hc_teardown_fn fn, void *arg);
+
+/* Record a background failure; only the first one sticks. Thread-safe. */
+void hc_comm_set_async_error(struct hcoll_comm *c, hcoll_status_t st);
+
+/*
+ * Fill node_of/local_of/node_start/node_ranks/nnodes/uniform and this
+ * rank's node/local_rank/local_size from c->peers[].hostid. Allocates the
+ * arrays (freed by destroy). Exposed so tests can check placements that
+ * forked ranks cannot easily produce (interleaved nodes).
+ */
+hcoll_status_t hc_comm_topo_build(struct hcoll_comm *c);
+
+/* Log the topology at INFO (INIT): rank 0 one line per node, every rank
+ * one line about itself. */
+void hc_comm_topo_log(const struct hcoll_comm *c);
+
+#endif
