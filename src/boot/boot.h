@@ -57,6 +57,7 @@
 #include <stdint.h>
 
 #include "core/err.h"
+#include "core/exchange.h"
 #include "hcoll.h"
 #include "sys/ifaces.h"
 
@@ -70,10 +71,8 @@
 
 typedef struct hc_boot hc_boot_t;
 
-/* The shape in which other modules (transports, the ring) take an
- * allgather: all_out receives nranks*len bytes in rank order. Pass
- * hc_boot_allgather with the hc_boot_t as ctx. */
-typedef hcoll_status_t (*hc_allgather_fn)(void *ctx, const void *mine, void *all_out, size_t len);
+/* hc_boot_allgather has the hc_allgather_fn shape (core/exchange.h), with
+ * the hc_boot_t as ctx. */
 
 typedef struct hc_boot_args {
     int rank, nranks;

@@ -39,13 +39,11 @@
 #include <stdint.h>
 
 #include "core/err.h"
+#include "core/exchange.h"
 #include "hcoll.h"
 
-/* Exchange of fixed-size blobs among the ring's ranks: every rank passes
- * `len` bytes in `mine`; all_out receives nranks*len bytes in rank order.
- * Provided by the bootstrap (hc_boot_allgather) or by a test. Collective. */
-typedef hcoll_status_t (*hc_allgather_fn)(void *ctx, const void *mine, void *all_out,
-                                          size_t len);
+/* Endpoint addresses are exchanged with the set-up exchange of
+ * core/exchange.h, over the transport's ranks. */
 
 typedef struct hc_transport hc_transport_t; /* one instance per ring */
 typedef struct hc_ep hc_ep_t;               /* a connection to one peer */

@@ -47,18 +47,14 @@
 #include <stddef.h>
 
 #include "core/err.h"
+#include "core/exchange.h"
 #include "hcoll.h"
 
 typedef struct hc_intra hc_intra_t;
 typedef struct hc_intra_ops hc_intra_ops_t;
 
-/*
- * All-gather of len bytes over the local ranks only: all_out receives
- * L * len bytes, local rank q's `mine` at offset q * len. Blocking,
- * collective over the local ranks, with the communicator's deadline.
- */
-typedef hcoll_status_t (*hc_allgather_fn)(void *ctx, const void *mine, void *all_out,
-                                          size_t len);
+/* The set-up exchange (core/exchange.h) is over the node's local ranks
+ * only: member q is local rank q. */
 
 typedef struct hc_intra_params {
     int local_rank;      /* 0 .. local_size-1 */
