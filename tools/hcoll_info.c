@@ -5,12 +5,19 @@
  *   hcoll_info            everything
  *   hcoll_info --env      the knob table only
  *   hcoll_info --build    version and build options only
+ *   hcoll_info --rdma     RDMA devices, ports, GIDs and GPUDirect only
+ *   --sysfs-root DIR      read sysfs/proc under DIR (a fixture tree)
  */
 #include <stdio.h>
 #include <string.h>
 
 #include "core/config.h"
 #include "core/reduce.h"
+#include "gdr/gdr.h"
+#include "inter/ib/ib.h"
+#include "sys/envlist.h"
+#include "sys/ibdev.h"
+#include "sys/pci.h"
 #include "hc_build.h"
 #include "hcoll.h"
 
@@ -67,19 +74,126 @@ static int print_env(void)
     return bad;
 }
 
+/* What the verbs transport would find on this host (or fixture tree). */
+static void print_rdma(const char *root)
+{
+    hc_params_t p;
+    char err[300];
+    if (hc_params_load(&p, NULL, err, sizeof err) != HCOLL_SUCCESS) {
+        printf("RDMA: cannot read the HCOLL_IB_* settings: %s\n", err);
+        return;
+    }
+    char why[300] = "";
+    int verbs = hc_ib_verbs_loadable(why, sizeof why);
+    printf("RDMA devices (sysfs root %s; libibverbs %s%s%s):\n", root,
+           verbs ? "loadable" : "not loadable", verbs ? "" : ": ", verbs ? "" : why);
+    hc_ibport_t ports[HC_IBDEV_MAX_PORTS];
+    int n = hc_ibdev_scan(root, ports, HC_IBDEV_MAX_PORTS);
+    if (n == 0)
+        printf("  none found (no ports under sys/class/infiniband)\n");
+    double node_gbps = 0;
+    hc_list_t list;
+    int have_list = hc_list_parse(p.ib_hca, &list, err, sizeof err) == 0;
+    for (int i = 0; i < n; i++) {
+        const hc_ibport_t *q = &ports[i];
+        char pci[HC_PCI_PATH_MAX] = "";
+        if (hc_pci_ibdev_path(root, q->dev, pci, sizeof pci) != 0)
+            snprintf(pci, sizeof pci, "(no PCI device)");
+        int sel = q->active && have_list && hc_list_match(&list, q->dev, q->port);
+        printf("  %s:%d  %-10s %-5s rate %-22s MTU %s  %s%s\n", q->dev, q->port,
+               q->state[0] ? q->state : "?", hc_ib_link_name(q->link_layer),
+               q->rate[0] ? q->rate : "?", "(verbs only)", pci,
+               sel ? "" : "  [not used: not ACTIVE or excluded by HCOLL_IB_HCA]");
+        if (sel)
+            node_gbps += q->rate_gbps;
+        hc_gid_entry_t g[HC_IBDEV_MAX_GIDS];
+        int ng = hc_ibdev_gids(root, q->dev, q->port, g, HC_IBDEV_MAX_GIDS);
+        int idx = -1;
+        hc_gid_entry_t chosen;
+        char gwhy[300] = "";
+        int ok = hc_ibdev_gid_choose(root, q->dev, q->port, q->link_layer, (long)p.ib_gid_index,
+                                     0, &idx, &chosen, gwhy, sizeof gwhy) == 0;
+        for (int k = 0; k < ng; k++) {
+            char t[64];
+            hc_gid_format(g[k].raw, t, sizeof t);
+            printf("      GID %3d  %-40s %-8s%s\n", g[k].index, t, hc_gid_type_name(g[k].type),
+                   ok && g[k].index == idx ? "  <- chosen" : "");
+        }
+        printf("      GID choice: %s\n", ok ? gwhy : gwhy[0] ? gwhy : "none");
+    }
+    if (n)
+        printf("  line rate of the selected ports: %.0f Gb/s\n", node_gbps);
+    for (int r = 0; r < 2 && n; r++) {
+        hc_ib_choice_t c;
+        if (hc_ibdev_for_rank(root, p.ib_hca, r, NULL, (long)p.ib_gid_index, 0, &c, err,
+                              sizeof err) == 0)
+            printf("  local rank %d -> [%d]%s:%d/%s (%d selected)\n", r, c.index, c.port.dev,
+                   c.port.port, hc_ib_link_name(c.port.link_layer), c.nselected);
+        else
+            printf("  local rank %d: %s\n", r, err);
+    }
+
+    hc_gdr_caps_t caps;
+    hc_gdr_probe(root, &caps);
+    char cwhy[200] = "";
+    int cuda = hc_gdr_cuda_available(cwhy, sizeof cwhy);
+    printf("GPUDirect RDMA:\n");
+    printf("  nvidia-peermem  %s%s\n", caps.peermem ? "loaded, " : "not loaded",
+           caps.peermem ? caps.peermem_how : "");
+    printf("  dma-buf         kernel %s (%s)\n", caps.dmabuf_kernel ? "supports it" : "too old or unknown",
+           caps.kernel[0] ? caps.kernel : "osrelease unreadable");
+    printf("  CUDA driver     %s%s\n", cuda ? "loaded" : "none: ", cuda ? "" : cwhy);
+    printf("  HCOLL_NET_GDR_LEVEL %s, HCOLL_GDR_FLUSH %lld\n", hc_pci_dist_name(p.gdr_level),
+           (long long)p.gdr_flush);
+    if (!cuda) {
+        printf("  no GPU: registration would use host memory only\n");
+        return;
+    }
+    for (int d = 0; d < 16; d++) {
+        char bdf[64] = "", gpath[HC_PCI_PATH_MAX];
+        int cc = 0, gdmabuf = 0;
+        if (hc_gdr_gpu_info(d, bdf, sizeof bdf, &cc, &gdmabuf) != 0)
+            break;
+        hc_ib_choice_t c;
+        int have_path = hc_pci_bdf_path(root, bdf, gpath, sizeof gpath) == 0;
+        if (hc_ibdev_for_rank(root, p.ib_hca, d, have_path ? gpath : NULL, (long)p.ib_gid_index, 0,
+                              &c, err, sizeof err) != 0) {
+            printf("  GPU %d (%s): %s\n", d, bdf, err);
+            continue;
+        }
+        char line[200];
+        int on = c.port.pci_dist >= 0 &&
+                 hc_gdr_level_allows(c.port.pci_dist, p.gdr_level, d, c.port.dev, -1, line,
+                                     sizeof line);
+        if (c.port.pci_dist < 0)
+            snprintf(line, sizeof line, "GPU %d: PCI path unknown, GPU Direct RDMA Disabled", d);
+        int reg = hc_gdr_reg_choose(&caps, gdmabuf, verbs);
+        printf("  %s; registration %s; flush %s (sm_%d)\n", line,
+               on ? hc_gdr_reg_name(reg) : "host staging",
+               hc_gdr_flush_needed(p.gdr_flush, cc) ? "on" : "off", cc * 10);
+    }
+}
+
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: hcoll_info [--env | --build | --help]\n"
+    fprintf(f, "usage: hcoll_info [--env | --build | --rdma | --help] [--sysfs-root DIR]\n"
                "  --env     every HCOLL_* knob with its value, default and help\n"
-               "  --build   library version and build options\n");
+               "  --build   library version and build options\n"
+               "  --rdma    RDMA devices, ports, rates, GIDs, NIC per local rank, GPUDirect\n"
+               "  --sysfs-root DIR  read /sys and /proc under DIR (a fixture tree)\n");
 }
 
 int main(int argc, char **argv)
 {
-    int env = 0, build = 0;
+    int env = 0, build = 0, rdma = 0;
+    const char *root = "/";
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--env") == 0)
             env = 1;
+        else if (strcmp(argv[i], "--rdma") == 0)
+            rdma = 1;
+        else if (strcmp(argv[i], "--sysfs-root") == 0 && i + 1 < argc)
+            root = argv[++i];
         else if (strcmp(argv[i], "--build") == 0)
             build = 1;
         else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -91,8 +205,8 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (!env && !build)
-        env = build = 1;
+    if (!env && !build && !rdma)
+        env = build = rdma = 1;
     int bad = 0;
     if (build)
         print_build();
@@ -100,6 +214,11 @@ int main(int argc, char **argv)
         if (build)
             printf("\n");
         bad = print_env();
+    }
+    if (rdma) {
+        if (build || env)
+            printf("\n");
+        print_rdma(root);
     }
     if (bad)
         printf("\n%d variable(s) above are malformed: hcoll_comm_init will refuse them.\n", bad);

@@ -129,5 +129,7 @@ hcoll_status_t hc_transport_select(int net, hc_errbuf_t *eb, int log_rank,
 
 /* The TCP backend's table (tcp.c). */
 extern const hc_transport_ops_t hc_tcp_ops;
+/* The verbs backend's table (ib/ib.c; loads libibverbs at run time). */
+extern const hc_transport_ops_t hc_ib_ops;
 
 #endif

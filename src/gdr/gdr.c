@@ -1,0 +1,233 @@
+/*
+ * GPUDirect decisions and the few CUDA driver calls they need (gdr.h).
+ *
+ * No CUDA header is included: the handful of driver entry points and enum
+ * values used here are stable ABI (cuda.h documents them as such), and
+ * building without a toolkit must give the same library.
+ */
+#include "gdr/gdr.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/log.h"
+#include "sys/pci.h"
+#include "sys/sysfs.h"
+
+/* cuda.h values (driver ABI). */
+#define CU_OK                                   0
+#define CU_POINTER_ATTRIBUTE_MEMORY_TYPE        2
+#define CU_POINTER_ATTRIBUTE_IS_MANAGED         8
+#define CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL     9
+#define CU_POINTER_ATTRIBUTE_BUFFER_ID          11
+#define CU_MEMORYTYPE_DEVICE                    2
+#define CU_MEMORYTYPE_UNIFIED                   4
+#define CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR 75
+#define CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED   124
+#define CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD     1
+
+typedef int cu_result_t;
+typedef unsigned long long cu_ptr_t;
+
+typedef struct cuda_fns {
+    int ok;
+    char why[160];
+    cu_result_t (*init)(unsigned);
+    cu_result_t (*ptr_attr)(void *, int, cu_ptr_t);
+    cu_result_t (*dev_get)(int *, int);
+    cu_result_t (*dev_attr)(int *, int, int);
+    cu_result_t (*dev_busid)(char *, int, int);
+    cu_result_t (*range_handle)(void *, cu_ptr_t, size_t, int, unsigned long long); /* may be NULL */
+} cuda_fns_t;
+
+/* Filled once, then read-only: not shared mutable state. */
+static cuda_fns_t g_cuda;
+static pthread_once_t g_cuda_once = PTHREAD_ONCE_INIT;
+
+static void cuda_load(void)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        snprintf(g_cuda.why, sizeof g_cuda.why, "libcuda.so.1 not loadable (%s)", dlerror());
+        return;
+    }
+#define SYM(field, name)                                                                     \
+    do {                                                                                     \
+        *(void **)&g_cuda.field = dlsym(h, name);                                            \
+        if (!g_cuda.field) {                                                                 \
+            snprintf(g_cuda.why, sizeof g_cuda.why, "libcuda.so.1 lacks %s", name);          \
+            return;                                                                          \
+        }                                                                                    \
+    } while (0)
+    SYM(init, "cuInit");
+    SYM(ptr_attr, "cuPointerGetAttribute");
+    SYM(dev_get, "cuDeviceGet");
+    SYM(dev_attr, "cuDeviceGetAttribute");
+    SYM(dev_busid, "cuDeviceGetPCIBusId");
+#undef SYM
+    *(void **)&g_cuda.range_handle = dlsym(h, "cuMemGetHandleForAddressRange");
+    cu_result_t r = g_cuda.init(0);
+    if (r != CU_OK) {
+        snprintf(g_cuda.why, sizeof g_cuda.why, "cuInit failed (CUresult %d): no usable GPU", r);
+        return;
+    }
+    g_cuda.ok = 1;
+    /* The handle stays open for the life of the process, as the table. */
+}
+
+int hc_gdr_cuda_available(char *why, size_t whylen)
+{
+    pthread_once(&g_cuda_once, cuda_load);
+    if (!g_cuda.ok && why)
+        snprintf(why, whylen, "%s", g_cuda.why);
+    return g_cuda.ok;
+}
+
+int hc_gdr_ptr_kind(const void *p, int *dev_out)
+{
+    if (!p || !hc_gdr_cuda_available(NULL, 0))
+        return HC_MEM_HOST;
+    unsigned mt = 0;
+    /* Plain host memory answers CUDA_ERROR_INVALID_VALUE: host. */
+    if (g_cuda.ptr_attr(&mt, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (cu_ptr_t)(uintptr_t)p) != CU_OK)
+        return HC_MEM_HOST;
+    if (mt != CU_MEMORYTYPE_DEVICE && mt != CU_MEMORYTYPE_UNIFIED)
+        return HC_MEM_HOST;
+    int ord = -1, managed = 0;
+    g_cuda.ptr_attr(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, (cu_ptr_t)(uintptr_t)p);
+    g_cuda.ptr_attr(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, (cu_ptr_t)(uintptr_t)p);
+    if (dev_out)
+        *dev_out = ord;
+    return managed ? HC_MEM_MANAGED : HC_MEM_DEVICE;
+}
+
+uint64_t hc_gdr_ptr_buffer_id(const void *p)
+{
+    unsigned long long id = 0;
+    if (!p || !hc_gdr_cuda_available(NULL, 0) ||
+        g_cuda.ptr_attr(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, (cu_ptr_t)(uintptr_t)p) != CU_OK)
+        return 0;
+    return id;
+}
+
+int hc_gdr_gpu_info(int dev, char *bdf, size_t bdflen, int *cc_major_out, int *dmabuf_out)
+{
+    if (!hc_gdr_cuda_available(NULL, 0))
+        return -1;
+    int d;
+    if (g_cuda.dev_get(&d, dev) != CU_OK)
+        return -1;
+    char id[64] = "";
+    if (bdf && g_cuda.dev_busid(id, (int)sizeof id, d) == CU_OK) {
+        for (char *c = id; *c; c++)
+            if (*c >= 'A' && *c <= 'F')
+                *c = (char)(*c - 'A' + 'a');
+        snprintf(bdf, bdflen, "%s", id);
+    }
+    int v = 0;
+    if (cc_major_out)
+        *cc_major_out = g_cuda.dev_attr(&v, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, d) == CU_OK
+                            ? v
+                            : 0;
+    v = 0;
+    if (dmabuf_out)
+        *dmabuf_out = g_cuda.range_handle &&
+                      g_cuda.dev_attr(&v, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, d) == CU_OK && v;
+    return 0;
+}
+
+int hc_gdr_dmabuf_fd(void *p, size_t len, int *fd_out, uint64_t *offset_out, size_t *len_out,
+                     char *why, size_t whylen)
+{
+    if (!hc_gdr_cuda_available(why, whylen))
+        return -1;
+    if (!g_cuda.range_handle) {
+        snprintf(why, whylen, "the CUDA driver has no cuMemGetHandleForAddressRange (< 11.7)");
+        return -1;
+    }
+    /* The driver exports whole pages (host page size granularity). */
+    const uintptr_t page = 4096;
+    uintptr_t a = (uintptr_t)p, base = a & ~(page - 1);
+    size_t alen = ((a + len + page - 1) & ~(page - 1)) - base;
+    int fd = -1;
+    cu_result_t r = g_cuda.range_handle(&fd, (cu_ptr_t)base, alen,
+                                        CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+    if (r != CU_OK || fd < 0) {
+        snprintf(why, whylen, "cuMemGetHandleForAddressRange failed (CUresult %d)", r);
+        return -1;
+    }
+    *fd_out = fd;
+    *offset_out = a - base;
+    *len_out = alen;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Kernel probes and decisions                                               */
+/* ------------------------------------------------------------------------ */
+
+void hc_gdr_probe(const char *root, hc_gdr_caps_t *caps_out)
+{
+    hc_gdr_caps_t c;
+    memset(&c, 0, sizeof c);
+    static const char *const peer_files[] = {
+        "sys/kernel/mm/memory_peers/nv_mem/version", /* MLNX_OFED peer-memory API */
+        "sys/module/nvidia_peermem",                 /* in-tree module (CUDA >= 11.4) */
+        "sys/module/nv_peer_mem",                    /* the older out-of-tree module */
+    };
+    for (size_t i = 0; i < sizeof peer_files / sizeof peer_files[0]; i++)
+        if (hc_sysfs_exists(root, peer_files[i])) {
+            c.peermem = 1;
+            snprintf(c.peermem_how, sizeof c.peermem_how, "/%s", peer_files[i]);
+            break;
+        }
+    if (hc_sysfs_read(root, "proc/sys/kernel/osrelease", c.kernel, sizeof c.kernel) == 0) {
+        int maj = 0, min = 0;
+        if (sscanf(c.kernel, "%d.%d", &maj, &min) == 2)
+            c.dmabuf_kernel = maj > 5 || (maj == 5 && min >= 12);
+    }
+    *caps_out = c;
+}
+
+int hc_gdr_reg_choose(const hc_gdr_caps_t *caps, int gpu_dmabuf, int verbs_dmabuf)
+{
+    if (caps->dmabuf_kernel && gpu_dmabuf && verbs_dmabuf)
+        return HC_GDR_REG_DMABUF;
+    if (caps->peermem)
+        return HC_GDR_REG_PEERMEM;
+    return HC_GDR_REG_STAGING;
+}
+
+const char *hc_gdr_reg_name(int reg)
+{
+    switch (reg) {
+    case HC_GDR_REG_DMABUF: return "dma-buf";
+    case HC_GDR_REG_PEERMEM: return "nvidia-peermem";
+    case HC_GDR_REG_STAGING: return "host staging";
+    default: return "?";
+    }
+}
+
+int hc_gdr_level_allows(int dist, int level, int gpu, const char *hca, int log_rank, char *line,
+                        size_t linelen)
+{
+    int on = dist >= 0 && dist <= level;
+    char buf[200];
+    snprintf(buf, sizeof buf, "GPU Direct RDMA %s for GPU %d / HCA %s (distance %s %s %s)",
+             on ? "Enabled" : "Disabled", gpu, hca ? hca : "?", hc_pci_dist_name(dist),
+             on ? "<=" : ">", hc_pci_dist_name(level));
+    HC_INFO(HC_GDR, log_rank, "%s", buf);
+    if (line)
+        snprintf(line, linelen, "%s", buf);
+    return on;
+}
+
+int hc_gdr_flush_needed(int64_t knob, int cc_major)
+{
+    if (knob == 0 || knob == 1)
+        return (int)knob;
+    return cc_major > 0 && cc_major < 9;
+}

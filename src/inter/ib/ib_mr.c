@@ -1,0 +1,110 @@
+/*
+ * Registration cache. The ring registers the user's buffers for every
+ * operation; training loops pass the same buffers each iteration, and
+ * ibv_reg_mr pins pages (tens of microseconds to milliseconds), so a
+ * registration is kept after its last user and found again by address.
+ *
+ *   mr_reg(p, n) ─► covering entry of the same allocation? ─ yes ─► refs++
+ *                                   │ no
+ *                                   └─► ibv_reg_mr ─► insert (refs = 1)
+ *   mr_dereg ─► refs-- ─► idle entries beyond max_idle: deregister LRU
+ *
+ * The classic trap of every registration cache: a buffer freed and
+ * reallocated at the same address would hit a stale entry whose pinned
+ * pages are no longer the application's. Device buffers carry CUDA's
+ * allocation id (gen), so a reallocation never matches; host memory has no
+ * such id, so host entries are only shared while in use and deregistered
+ * when their last user lets go (a registration per operation for host
+ * buffers: slower, never wrong).
+ */
+#include <stdlib.h>
+
+#include "inter/ib/ib.h"
+
+void hc_mrc_init(hc_mrc_t *c, int max_idle, void (*dereg)(void *, hc_mrc_entry_t *), void *ctx)
+{
+    c->list = NULL;
+    c->count = 0;
+    c->max_idle = max_idle;
+    c->tick = 0;
+    c->hits = c->misses = 0;
+    c->dereg = dereg;
+    c->ctx = ctx;
+}
+
+hc_mrc_entry_t *hc_mrc_find(hc_mrc_t *c, void *base, size_t len, uint64_t gen)
+{
+    char *b = base;
+    for (hc_mrc_entry_t *e = c->list; e; e = e->next) {
+        char *eb = e->base;
+        if (e->gen == gen && b >= eb && len <= e->len && (size_t)(b - eb) <= e->len - len) {
+            e->refs++;
+            e->last_use = ++c->tick;
+            c->hits++;
+            return e;
+        }
+    }
+    c->misses++;
+    return NULL;
+}
+
+void hc_mrc_insert(hc_mrc_t *c, hc_mrc_entry_t *e)
+{
+    e->refs = 1;
+    e->last_use = ++c->tick;
+    e->next = c->list;
+    c->list = e;
+    c->count++;
+}
+
+static void evict_idle(hc_mrc_t *c, int keep)
+{
+    for (;;) {
+        int idle = 0;
+        hc_mrc_entry_t **victim = NULL;
+        for (hc_mrc_entry_t **pp = &c->list; *pp; pp = &(*pp)->next)
+            if ((*pp)->refs == 0) {
+                idle++;
+                if (!victim || (*pp)->last_use < (*victim)->last_use)
+                    victim = pp;
+            }
+        if (idle <= keep || !victim)
+            return;
+        hc_mrc_entry_t *e = *victim;
+        *victim = e->next;
+        c->count--;
+        c->dereg(c->ctx, e);
+    }
+}
+
+void hc_mrc_release(hc_mrc_t *c, hc_mrc_entry_t *e)
+{
+    if (e->refs > 0)
+        e->refs--;
+    if (e->refs != 0)
+        return;
+    if (e->gen == 0) {
+        /* Host memory carries no allocation id, so an idle entry could
+         * outlive the buffer and later send from (or land in) pages the
+         * application freed: correctness first, it goes now. */
+        for (hc_mrc_entry_t **pp = &c->list; *pp; pp = &(*pp)->next) {
+            if (*pp == e) {
+                *pp = e->next;
+                c->count--;
+                c->dereg(c->ctx, e);
+                return;
+            }
+        }
+    }
+    evict_idle(c, c->max_idle);
+}
+
+void hc_mrc_fini(hc_mrc_t *c)
+{
+    while (c->list) {
+        hc_mrc_entry_t *e = c->list;
+        c->list = e->next;
+        c->count--;
+        c->dereg(c->ctx, e);
+    }
+}

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# hcoll_info --rdma on sysfs fixture trees (tests/fixtures) and on this host:
+# devices, states, link layers, rates, the GID table with the chosen entry,
+# the NIC per local rank, GPUDirect availability; "none found" and exit 0
+# on a host without RDMA devices.
+set -u
+cd "$(dirname "$0")/.."
+build=${HCOLL_TEST_BUILD:-build}
+case "$build" in build) bin=bin ;; *) bin=$build/bin ;; esac
+info=$bin/hcoll_info
+[ -x "$info" ] || { echo "SKIP: $info not built"; exit 77; }
+fail=0
+expect() { # description, output, pattern
+  if ! grep -qE -- "$3" <<<"$2"; then
+    echo "FAIL: $1: no line matching /$3/"; fail=1
+  fi
+}
+expect_not() {
+  if grep -qE -- "$3" <<<"$2"; then
+    echo "FAIL: $1: unexpected line matching /$3/"; fail=1
+  fi
+}
+
+out=$(env -u HCOLL_IB_HCA -u HCOLL_IB_GID_INDEX "$info" --rdma --sysfs-root tests/fixtures/sysfs-roce) \
+  || { echo "FAIL: exit status $? on sysfs-roce"; fail=1; }
+expect roce "$out" '^  mlx5_bond_0:1 +4: ACTIVE +RoCE +rate 200 Gb/sec \(4X HDR\)'
+expect roce "$out" '^  mlx5_4:1 +1: DOWN .*not used'
+expect roce "$out" 'GID +3 +::ffff:10\.0\.0\.1 +RoCE v2 +<- chosen'
+expect roce "$out" 'GID +3 +2001:db8::5 +RoCE v2 +<- chosen'
+expect roce "$out" 'mlx5_bond_2:1 has no usable RoCE v2 GID'
+expect roce "$out" 'line rate of the selected ports: 700 Gb/s'
+expect roce "$out" 'local rank 1 -> \[1\]mlx5_bond_1:1/RoCE \(3 selected\)'
+expect roce "$out" 'nvidia-peermem +loaded, /sys/kernel/mm/memory_peers/nv_mem/version'
+expect roce "$out" 'dma-buf +kernel supports it \(5\.15'
+
+out=$(HCOLL_IB_HCA='^=mlx5_bond_0' HCOLL_IB_GID_INDEX=1 "$info" --rdma --sysfs-root tests/fixtures/sysfs-roce) \
+  || { echo "FAIL: exit status $? with HCOLL_IB_HCA"; fail=1; }
+expect hca "$out" 'local rank 0 -> \[0\]mlx5_bond_1:1/RoCE \(2 selected\)'
+expect hca "$out" 'GID +1 +fe80::a00:27ff:fe00:3 +RoCE v2 +<- chosen'
+expect hca "$out" 'GID index 1 \(HCOLL_IB_GID_INDEX\)'
+
+out=$(env -u HCOLL_IB_HCA "$info" --rdma --sysfs-root tests/fixtures/sysfs-ib) \
+  || { echo "FAIL: exit status $? on sysfs-ib"; fail=1; }
+expect ib "$out" '^  mlx5_10:1 +4: ACTIVE +IB +rate 400 Gb/sec'
+expect ib "$out" 'GID choice: GID index 0 .*\(InfiniBand\)'
+expect ib "$out" 'nvidia-peermem +loaded, /sys/module/nvidia_peermem'
+expect ib "$out" 'dma-buf +kernel too old'
+
+out=$("$info" --rdma --sysfs-root tests/fixtures/sysfs-none) \
+  || { echo "FAIL: exit status $? on sysfs-none"; fail=1; }
+expect none "$out" '^  none found'
+expect none "$out" 'nvidia-peermem +not loaded'
+expect_not none "$out" 'local rank'
+
+# This host: whatever it has, the section is there and the exit status is 0.
+out=$(env -u HCOLL_IB_HCA "$info") || { echo "FAIL: exit status $? on this host"; fail=1; }
+expect host "$out" '^RDMA devices \(sysfs root /;'
+expect host "$out" '^GPUDirect RDMA:'
+expect host "$out" '^Environment'
+if [ ! -e /sys/class/infiniband ]; then
+  expect host "$out" '^  none found'
+fi
+[ $fail -eq 0 ] && echo "hcoll_info --rdma: all checks passed"
+exit $fail
