@@ -462,7 +462,15 @@ START_TEST(linerate_sysfs_fixture_and_order)
     ck_assert_ptr_nonnull(strstr(src, "unknown"));
     ck_assert_int_eq(hp_line_rate_resolve(0, "=eth", root, 0, &bps, src, sizeof src), -1);
     ck_assert_int_eq(hp_line_rate_resolve(0, "lo,veth", root, 0, &bps, src, sizeof src), -1);
-    ck_assert_int_eq(hp_line_rate_rdma(&bps), -1);
+    ck_assert_int_eq(hp_line_rate_rdma(root, NULL, &bps, src, sizeof src), -1);
+    /* RDMA ports come first, the slowest usable one sets the rate. */
+    ck_assert_int_eq(hp_line_rate_rdma("tests/fixtures/sysfs-roce", NULL, &bps, src, sizeof src), 0);
+    ck_assert_msg(bps > 0 && strstr(src, "RDMA port"), "%s", src);
+    double roce = bps;
+    ck_assert_int_eq(hp_line_rate_resolve(3e9, "eth", "tests/fixtures/sysfs-roce/sys", 0, &bps, src,
+                                          sizeof src), 0);
+    ck_assert_double_eq_tol(bps, roce, 1);
+    ck_assert_ptr_nonnull(strstr(src, "RDMA port"));
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
     ck_assert_int_eq(system(cmd), 0);

@@ -16,14 +16,33 @@
 #include <unistd.h>
 
 #include "perf.h"
+#include "sys/envlist.h"
+#include "sys/ibdev.h"
 
-int hp_line_rate_rdma(double *bps_out)
+int hp_line_rate_rdma(const char *root, const char *hca_spec, double *bps_out, char *source_out,
+                      size_t srclen)
 {
-    /* Hook for the RDMA discovery work (port rate from
-     * /sys/class/infiniband/DEV/ports/N/rate): until it lands, no RDMA
-     * device is ever reported, so the rate is unknown here. */
-    (void)bps_out;
-    return -1;
+    /* The ports the verbs transport could use (ACTIVE, passing
+     * HCOLL_IB_HCA); each rank drives one, so the slowest is the rate every
+     * rail can count on. */
+    hc_ibport_t ports[64];
+    char err[256];
+    int n = hc_ibdev_select(root, hca_spec, NULL, ports, 64, err, sizeof err);
+    double best = 0;
+    const hc_ibport_t *slow = NULL;
+    for (int i = 0; i < n; i++) {
+        int gbps = hc_ibdev_rate_gbps(root, ports[i].dev, ports[i].port);
+        if (gbps > 0 && (best == 0 || gbps * 1e9 / 8 < best)) {
+            best = gbps * 1e9 / 8;
+            slow = &ports[i];
+        }
+    }
+    if (!slow)
+        return -1;
+    *bps_out = best;
+    snprintf(source_out, srclen, "RDMA port %s:%d, the slowest of %d usable", slow->dev,
+             slow->port, n);
+    return 0;
 }
 
 int hp_tc_parse_qdisc_json(const char *json, double *bps_out)
@@ -153,43 +172,32 @@ int hp_iface_rate_limit(const char *ifname, const char *sysroot, int use_tc, dou
     return 0;
 }
 
-/* NCCL list syntax, reduced to what picking interfaces needs: "^" excludes,
- * "=" matches exactly, else a prefix; ":port" is ignored. */
-static int list_selects(const char *list, const char *name)
+/* HCOLL_SOCKET_IFNAME in the library's own list syntax; unset means the
+ * automatic choice, which never takes lo. */
+static int list_selects(const hc_list_t *list, const char *name)
 {
-    if (!list || !*list)
+    if (list->count == 0)
         return strcmp(name, "lo") != 0;
-    int exclude = list[0] == '^';
-    const char *p = list + exclude;
-    int exact = p[0] == '=';
-    p += exact;
-    int hit = 0;
-    while (*p && !hit) {
-        size_t n = strcspn(p, ",");
-        size_t m = strcspn(p, ",:");
-        if (m > n)
-            m = n;
-        if (m > 0) {
-            if (exact)
-                hit = strlen(name) == m && strncmp(name, p, m) == 0;
-            else
-                hit = strncmp(name, p, m) == 0;
-        }
-        p += n;
-        if (*p == ',')
-            p++;
-    }
-    return exclude ? !hit : hit;
+    return hc_list_match(list, name, -1);
 }
 
 int hp_line_rate_resolve(double given_bps, const char *ifname_list, const char *sysroot,
                          int use_tc, double *bps_out, char *source_out, size_t srclen)
 {
     double bps;
-    if (hp_line_rate_rdma(&bps) == 0) {
-        snprintf(source_out, srclen, "RDMA devices");
+    /* sysroot names the sysfs mount ("/sys"); discovery wants the root
+     * above it. */
+    char root[512];
+    snprintf(root, sizeof root, "%s/..", sysroot);
+    if (hp_line_rate_rdma(root, getenv("HCOLL_IB_HCA"), &bps, source_out, srclen) == 0) {
         *bps_out = bps;
         return 0;
+    }
+    hc_list_t list;
+    char lerr[160];
+    if (hc_list_parse(ifname_list, &list, lerr, sizeof lerr) != 0) {
+        snprintf(source_out, srclen, "unknown: HCOLL_SOCKET_IFNAME %s", lerr);
+        return -1;
     }
     if (given_bps > 0) {
         snprintf(source_out, srclen, "--line-rate");
@@ -205,7 +213,7 @@ int hp_line_rate_resolve(double given_bps, const char *ifname_list, const char *
     char src[160] = "";
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
-        if (e->d_name[0] == '.' || !list_selects(ifname_list, e->d_name))
+        if (e->d_name[0] == '.' || !list_selects(&list, e->d_name))
             continue;
         char s[160];
         if (hp_iface_rate_limit(e->d_name, sysroot, use_tc, &bps, s, sizeof s) == 0 &&

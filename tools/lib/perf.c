@@ -321,7 +321,7 @@ int hp_opts_parse(int argc, char **argv, hp_opts_t *o, char *err, size_t errlen)
 {
     int stepbytes_given = 0;
     for (int i = 1; i < argc; i++) {
-        const char *v;
+        const char *v = NULL;
         int id = next_flag(perf_flags, sizeof perf_flags / sizeof perf_flags[0], argc, argv, &i,
                            &v, err, errlen);
         switch (id) {

@@ -207,9 +207,12 @@ int hp_json_read_busbw(const char *path, double *busbw_out, double *latency_us_o
 /* Line rate                                                                  */
 /* ------------------------------------------------------------------------ */
 
-/* The RDMA devices' port rate, bytes/s. Hook for the RDMA discovery work:
- * returns -1 (unknown) until it lands. */
-int hp_line_rate_rdma(double *bps_out);
+/* The line rate of the RDMA ports the verbs transport could use (ACTIVE,
+ * passing hca_spec = HCOLL_IB_HCA), bytes/s: the slowest of them. root is
+ * the directory holding sys/ ("/" on a live system). Returns 0, or -1 when
+ * there is no such port. */
+int hp_line_rate_rdma(const char *root, const char *hca_spec, double *bps_out, char *source_out,
+                      size_t srclen);
 /* Rate of a tbf qdisc in the JSON of `tc -j qdisc show dev IF`; -1 none. */
 int hp_tc_parse_qdisc_json(const char *json, double *bps_out);
 /* Smallest "rate N<unit>" in the text of `tc class show dev IF` (htb,
