@@ -96,6 +96,7 @@ struct hc_coll {
     pthread_cond_t cond;
     struct hcoll_request *head, *tail;
     int exec_busy;
+    int waiters;   /* blocking callers queued behind earlier requests */
     int worker_started;
     int stopping;
     pthread_t worker;
@@ -286,8 +287,14 @@ static hcoll_status_t run_3stage(hc_coll_t *co, struct hcoll_request *rq)
             st = iops->reduce_scatter(co->intra, send + off * esize, recv + off * esize, n,
                                       rq->dtype, rq->op, NULL);
             rq->times.intra_rs_us += now_us() - t;
-            if (st != HCOLL_SUCCESS)
+            if (st != HCOLL_SUCCESS) {
+                /* The ring thread may still be reducing the previous piece
+                 * in recvbuf: the buffers go back to the caller only after
+                 * it is done with them. */
+                if (have_pending)
+                    ring_wait(co, pending_id, &rq->times.inter_us);
                 break;
+            }
             size_t soff, slen;
             hc_intra_shard(n, L, c->local_rank, &soff, &slen);
             ring_job_t job = {
@@ -342,7 +349,8 @@ static hcoll_status_t run_op(hc_coll_t *co, struct hcoll_request *rq)
 
     switch (co->plan) {
     case HC_PLAN_SINGLE:
-        if (rq->sendbuf != rq->recvbuf)
+        /* count 0 may come with NULL buffers, which memcpy must not see. */
+        if (rq->sendbuf != rq->recvbuf && rq->count > 0)
             memcpy(rq->recvbuf, rq->sendbuf, rq->count * hcoll_dtype_size(rq->dtype));
         break;
     case HC_PLAN_INTRA: {
@@ -410,6 +418,14 @@ static hcoll_status_t execute(hc_coll_t *co, struct hcoll_request *rq)
                           hcoll_strerror(st));
 
     st = run_op(co, rq);
+
+    /* Whatever failed (this rank's intra stage, a peer, an abort), the ring
+     * neighbours may be blocked on this rank: reset the connections now so
+     * that the failure travels round the ring in milliseconds rather than
+     * one deadline per hop. The ring thread is idle here: run_3stage waits
+     * for every job it posted. */
+    if (st != HCOLL_SUCCESS)
+        hc_ring_fail(co->ring, st);
 
     pthread_mutex_lock(&co->lock);
     if (st != HCOLL_SUCCESS && co->failed == HCOLL_SUCCESS)
@@ -534,9 +550,22 @@ static hcoll_status_t allreduce_common(hcoll_comm_t comm, const void *sendbuf, v
         return HCOLL_SUCCESS;
     }
 
-    /* Blocking: after every earlier request, on this thread. */
-    while (co->head || co->exec_busy)
+    /* Blocking: after every earlier request, on this thread. An abort from
+     * another thread sends waiting callers away before the memory goes. */
+    co->waiters++;
+    while ((co->head || co->exec_busy) && !co->stopping)
         pthread_cond_wait(&co->cond, &co->lock);
+    co->waiters--;
+    if (co->stopping) {
+        pthread_cond_broadcast(&co->cond);
+        pthread_mutex_unlock(&co->lock);
+        pthread_mutex_destroy(&rq->lock);
+        pthread_cond_destroy(&rq->cond);
+        free(rq);
+        return hc_err_set(&comm->err, HC_COLL, comm->rank, HCOLL_ERR_ABORTED,
+                          "the communicator was aborted while this call waited for "
+                          "earlier requests");
+    }
     co->exec_busy = 1;
     pthread_mutex_unlock(&co->lock);
 
@@ -667,7 +696,7 @@ static void coll_teardown(struct hcoll_comm *c, void *arg, int aborting)
     /* abort may come from another thread while a blocking all-reduce runs
      * on the caller's: it returns promptly now, and must be out before the
      * memory goes. */
-    while (co->exec_busy)
+    while (co->exec_busy || co->waiters)
         pthread_cond_wait(&co->cond, &co->lock);
     pthread_mutex_unlock(&co->lock);
     if (co->worker_started)
@@ -681,6 +710,8 @@ static void coll_teardown(struct hcoll_comm *c, void *arg, int aborting)
     }
     /* A ring that failed or is aborted resets its connections so peers
      * fail fast; otherwise they get an orderly goodbye. */
+    if (aborting)
+        hc_ring_fail(co->ring, HCOLL_ERR_ABORTED);
     hc_ring_destroy(co->ring);
     hc_intra_destroy(co->intra);
     free(co->intra_ag.members);

@@ -255,6 +255,19 @@ void hc_ring_destroy(hc_ring_t *r)
     free(r);
 }
 
+void hc_ring_fail(hc_ring_t *r, hcoll_status_t st)
+{
+    if (!r)
+        return;
+    if (r->err == HCOLL_SUCCESS)
+        r->err = st;
+    if (r->tr) {
+        r->ops->destroy(r->tr, 0);
+        r->tr = NULL;
+        r->ep_next = r->ep_prev = NULL;
+    }
+}
+
 hc_ep_t *hc_ring_debug_ep_next(hc_ring_t *r)
 {
     return r->ep_next;

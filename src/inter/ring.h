@@ -62,6 +62,13 @@ hcoll_status_t hc_ring_progress(hc_ring_t *ring, int wait_ms, int *done_out);
 hcoll_status_t hc_ring_allreduce(hc_ring_t *ring, const void *sendbuf, void *recvbuf,
                                  size_t count, hcoll_dtype_t dtype, hcoll_op_t op);
 
+/* Make the ring fail now with st (unless it already failed): its
+ * connections are reset at once, so that neighbours blocked on this rank
+ * fail promptly instead of waiting for their deadline. Later calls return
+ * the sticky error; hc_ring_destroy still frees. Same thread rules as the
+ * other calls. NULL: no-op. */
+void hc_ring_fail(hc_ring_t *ring, hcoll_status_t st);
+
 /* Close the ring. After an error the connections are reset so that peers
  * fail fast; otherwise peers get an orderly goodbye. Local. NULL: no-op. */
 void hc_ring_destroy(hc_ring_t *ring);
