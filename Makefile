@@ -193,6 +193,12 @@ demo: deps
 	$(Q)$(MAKE) --no-print-directory all
 	$(Q)scripts/demo.sh
 
+# The emulated rail-optimized cluster (root): namespaces, veth, tc; ~3 min.
+.PHONY: test-cluster
+test-cluster: deps
+	$(Q)$(MAKE) --no-print-directory all
+	$(Q)tests/cluster/cluster-test.sh
+
 # ---------------------------------------------------------------------------
 install: lib tools
 	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(PKGCONFIGDIR) $(DESTDIR)$(BINDIR)
