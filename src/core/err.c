@@ -25,22 +25,39 @@ hc_errbuf_t *hc_errbuf_thread(void)
     return &tls_errbuf;
 }
 
-hcoll_status_t hc_err_set(hc_errbuf_t *eb, unsigned subsys, int rank, hcoll_status_t st,
-                          const char *fmt, ...)
+static hcoll_status_t err_record(hc_errbuf_t *eb, hc_log_level_t level, unsigned subsys,
+                                 int rank, hcoll_status_t st, const char *fmt, va_list ap)
 {
     /* Leave room for the status name in front. */
     char msg[HC_ERRMSG_MAX - 64];
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
 
     if (!eb)
         eb = &tls_errbuf;
     pthread_mutex_lock(&eb->lock);
     snprintf(eb->msg, sizeof eb->msg, "%s: %s", hcoll_status_name(st), msg);
     pthread_mutex_unlock(&eb->lock);
-    hc_log(HC_LOG_WARN, subsys, rank, "%s: %s", hcoll_status_name(st), msg);
+    hc_log(level, subsys, rank, "%s: %s", hcoll_status_name(st), msg);
+    return st;
+}
+
+hcoll_status_t hc_err_set(hc_errbuf_t *eb, unsigned subsys, int rank, hcoll_status_t st,
+                          const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    err_record(eb, HC_LOG_WARN, subsys, rank, st, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+hcoll_status_t hc_err_repeat(hc_errbuf_t *eb, unsigned subsys, int rank, hcoll_status_t st,
+                             const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    err_record(eb, HC_LOG_INFO, subsys, rank, st, fmt, ap);
+    va_end(ap);
     return st;
 }
 

@@ -35,6 +35,12 @@ hc_errbuf_t *hc_errbuf_thread(void);
 hcoll_status_t hc_err_set(hc_errbuf_t *eb, unsigned subsys, int rank, hcoll_status_t st,
                           const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
+/* As hc_err_set, but logged at INFO: for repeats of an error already
+ * reported at WARN (every call after a sticky failure), so that a job
+ * with many queued requests does not print one warning per request. */
+hcoll_status_t hc_err_repeat(hc_errbuf_t *eb, unsigned subsys, int rank, hcoll_status_t st,
+                             const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
 /* Copy of the current message (for returning a stable pointer). */
 const char *hc_errbuf_get(hc_errbuf_t *eb);
 
