@@ -317,7 +317,19 @@ HCOLL_API hcoll_status_t hcoll_comm_node_count(hcoll_comm_t comm, int *node_coun
  * 0. Collective.
  * stream: a cudaStream_t passed as void * for device buffers, NULL for host
  * buffers. With NULL the call blocks until the result is in recvbuf. With a
- * stream the call is enqueued on it and returns without blocking the host.
+ * stream the call is enqueued on it and returns without blocking the host:
+ * work queued on the stream after the call sees the result; the host sees
+ * it after synchronising the stream (or an event recorded after the call).
+ * Device buffers (both must be device or managed memory, on the GPU of the
+ * stream): the first such call is collective over all ranks and sets the
+ * device path up (that GPU's primary context, NCCL among the ranks of a
+ * node); every rank must use the same GPU for every later call. Host-only
+ * programs never initialise CUDA. Errors: device memory with stream NULL,
+ * or host memory with a stream, HCOLL_ERR_INVALID_ARG; no CUDA driver or
+ * GPU, or a stream being captured into a CUDA graph, HCOLL_ERR_UNSUPPORTED.
+ * If the inter-node stage fails, the stream is still released (the result
+ * is then undefined) and the error is reported by later calls and
+ * hcoll_comm_get_async_error.
  */
 HCOLL_API hcoll_status_t hcoll_allreduce(hcoll_comm_t comm, const void *sendbuf,
                                          void *recvbuf, size_t count,
@@ -331,6 +343,13 @@ HCOLL_API hcoll_status_t hcoll_allreduce(hcoll_comm_t comm, const void *sendbuf,
  * Several requests may be outstanding on one communicator; they complete in
  * the order they were issued, and every rank must issue them in the same
  * order.
+ * With a stream (device buffers) the GPU stages are enqueued before the
+ * call returns, and the request completes when the library's host-side
+ * stage is done: the inter-node stage has run and the stream has been
+ * released to run the final intra-node all-gather. recvbuf holds the
+ * result once the stream has passed that point; hcoll_wait never
+ * synchronises the stream. Stage times of such a request count only the
+ * host stage (inter_us, total_us); the stages on the GPU read 0.
  */
 HCOLL_API hcoll_status_t hcoll_allreduce_async(hcoll_comm_t comm, const void *sendbuf,
                                                void *recvbuf, size_t count,

@@ -35,6 +35,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/coll_dev.h" /* device buffers (coll_dev.c) */
 #include "core/comm.h"
 #include "core/err.h"
 #include "core/log.h"
@@ -81,6 +82,11 @@ struct hcoll_request {
     hcoll_dtype_t dtype;
     hcoll_op_t op;
     struct hcoll_request *next;
+    /* Device-buffer call (coll_dev.c): its host stage, run by execute. */
+    hc_dev_op_t *dev;
+    /* Nobody waits for it (a blocking call with a stream returned once
+     * enqueued): the worker frees it when done. */
+    int detached;
 };
 
 struct hc_coll {
@@ -103,6 +109,7 @@ struct hc_coll {
     hcoll_status_t failed; /* sticky; HCOLL_SUCCESS while healthy */
     hcoll_stage_times_t last_times;
     int have_last_times;
+    hc_coll_dev_t *dev; /* device-buffer path (coll_dev.c); CUDA only once used */
 
     /* Ring thread (three-stage plan only). */
     pthread_t ring_thread;
@@ -412,12 +419,23 @@ static hcoll_status_t execute(hc_coll_t *co, struct hcoll_request *rq)
     pthread_mutex_unlock(&co->lock);
     if (st == HCOLL_SUCCESS && atomic_load(&c->aborted))
         st = HCOLL_ERR_ABORTED;
-    if (st != HCOLL_SUCCESS)
-        return hc_err_set(&c->err, HC_COLL, c->rank, st,
-                          "the communicator failed earlier (%s); create a new one",
-                          hcoll_strerror(st));
+    if (st != HCOLL_SUCCESS) {
+        st = hc_err_repeat(&c->err, HC_COLL, c->rank, st,
+                           "the communicator failed earlier (%s); create a new one",
+                           hcoll_strerror(st));
+        /* A device call's stream waits for its host stage: release it. */
+        if (rq->dev)
+            hc_coll_dev_execute(co->dev, rq->dev, st, &rq->times);
+        rq->dev = NULL;
+        return st;
+    }
 
-    st = run_op(co, rq);
+    if (rq->dev) {
+        st = hc_coll_dev_execute(co->dev, rq->dev, HCOLL_SUCCESS, &rq->times);
+        rq->dev = NULL;
+    } else {
+        st = run_op(co, rq);
+    }
 
     /* Whatever failed (this rank's intra stage, a peer, an abort), the ring
      * neighbours may be blocked on this rank: reset the connections now so
@@ -465,7 +483,11 @@ static void *worker_main(void *arg)
         pthread_cond_broadcast(&co->cond);
         pthread_mutex_unlock(&co->lock);
         /* Completed outside co->lock: the owner may free rq at once. */
+        /* rq->detached is read first: once complete, an owner may free rq. */
+        int detached = rq->detached;
         request_complete(rq, st);
+        if (detached)
+            hcoll_request_free(rq);
         pthread_mutex_lock(&co->lock);
     }
     pthread_mutex_unlock(&co->lock);
@@ -479,11 +501,9 @@ static hcoll_status_t validate(struct hcoll_comm *c, const void *sendbuf, void *
         return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
                           "dtype %d / op %d is not a known type and operation", (int)dtype,
                           (int)op);
-    if (stream)
-        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_UNSUPPORTED,
-                          "a CUDA stream was given, but this version's all-reduce handles host "
-                          "buffers only (pass stream = NULL); device buffers are not supported "
-                          "yet");
+    /* A stream or device buffers never get here: allreduce_common hands
+     * them to coll_dev.c, which validates them itself. */
+    (void)stream;
     if (count == 0)
         return HCOLL_SUCCESS;
     if (!sendbuf || !recvbuf)
@@ -511,9 +531,24 @@ static hcoll_status_t allreduce_common(hcoll_comm_t comm, const void *sendbuf, v
         return hc_err_set(&comm->err, HC_COLL, comm->rank, HCOLL_ERR_INTERNAL,
                           "communicator has no data plane");
     hc_coll_t *co = comm->coll;
-    hcoll_status_t st = validate(comm, sendbuf, recvbuf, count, dtype, op, stream);
-    if (st != HCOLL_SUCCESS)
-        return st;
+    hcoll_status_t st;
+    /* Device buffers: the GPU stages go on the stream now, the host stage
+     * is queued as a request like any other (coll_dev.c). */
+    hc_dev_op_t *dop = NULL;
+    if (hc_coll_dev_wanted(sendbuf, recvbuf, stream)) {
+        st = hc_coll_dev_enqueue(co->dev, sendbuf, recvbuf, count, dtype, op, stream, &dop);
+        if (!dop)
+            return st;
+        /* An op comes back with an error when its stream already waits for
+         * it: it is queued anyway, to release that stream in order. */
+        if (st != HCOLL_SUCCESS)
+            req_out = NULL;
+    } else {
+        st = validate(comm, sendbuf, recvbuf, count, dtype, op, stream);
+        if (st != HCOLL_SUCCESS)
+            return st;
+    }
+    const hcoll_status_t dev_st = st;
 
     struct hcoll_request *rq = calloc(1, sizeof *rq);
     if (!rq)
@@ -526,16 +561,22 @@ static hcoll_status_t allreduce_common(hcoll_comm_t comm, const void *sendbuf, v
     rq->count = count;
     rq->dtype = dtype;
     rq->op = op;
+    rq->dev = dop;
+    rq->detached = dop && !req_out;
 
     pthread_mutex_lock(&co->lock);
-    if (req_out) {
+    if (req_out || dop) {
         if (!co->worker_started) {
             int rc = pthread_create(&co->worker, NULL, worker_main, co);
             if (rc != 0) {
                 pthread_mutex_unlock(&co->lock);
+                st = hc_err_set(&comm->err, HC_COLL, comm->rank, HCOLL_ERR_SYSTEM,
+                                "cannot start the progress thread: %s", strerror(rc));
+                if (dop) /* release its stream here, as nobody else will */
+                    hc_coll_dev_execute(co->dev, dop, st, &rq->times);
+                rq->done = 1;
                 hcoll_request_free(rq);
-                return hc_err_set(&comm->err, HC_COLL, comm->rank, HCOLL_ERR_SYSTEM,
-                                  "cannot start the progress thread: %s", strerror(rc));
+                return st;
             }
             co->worker_started = 1;
         }
@@ -546,8 +587,9 @@ static hcoll_status_t allreduce_common(hcoll_comm_t comm, const void *sendbuf, v
         co->tail = rq;
         pthread_cond_broadcast(&co->cond);
         pthread_mutex_unlock(&co->lock);
-        *req_out = rq;
-        return HCOLL_SUCCESS;
+        if (req_out)
+            *req_out = rq;
+        return dev_st;
     }
 
     /* Blocking: after every earlier request, on this thread. An abort from
@@ -708,6 +750,9 @@ static void coll_teardown(struct hcoll_comm *c, void *arg, int aborting)
         pthread_mutex_unlock(&co->rlock);
         pthread_join(co->ring_thread, NULL);
     }
+    /* Device path: the worker has released every stream it queued; free
+     * the flag only once the streams are past it. Before the ring goes. */
+    hc_coll_dev_destroy(co->dev, aborting);
     /* A ring that failed or is aborted resets its connections so peers
      * fail fast; otherwise they get an orderly goodbye. */
     if (aborting)
@@ -832,6 +877,11 @@ hcoll_status_t hc_coll_create(struct hcoll_comm *c)
         }
         co->ring_thread_started = 1;
     }
+    /* Device-buffer path: bookkeeping only; CUDA and NCCL are set up by the
+     * first device call (coll_dev.c), so host-only users never pay. */
+    HC_CHECK(hc_coll_dev_create(c, co->plan, co->ring, group_allgather, &co->intra_ag,
+                                co->piece_bytes, &co->dev),
+             out);
     return HCOLL_SUCCESS;
 
 out:

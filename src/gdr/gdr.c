@@ -8,6 +8,7 @@
 #include "gdr/gdr.h"
 
 #include <dlfcn.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,11 +42,76 @@ typedef struct cuda_fns {
     cu_result_t (*dev_attr)(int *, int, int);
     cu_result_t (*dev_busid)(char *, int, int);
     cu_result_t (*range_handle)(void *, cu_ptr_t, size_t, int, unsigned long long); /* may be NULL */
+    cu_result_t (*err_name)(cu_result_t, const char **);
+    cu_result_t (*err_string)(cu_result_t, const char **);
+    hc_cu_api_t api; /* the device path's calls */
+    int api_ok;
+    char api_why[160];
 } cuda_fns_t;
 
 /* Filled once, then read-only: not shared mutable state. */
 static cuda_fns_t g_cuda;
 static pthread_once_t g_cuda_once = PTHREAD_ONCE_INIT;
+
+/* The device path's entry points. The versioned names are what cuda.h
+ * maps the plain ones to (without per-thread default streams); a driver
+ * that lacks one is too old for the device path, not for the rest. */
+static void cuda_load_api(void *h)
+{
+    hc_cu_api_t *a = &g_cuda.api;
+    static const struct {
+        size_t off;
+        const char *name;
+    } syms[] = {
+#define E(field, name) { offsetof(hc_cu_api_t, field), name }
+        E(ctx_get_current, "cuCtxGetCurrent"),
+        E(ctx_set_current, "cuCtxSetCurrent"),
+        E(ctx_push, "cuCtxPushCurrent_v2"),
+        E(ctx_pop, "cuCtxPopCurrent_v2"),
+        E(ctx_get_device, "cuCtxGetDevice"),
+        E(device_get, "cuDeviceGet"),
+        E(device_attr, "cuDeviceGetAttribute"),
+        E(primary_retain, "cuDevicePrimaryCtxRetain"),
+        E(primary_release, "cuDevicePrimaryCtxRelease_v2"),
+        E(stream_create, "cuStreamCreate"),
+        E(stream_destroy, "cuStreamDestroy_v2"),
+        E(stream_synchronize, "cuStreamSynchronize"),
+        E(stream_get_ctx, "cuStreamGetCtx"),
+        E(stream_is_capturing, "cuStreamIsCapturing"),
+        E(stream_wait_value32, "cuStreamWaitValue32_v2"),
+        E(stream_write_value32, "cuStreamWriteValue32_v2"),
+        E(event_create, "cuEventCreate"),
+        E(event_record, "cuEventRecord"),
+        E(event_query, "cuEventQuery"),
+        E(event_synchronize, "cuEventSynchronize"),
+        E(event_destroy, "cuEventDestroy_v2"),
+        E(mem_alloc, "cuMemAlloc_v2"),
+        E(mem_free, "cuMemFree_v2"),
+        E(host_alloc, "cuMemHostAlloc"),
+        E(host_free, "cuMemFreeHost"),
+        E(memcpy_dtoh_async, "cuMemcpyDtoHAsync_v2"),
+        E(memcpy_htod_async, "cuMemcpyHtoDAsync_v2"),
+        E(memcpy_dtod_async, "cuMemcpyDtoDAsync_v2"),
+        E(memset_d32, "cuMemsetD32_v2"),
+        E(module_load_data, "cuModuleLoadData"),
+        E(module_unload, "cuModuleUnload"),
+        E(module_get_function, "cuModuleGetFunction"),
+        E(launch_kernel, "cuLaunchKernel"),
+#undef E
+    };
+    for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
+        void *f = dlsym(h, syms[i].name);
+        if (!f) {
+            snprintf(g_cuda.api_why, sizeof g_cuda.api_why,
+                     "libcuda.so.1 lacks %s (the device path needs a CUDA 11.7 or newer "
+                     "driver)",
+                     syms[i].name);
+            return;
+        }
+        memcpy((char *)a + syms[i].off, &f, sizeof f);
+    }
+    g_cuda.api_ok = 1;
+}
 
 static void cuda_load(void)
 {
@@ -69,6 +135,9 @@ static void cuda_load(void)
     SYM(dev_busid, "cuDeviceGetPCIBusId");
 #undef SYM
     *(void **)&g_cuda.range_handle = dlsym(h, "cuMemGetHandleForAddressRange");
+    *(void **)&g_cuda.err_name = dlsym(h, "cuGetErrorName");
+    *(void **)&g_cuda.err_string = dlsym(h, "cuGetErrorString");
+    cuda_load_api(h);
     cu_result_t r = g_cuda.init(0);
     if (r != CU_OK) {
         snprintf(g_cuda.why, sizeof g_cuda.why, "cuInit failed (CUresult %d): no usable GPU", r);
@@ -84,6 +153,40 @@ int hc_gdr_cuda_available(char *why, size_t whylen)
     if (!g_cuda.ok && why)
         snprintf(why, whylen, "%s", g_cuda.why);
     return g_cuda.ok;
+}
+
+const hc_cu_api_t *hc_gdr_cu(char *why, size_t whylen)
+{
+    if (!hc_gdr_cuda_available(why, whylen))
+        return NULL;
+    if (!g_cuda.api_ok) {
+        if (why)
+            snprintf(why, whylen, "%s", g_cuda.api_why);
+        return NULL;
+    }
+    return &g_cuda.api;
+}
+
+const char *hc_gdr_cu_errstr(hc_cu_res_t r, char *buf, size_t buflen)
+{
+    const char *name = NULL, *text = NULL;
+    pthread_once(&g_cuda_once, cuda_load);
+    if (g_cuda.err_name)
+        g_cuda.err_name(r, &name);
+    if (g_cuda.err_string)
+        g_cuda.err_string(r, &text);
+    snprintf(buf, buflen, "%s (CUresult %d)%s%s", name ? name : "CUDA error", r,
+             text ? ": " : "", text ? text : "");
+    return buf;
+}
+
+int hc_gdr_cuda_in_process(void)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+    if (!h)
+        return 0;
+    dlclose(h); /* drops only the reference RTLD_NOLOAD took */
+    return 1;
 }
 
 int hc_gdr_ptr_kind(const void *p, int *dev_out)

@@ -84,4 +84,102 @@ int hc_gdr_gpu_info(int dev, char *bdf, size_t bdflen, int *cc_major_out, int *d
 int hc_gdr_dmabuf_fd(void *p, size_t len, int *fd_out, uint64_t *offset_out, size_t *len_out,
                      char *why, size_t whylen);
 
+/* ---- CUDA driver table for the device data path ------------------------- */
+
+/*
+ * The driver entry points the device path (core/coll_dev.c) and the kernels
+ * (kern.c) need, from the same dlopen as above. Handles are opaque
+ * pointers (CUcontext, CUstream, CUevent, CUmodule, CUfunction); device
+ * addresses are hc_cu_dptr_t (CUdeviceptr). Every call returns a CUresult
+ * (0 = success). Names are the versioned ABI symbols cuda.h maps to.
+ */
+typedef int hc_cu_res_t;
+typedef unsigned long long hc_cu_dptr_t;
+
+#define HC_CU_SUCCESS                   0
+#define HC_CU_ERROR_NOT_READY           600
+#define HC_CU_STREAM_NON_BLOCKING       0x1
+#define HC_CU_EVENT_DISABLE_TIMING      0x2
+#define HC_CU_STREAM_WAIT_VALUE_GEQ     0x0
+#define HC_CU_STREAM_WRITE_VALUE_DEFAULT 0x0
+#define HC_CU_STREAM_CAPTURE_STATUS_NONE 0
+#define HC_CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT 16
+
+typedef struct hc_cu_api {
+    hc_cu_res_t (*ctx_get_current)(void **ctx);
+    hc_cu_res_t (*ctx_set_current)(void *ctx);
+    hc_cu_res_t (*ctx_push)(void *ctx);
+    hc_cu_res_t (*ctx_pop)(void **ctx);
+    hc_cu_res_t (*ctx_get_device)(int *dev);
+    hc_cu_res_t (*device_get)(int *dev, int ordinal);
+    hc_cu_res_t (*device_attr)(int *v, int attrib, int dev);
+    hc_cu_res_t (*primary_retain)(void **ctx, int dev);
+    hc_cu_res_t (*primary_release)(int dev);
+    hc_cu_res_t (*stream_create)(void **s, unsigned flags);
+    hc_cu_res_t (*stream_destroy)(void *s);
+    hc_cu_res_t (*stream_synchronize)(void *s);
+    hc_cu_res_t (*stream_get_ctx)(void *s, void **ctx);
+    hc_cu_res_t (*stream_is_capturing)(void *s, int *status);
+    hc_cu_res_t (*stream_wait_value32)(void *s, hc_cu_dptr_t addr, uint32_t v, unsigned flags);
+    hc_cu_res_t (*stream_write_value32)(void *s, hc_cu_dptr_t addr, uint32_t v, unsigned flags);
+    hc_cu_res_t (*event_create)(void **e, unsigned flags);
+    hc_cu_res_t (*event_record)(void *e, void *s);
+    hc_cu_res_t (*event_query)(void *e);
+    hc_cu_res_t (*event_synchronize)(void *e);
+    hc_cu_res_t (*event_destroy)(void *e);
+    hc_cu_res_t (*mem_alloc)(hc_cu_dptr_t *p, size_t n);
+    hc_cu_res_t (*mem_free)(hc_cu_dptr_t p);
+    hc_cu_res_t (*host_alloc)(void **p, size_t n, unsigned flags);
+    hc_cu_res_t (*host_free)(void *p);
+    hc_cu_res_t (*memcpy_dtoh_async)(void *dst, hc_cu_dptr_t src, size_t n, void *s);
+    hc_cu_res_t (*memcpy_htod_async)(hc_cu_dptr_t dst, const void *src, size_t n, void *s);
+    hc_cu_res_t (*memcpy_dtod_async)(hc_cu_dptr_t dst, hc_cu_dptr_t src, size_t n, void *s);
+    hc_cu_res_t (*memset_d32)(hc_cu_dptr_t p, unsigned v, size_t n);
+    hc_cu_res_t (*module_load_data)(void **m, const void *image);
+    hc_cu_res_t (*module_unload)(void *m);
+    hc_cu_res_t (*module_get_function)(void **f, void *m, const char *name);
+    hc_cu_res_t (*launch_kernel)(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                 unsigned by, unsigned bz, unsigned shmem, void *s,
+                                 void **params, void **extra);
+} hc_cu_api_t;
+
+/* The table, or NULL (why gets the reason) without a usable driver. The
+ * stream memory operations (cuStreamWaitValue32_v2, CUDA >= 11.7) are
+ * required: without them the table is NULL too. Thread-safe. */
+const hc_cu_api_t *hc_gdr_cu(char *why, size_t whylen);
+
+/* "CUDA_ERROR_NOT_READY: device not ready"-style text for a CUresult;
+ * never NULL. */
+const char *hc_gdr_cu_errstr(hc_cu_res_t r, char *buf, size_t buflen);
+
+/* 1 when libcuda.so.1 is already loaded in this process (by the CUDA
+ * runtime, typically); loads nothing. Host-only programs thus never pay
+ * for cuInit when hcoll checks whether a pointer could be device memory. */
+int hc_gdr_cuda_in_process(void);
+
+/* ---- Reduction kernels (kern.c, kernels.cu) ----------------------------- */
+
+/*
+ * dst = a op b and buf /= nranks on the GPU, with the host kernels'
+ * semantics (core/reduce.h) bit for bit on non-NaN results. The kernels
+ * are compiled into a fatbin embedded in libhcoll (sm_80, sm_90 SASS and
+ * compute_90 PTX), loaded into the current context with cuModuleLoadData.
+ */
+typedef struct hc_gdr_kern hc_gdr_kern_t;
+
+/* 1 when this build embeds the kernels (nvcc was found at build time). */
+int hc_gdr_kern_built(void);
+
+/* Load into the calling thread's current context. Returns 0, or -1 with a
+ * reason (not built, no driver, no SASS/PTX for this GPU). */
+int hc_gdr_kern_load(hc_gdr_kern_t **out, char *why, size_t whylen);
+void hc_gdr_kern_unload(hc_gdr_kern_t *k);
+
+/* Enqueue on stream (a CUstream; NULL: the legacy default stream). dtype,
+ * op as hcoll_dtype_t / hcoll_op_t; AVG reduces as SUM. Return a CUresult. */
+hc_cu_res_t hc_gdr_kern_reduce(hc_gdr_kern_t *k, hc_cu_dptr_t dst, hc_cu_dptr_t a,
+                               hc_cu_dptr_t b, size_t count, int dtype, int op, void *stream);
+hc_cu_res_t hc_gdr_kern_avg(hc_gdr_kern_t *k, hc_cu_dptr_t buf, size_t count, int dtype,
+                            int nranks, void *stream);
+
 #endif

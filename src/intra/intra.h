@@ -116,6 +116,14 @@ struct hc_intra {
 extern const hc_intra_ops_t hc_intra_shm_ops;
 
 /*
+ * NCCL, device buffers on the caller's CUDA stream (stream required; the
+ * caller makes the device's context current). libnccl.so.2 is opened at
+ * run time; create fails with HCOLL_ERR_UNSUPPORTED where it is missing.
+ * Ranks of one node need distinct GPUs. No host barrier. See nccl.c.
+ */
+extern const hc_intra_ops_t hc_intra_nccl_ops;
+
+/*
  * The shard split: shard i of a count-element vector over L parts is
  * [*offset_out, *offset_out + *len_out). Contiguous blocks in rank order
  * covering the vector exactly; the first count % L shards have one element

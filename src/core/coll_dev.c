@@ -1,0 +1,848 @@
+/*
+ * The all-reduce on device buffers: GPU stages on the caller's stream, the
+ * inter-node stage on the host, joined by a flag in device memory.
+ *
+ * Three-stage plan, one call (flag: a 32-bit word in device memory):
+ *
+ *   caller's stream  ─ RS(NCCL) ─ ev_ready ─ wait(flag ≥ s) ─ AG(NCCL) ─ ev_done ─►
+ *                                   │             ▲
+ *   worker thread                   ▼             │
+ *     wait ev_ready → D2H(0) ┬ ring(0) ┬ ring(1) ... → write(flag = s) on istream
+ *     istream (internal)     └ D2H(1)  └ H2D(0), D2H(2) ...  H2D(last) ┘
+ *
+ * hcoll_allreduce returns once the stream holds RS, the wait and AG: the
+ * host never synchronises the caller's stream. The worker (the executor's
+ * thread, coll.c) waits for ev_ready by polling, which blocks hcoll's
+ * thread only; it stages the rank's shard through two pinned buffers
+ * (copies on an internal stream, so that the ring of piece k overlaps the
+ * copies of pieces k±1), all-reduces it with the ring of its rail, copies it
+ * back, and then writes s to the flag on the internal stream behind the
+ * last copy, which lets the all-gather go.
+ *
+ * Other plans: one rank per node and unequal nodes stage the whole vector
+ * (no NCCL); one node is ncclAllReduce on the stream (plus the AVG kernel);
+ * one rank is a device copy. AVG: the intra stages sum; the ring divides
+ * its shard by the total rank count (its avg_divisor) before its own
+ * all-gather, so the final NCCL all-gather moves divided shards.
+ *
+ * Failure: a stream waiting on the flag must never hang. A host stage that
+ * fails still writes its s (the result is then undefined, the error is
+ * sticky and reported by the request and hcoll_comm_get_async_error), and
+ * destroy/abort writes the last issued s before freeing the flag, after
+ * waiting (up to the timeout) for every stream to pass it; if one does not,
+ * the flag's memory is left allocated rather than freed under it.
+ *
+ * Which GPU: the device of the buffers at the first device call; its
+ * primary context (the one the CUDA runtime uses) is retained for the
+ * communicator's life. Later calls on another device are refused.
+ */
+#include "core/coll_dev.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/coll.h"
+#include "core/comm.h"
+#include "core/err.h"
+#include "core/log.h"
+#include "core/reduce.h"
+#include "gdr/gdr.h"
+#include "inter/ring.h"
+#include "intra/intra.h"
+
+/* The ring thread's poll, as in coll.c: how long a ring wait sleeps in the
+ * transport before it looks at the abort flag again. */
+#define DEV_RING_POLL_MS 20
+/* Staging buffers: each holds one piece of this many bytes at most (the
+ * executor's piece; large enough for the ring's pipeline). */
+#define DEV_STAGE_MIN_BYTES (1u << 20)
+/* After abort, how long destroy waits for streams to pass the flag. */
+#define DEV_ABORT_DRAIN_MS 2000
+
+/* ------------------------------------------------------------------------ */
+/* Sequence and schedule (pure)                                               */
+/* ------------------------------------------------------------------------ */
+
+void hc_devseq_init(hc_devseq_t *s, uint32_t start)
+{
+    s->issued = s->released = start;
+}
+
+uint32_t hc_devseq_issue(hc_devseq_t *s)
+{
+    return ++s->issued;
+}
+
+int hc_devseq_release(hc_devseq_t *s, uint32_t seq)
+{
+    if (seq != s->released + 1 || hc_devseq_pending(s) == 0)
+        return -1;
+    s->released = seq;
+    return 0;
+}
+
+int hc_devseq_passes(uint32_t flag, uint32_t seq)
+{
+    return (int32_t)(flag - seq) >= 0;
+}
+
+uint32_t hc_devseq_pending(const hc_devseq_t *s)
+{
+    return s->issued - s->released;
+}
+
+void hc_devstage_init(hc_devstage_t *s, size_t npieces)
+{
+    s->npieces = npieces;
+    s->k = 0;
+    s->phase = 0;
+}
+
+hc_devstage_step_t hc_devstage_next(hc_devstage_t *s)
+{
+    hc_devstage_step_t st = { HC_DEVSTAGE_DONE, 0, 0 };
+    if (s->k >= s->npieces)
+        return st;
+    for (;;) {
+        switch (s->phase) {
+        case 0: /* prologue */
+            s->phase = 1;
+            st.kind = HC_DEVSTAGE_D2H;
+            st.piece = 0;
+            break;
+        case 1:
+            s->phase = 2;
+            st.kind = HC_DEVSTAGE_WAIT;
+            st.piece = s->k;
+            break;
+        case 2:
+            s->phase = 3;
+            if (s->k + 1 >= s->npieces)
+                continue;
+            st.kind = HC_DEVSTAGE_D2H;
+            st.piece = s->k + 1;
+            break;
+        case 3:
+            s->phase = 4;
+            st.kind = HC_DEVSTAGE_RING;
+            st.piece = s->k;
+            break;
+        default:
+            st.kind = HC_DEVSTAGE_H2D;
+            st.piece = s->k;
+            s->k++;
+            s->phase = 1;
+            break;
+        }
+        st.buf = (int)(st.piece % 2);
+        return st;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* State                                                                      */
+/* ------------------------------------------------------------------------ */
+
+struct hc_dev_op {
+    hcoll_status_t status; /* an enqueue failure after the stream wait */
+    int staged;            /* has a host stage and a flag number */
+    uint32_t seq;
+    void *ev_ready;        /* stage ① done on the caller's stream */
+    const unsigned char *src; /* device range the host stage reads ... */
+    unsigned char *dst;       /* ... and writes back */
+    size_t count;
+    hcoll_dtype_t dtype;
+    hcoll_op_t op;
+};
+
+struct hc_coll_dev {
+    struct hcoll_comm *c;
+    int plan;
+    hc_ring_t *ring;
+    hc_allgather_fn node_ag;
+    void *node_ag_ctx;
+    size_t stage_bytes; /* each of the two buffers */
+
+    /* Set up by the first device call. */
+    int ready;
+    hcoll_status_t setup_failed; /* sticky */
+    const hc_cu_api_t *cu;
+    int dev;   /* ordinal */
+    int cudev; /* its CUdevice */
+    void *ctx; /* retained primary context */
+    void *istream;
+    hc_cu_dptr_t flag;
+    void *stage[2];
+    void *ev_d2h[2];
+    void *ev_fence; /* istream drained */
+    hc_intra_t *nccl;
+    hc_gdr_kern_t *kern;
+    char kern_why[200];
+
+    pthread_mutex_t lock; /* seq and the done events */
+    hc_devseq_t seq;
+    void **done_ev; /* recorded after each call's last stream work */
+    size_t ndone, capdone;
+};
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static hcoll_status_t cu_fail(hc_coll_dev_t *d, hc_cu_res_t r, const char *what)
+{
+    char eb[200];
+    return hc_err_set(&d->c->err, HC_GDR, d->c->rank, HCOLL_ERR_CUDA, "%s: %s", what,
+                      hc_gdr_cu_errstr(r, eb, sizeof eb));
+}
+
+#define CU_TRY(d, call, what, label)                                                         \
+    do {                                                                                     \
+        hc_cu_res_t r_ = (call);                                                             \
+        if (r_ != HC_CU_SUCCESS) {                                                           \
+            st = cu_fail((d), r_, (what));                                                   \
+            goto label;                                                                      \
+        }                                                                                    \
+    } while (0)
+
+/*
+ * Poll an event until it completes: the only way to wait for GPU work with
+ * a deadline and an abort check. A short spin keeps small calls fast; then
+ * sleeps that grow to 200 us.
+ */
+static hcoll_status_t event_wait(hc_coll_dev_t *d, void *ev, int timeout_ms, int check_abort,
+                                 const char *what)
+{
+    struct hcoll_comm *c = d->c;
+    double deadline = now_ms() + timeout_ms;
+    long sleep_ns = 2000;
+    for (int spins = 0;; spins++) {
+        hc_cu_res_t r = d->cu->event_query(ev);
+        if (r == HC_CU_SUCCESS)
+            return HCOLL_SUCCESS;
+        if (r != HC_CU_ERROR_NOT_READY)
+            return cu_fail(d, r, what);
+        if (check_abort && atomic_load(&c->aborted))
+            return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_ABORTED,
+                              "communicator aborted while waiting for %s", what);
+        if (spins > 64) {
+            if (now_ms() > deadline)
+                return hc_err_set(&c->err, HC_GDR, c->rank, HCOLL_ERR_TIMEOUT,
+                                  "%s did not happen within %d ms (HCOLL_TIMEOUT_MS)", what,
+                                  timeout_ms);
+            struct timespec ts = { 0, sleep_ns };
+            nanosleep(&ts, NULL);
+            if (sleep_ns < 200000)
+                sleep_ns *= 2;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Which calls, and set-up                                                    */
+/* ------------------------------------------------------------------------ */
+
+int hc_coll_dev_wanted(const void *sendbuf, const void *recvbuf, void *stream)
+{
+    if (stream)
+        return 1;
+    if (!hc_gdr_cuda_in_process())
+        return 0;
+    /* Managed memory is host-accessible: the host path serves it. */
+    return hc_gdr_ptr_kind(sendbuf, NULL) == HC_MEM_DEVICE ||
+           hc_gdr_ptr_kind(recvbuf, NULL) == HC_MEM_DEVICE;
+}
+
+hcoll_status_t hc_coll_dev_create(struct hcoll_comm *c, int plan, struct hc_ring *ring,
+                                  hc_allgather_fn node_ag, void *node_ag_ctx,
+                                  size_t piece_bytes, hc_coll_dev_t **out)
+{
+    hc_coll_dev_t *d = calloc(1, sizeof *d);
+    if (!d)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_NO_MEMORY,
+                          "no memory for the device path");
+    d->c = c;
+    d->plan = plan;
+    d->ring = ring;
+    d->node_ag = node_ag;
+    d->node_ag_ctx = node_ag_ctx;
+    d->stage_bytes = piece_bytes < DEV_STAGE_MIN_BYTES ? DEV_STAGE_MIN_BYTES : piece_bytes;
+    /* Whole 16-byte vectors, whatever the dtype. */
+    d->stage_bytes &= ~(size_t)15;
+    d->dev = -1;
+    pthread_mutex_init(&d->lock, NULL);
+    hc_devseq_init(&d->seq, 0);
+    *out = d;
+    return HCOLL_SUCCESS;
+}
+
+static int plan_needs_nccl(int plan)
+{
+    return plan == HC_PLAN_INTRA || plan == HC_PLAN_3STAGE;
+}
+
+static int plan_stages(int plan)
+{
+    return plan == HC_PLAN_RING || plan == HC_PLAN_FLAT || plan == HC_PLAN_3STAGE;
+}
+
+/* Free what local_setup made; the context must be current. */
+static void local_free(hc_coll_dev_t *d)
+{
+    const hc_cu_api_t *cu = d->cu;
+    if (!cu)
+        return;
+    hc_gdr_kern_unload(d->kern);
+    d->kern = NULL;
+    for (int i = 0; i < 2; i++) {
+        if (d->ev_d2h[i])
+            cu->event_destroy(d->ev_d2h[i]);
+        if (d->stage[i])
+            cu->host_free(d->stage[i]);
+        d->ev_d2h[i] = d->stage[i] = NULL;
+    }
+    if (d->ev_fence)
+        cu->event_destroy(d->ev_fence);
+    if (d->flag)
+        cu->mem_free(d->flag);
+    if (d->istream)
+        cu->stream_destroy(d->istream);
+    d->ev_fence = d->istream = NULL;
+    d->flag = 0;
+}
+
+/* This rank's half of the set-up: context, internal stream, flag,
+ * staging, kernels. Nothing collective. */
+static hcoll_status_t local_setup(hc_coll_dev_t *d, int dev)
+{
+    hcoll_status_t st = HCOLL_SUCCESS;
+    const hc_cu_api_t *cu = d->cu;
+    void *popped;
+    CU_TRY(d, cu->device_get(&d->cudev, dev), "cuDeviceGet", out);
+    CU_TRY(d, cu->primary_retain(&d->ctx, d->cudev), "cuDevicePrimaryCtxRetain", out);
+    d->dev = dev;
+    CU_TRY(d, cu->ctx_push(d->ctx), "cuCtxPushCurrent", release);
+    CU_TRY(d, cu->stream_create(&d->istream, HC_CU_STREAM_NON_BLOCKING), "cuStreamCreate", fail);
+    CU_TRY(d, cu->mem_alloc(&d->flag, 256), "cuMemAlloc (stream flag)", fail);
+    CU_TRY(d, cu->memset_d32(d->flag, 0, 1), "cuMemsetD32 (stream flag)", fail);
+    CU_TRY(d, cu->event_create(&d->ev_fence, HC_CU_EVENT_DISABLE_TIMING), "cuEventCreate", fail);
+    if (plan_stages(d->plan))
+        for (int i = 0; i < 2; i++) {
+            CU_TRY(d, cu->host_alloc(&d->stage[i], d->stage_bytes, 0),
+                   "cuMemHostAlloc (staging)", fail);
+            CU_TRY(d, cu->event_create(&d->ev_d2h[i], HC_CU_EVENT_DISABLE_TIMING),
+                   "cuEventCreate", fail);
+        }
+    /* The kernels are optional: only AVG on one node needs them. */
+    if (hc_gdr_kern_load(&d->kern, d->kern_why, sizeof d->kern_why) != 0)
+        d->kern = NULL;
+    cu->ctx_pop(&popped);
+    return HCOLL_SUCCESS;
+
+fail:
+    local_free(d);
+    cu->ctx_pop(&popped);
+release:
+    cu->primary_release(d->cudev);
+    d->ctx = NULL;
+    d->dev = -1;
+out:
+    return st;
+}
+
+typedef struct dev_hello {
+    int32_t ok;
+    int32_t dev;
+} dev_hello_t;
+
+/* Collective over all ranks: every rank reports whether its half worked,
+ * so that one rank's missing GPU fails the call everywhere at once instead
+ * of leaving the others in the ring until the timeout. */
+static hcoll_status_t dev_setup(hc_coll_dev_t *d, int dev)
+{
+    struct hcoll_comm *c = d->c;
+    hcoll_status_t st, local;
+    char why[200];
+    d->cu = hc_gdr_cu(why, sizeof why);
+    if (!d->cu)
+        local = hc_err_set(&c->err, HC_GDR, c->rank, HCOLL_ERR_UNSUPPORTED,
+                           "device buffers need the CUDA driver: %s", why);
+    else
+        local = local_setup(d, dev);
+
+    dev_hello_t mine = { local == HCOLL_SUCCESS, dev }, *all = calloc((size_t)c->nranks, sizeof *all);
+    if (!all) {
+        st = hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_NO_MEMORY, "no memory");
+        goto undo;
+    }
+    st = hc_boot_allgather(c->boot, &mine, all, sizeof mine);
+    if (st == HCOLL_SUCCESS && local != HCOLL_SUCCESS)
+        st = local;
+    for (int r = 0; st == HCOLL_SUCCESS && r < c->nranks; r++)
+        if (!all[r].ok)
+            st = hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_UNSUPPORTED,
+                            "rank %d could not set up its GPU for device buffers (its "
+                            "hcoll_comm_last_error says why)",
+                            r);
+    free(all);
+    if (st != HCOLL_SUCCESS)
+        goto undo;
+
+    if (plan_needs_nccl(d->plan)) {
+        hc_intra_params_t ip = {
+            .local_rank = c->local_rank,
+            .local_size = c->local_size,
+            .name = "nccl",
+            .chunk_bytes = c->params.chunk_bytes,
+            .timeout_ms = (int)c->params.timeout_ms,
+            .errbuf = &c->err,
+            .rank = c->rank,
+            .allgather = d->node_ag,
+            .allgather_ctx = d->node_ag_ctx,
+        };
+        void *popped;
+        d->cu->ctx_push(d->ctx);
+        st = hc_intra_nccl_ops.create(&ip, &d->nccl);
+        d->cu->ctx_pop(&popped);
+        if (st != HCOLL_SUCCESS)
+            goto undo;
+    }
+    char bdf[32] = "?";
+    hc_gdr_gpu_info(dev, bdf, sizeof bdf, NULL, NULL);
+    HC_INFO(HC_GDR, c->rank, "device buffers: GPU %d (%s), %s, reduction kernels %s%s", dev,
+            bdf, plan_needs_nccl(d->plan) ? "NCCL intra-node" : "no intra-node stage",
+            d->kern ? "loaded" : "absent: ", d->kern ? "" : d->kern_why);
+    d->ready = 1;
+    return HCOLL_SUCCESS;
+
+undo:
+    if (local == HCOLL_SUCCESS) {
+        void *popped;
+        d->cu->ctx_push(d->ctx);
+        local_free(d);
+        d->cu->ctx_pop(&popped);
+        d->cu->primary_release(d->cudev);
+        d->ctx = NULL;
+    }
+    d->setup_failed = st;
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Enqueue (caller's thread)                                                  */
+/* ------------------------------------------------------------------------ */
+
+static hcoll_status_t dev_validate(hc_coll_dev_t *d, const void *sendbuf, void *recvbuf,
+                                   size_t count, hcoll_dtype_t dtype, hcoll_op_t op,
+                                   void *stream, int *dev_out)
+{
+    struct hcoll_comm *c = d->c;
+    if (!hc_reduce_valid(dtype, op))
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
+                          "dtype %d / op %d is not a known type and operation", (int)dtype,
+                          (int)op);
+    if (!sendbuf || !recvbuf)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
+                          "%s is NULL with count %zu", !sendbuf ? "sendbuf" : "recvbuf", count);
+    size_t esize = hcoll_dtype_size(dtype);
+    if (count > SIZE_MAX / esize / 2)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
+                          "count %zu of %s is larger than memory", count, hcoll_dtype_name(dtype));
+    uintptr_t s = (uintptr_t)sendbuf, r = (uintptr_t)recvbuf, bytes = count * esize;
+    if (s != r && s < r + bytes && r < s + bytes)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
+                          "sendbuf and recvbuf overlap without being equal (in place means "
+                          "sendbuf == recvbuf)");
+    char why[200];
+    if (!hc_gdr_cu(why, sizeof why))
+        return hc_err_set(&c->err, HC_GDR, c->rank,
+                          stream ? HCOLL_ERR_UNSUPPORTED : HCOLL_ERR_INVALID_ARG,
+                          "a CUDA stream was given, but device buffers cannot be used here: %s",
+                          why);
+    int sdev = -1, rdev = -1;
+    int sk = hc_gdr_ptr_kind(sendbuf, &sdev), rk = hc_gdr_ptr_kind(recvbuf, &rdev);
+    if (!stream)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
+                          "%s is device memory but stream is NULL: pass the CUDA stream to "
+                          "order the all-reduce on (NULL is for host buffers)",
+                          sk == HC_MEM_DEVICE ? "sendbuf" : "recvbuf");
+    if (sk == HC_MEM_HOST || rk == HC_MEM_HOST)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
+                          "a CUDA stream was given but %s is host memory: with a stream both "
+                          "buffers must be device (or managed) memory; pass stream = NULL for "
+                          "host buffers",
+                          sk == HC_MEM_HOST ? "sendbuf" : "recvbuf");
+    if (sdev != rdev)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
+                          "sendbuf is on GPU %d but recvbuf on GPU %d", sdev, rdev);
+    if (d->ready && sdev != d->dev)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
+                          "the buffers are on GPU %d, but this communicator uses GPU %d (the "
+                          "device of its first device-buffer call)",
+                          sdev, d->dev);
+    if (d->plan == HC_PLAN_INTRA && op == HCOLL_AVG && d->ready && !d->kern)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_UNSUPPORTED,
+                          "AVG on device buffers within one node needs the division kernel: %s",
+                          d->kern_why);
+    *dev_out = sdev;
+    return HCOLL_SUCCESS;
+}
+
+/* Keep the event that tells when the stream is past this call; reap those
+ * that completed, so the list stays as long as the stream's backlog. */
+static void done_track(hc_coll_dev_t *d, void *ev)
+{
+    pthread_mutex_lock(&d->lock);
+    size_t keep = 0;
+    for (size_t i = 0; i < d->ndone; i++) {
+        if (d->cu->event_query(d->done_ev[i]) == HC_CU_SUCCESS)
+            d->cu->event_destroy(d->done_ev[i]);
+        else
+            d->done_ev[keep++] = d->done_ev[i];
+    }
+    d->ndone = keep;
+    if (d->ndone == d->capdone) {
+        size_t cap = d->capdone ? d->capdone * 2 : 16;
+        void **p = realloc(d->done_ev, cap * sizeof *p);
+        if (!p) {
+            /* Without a slot, wait for the GPU to pass it now (rare). */
+            pthread_mutex_unlock(&d->lock);
+            event_wait(d, ev, (int)d->c->params.timeout_ms, 0, "the end of a device all-reduce");
+            d->cu->event_destroy(ev);
+            return;
+        }
+        d->done_ev = p;
+        d->capdone = cap;
+    }
+    d->done_ev[d->ndone++] = ev;
+    pthread_mutex_unlock(&d->lock);
+}
+
+hcoll_status_t hc_coll_dev_enqueue(hc_coll_dev_t *d, const void *sendbuf, void *recvbuf,
+                                   size_t count, hcoll_dtype_t dtype, hcoll_op_t op,
+                                   void *stream, hc_dev_op_t **op_out)
+{
+    struct hcoll_comm *c = d->c;
+    hcoll_status_t st;
+    *op_out = NULL;
+    hc_dev_op_t *o = calloc(1, sizeof *o);
+    if (!o)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_NO_MEMORY,
+                          "no memory for a device operation");
+    o->dtype = dtype;
+    o->op = op;
+    if (count == 0) {
+        /* Nothing moves; the request still completes in order. */
+        if (!hc_reduce_valid(dtype, op)) {
+            free(o);
+            return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
+                              "dtype %d / op %d is not a known type and operation",
+                              (int)dtype, (int)op);
+        }
+        *op_out = o;
+        return HCOLL_SUCCESS;
+    }
+    int dev = -1;
+    HC_CHECK(dev_validate(d, sendbuf, recvbuf, count, dtype, op, stream, &dev), free_op);
+    if (d->setup_failed != HCOLL_SUCCESS) {
+        st = hc_err_set(&c->err, HC_COLL, c->rank, d->setup_failed,
+                        "the device path could not be set up earlier (%s)",
+                        hcoll_strerror(d->setup_failed));
+        goto free_op;
+    }
+    if (!d->ready) {
+        HC_CHECK(dev_setup(d, dev), free_op);
+        HC_CHECK(dev_validate(d, sendbuf, recvbuf, count, dtype, op, stream, &dev), free_op);
+    }
+
+    const hc_cu_api_t *cu = d->cu;
+    void *popped;
+    CU_TRY(d, cu->ctx_push(d->ctx), "cuCtxPushCurrent", free_op);
+    int cap = HC_CU_STREAM_CAPTURE_STATUS_NONE;
+    CU_TRY(d, cu->stream_is_capturing(stream, &cap), "cuStreamIsCapturing (is the stream valid?)",
+           pop);
+    if (cap != HC_CU_STREAM_CAPTURE_STATUS_NONE) {
+        st = hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_UNSUPPORTED,
+                        "the stream is being captured into a CUDA graph: hcoll's device "
+                        "all-reduce waits on a host thread, which a graph cannot replay; call "
+                        "it outside the capture");
+        goto pop;
+    }
+    void *sctx = NULL;
+    if (cu->stream_get_ctx(stream, &sctx) == HC_CU_SUCCESS && sctx && sctx != d->ctx) {
+        st = hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
+                        "the stream belongs to another CUDA context than GPU %d's primary "
+                        "context, which this communicator uses",
+                        d->dev);
+        goto pop;
+    }
+
+    const size_t es = hcoll_dtype_size(dtype);
+    const hc_cu_dptr_t s = (hc_cu_dptr_t)(uintptr_t)sendbuf, r = (hc_cu_dptr_t)(uintptr_t)recvbuf;
+    void *ev_done = NULL;
+    CU_TRY(d, cu->event_create(&ev_done, HC_CU_EVENT_DISABLE_TIMING), "cuEventCreate", pop);
+
+    switch (d->plan) {
+    case HC_PLAN_SINGLE:
+        if (s != r)
+            CU_TRY(d, cu->memcpy_dtod_async(r, s, count * es, stream), "cuMemcpyDtoDAsync",
+                   free_ev);
+        break;
+    case HC_PLAN_INTRA: {
+        const hc_intra_ops_t *iops = d->nccl->ops;
+        HC_CHECK(iops->allreduce(d->nccl, sendbuf, recvbuf, count, dtype, op, stream), free_ev);
+        if (op == HCOLL_AVG)
+            CU_TRY(d, hc_gdr_kern_avg(d->kern, r, count, dtype, c->nranks, stream),
+                   "launching the AVG kernel", free_ev);
+        break;
+    }
+    case HC_PLAN_RING:
+    case HC_PLAN_FLAT:
+    case HC_PLAN_3STAGE: {
+        size_t soff = 0, slen = count;
+        if (d->plan == HC_PLAN_3STAGE) {
+            HC_CHECK(d->nccl->ops->reduce_scatter(d->nccl, sendbuf, recvbuf, count, dtype, op,
+                                                  stream),
+                     free_ev);
+            hc_intra_shard(count, c->local_size, c->local_rank, &soff, &slen);
+            o->src = (const unsigned char *)recvbuf + soff * es;
+        } else {
+            o->src = sendbuf;
+        }
+        o->dst = (unsigned char *)recvbuf + soff * es;
+        o->count = slen;
+        CU_TRY(d, cu->event_create(&o->ev_ready, HC_CU_EVENT_DISABLE_TIMING), "cuEventCreate",
+               free_ev);
+        CU_TRY(d, cu->event_record(o->ev_ready, stream), "cuEventRecord", free_ready);
+        pthread_mutex_lock(&d->lock);
+        uint32_t seq = hc_devseq_issue(&d->seq);
+        pthread_mutex_unlock(&d->lock);
+        hc_cu_res_t rr = cu->stream_wait_value32(stream, d->flag, seq, HC_CU_STREAM_WAIT_VALUE_GEQ);
+        if (rr != HC_CU_SUCCESS) {
+            /* Nothing waits for seq: give it back so numbers stay dense. */
+            pthread_mutex_lock(&d->lock);
+            d->seq.issued--;
+            pthread_mutex_unlock(&d->lock);
+            st = cu_fail(d, rr, "cuStreamWaitValue32");
+            goto free_ready;
+        }
+        /* From here on the stream waits for seq: the operation goes to the
+         * executor whatever happens, to release it in order. */
+        o->staged = 1;
+        o->seq = seq;
+        if (d->plan == HC_PLAN_3STAGE) {
+            st = d->nccl->ops->all_gather(d->nccl, recvbuf, count, dtype, stream);
+            if (st != HCOLL_SUCCESS)
+                o->status = st;
+        }
+        break;
+    }
+    }
+    if (cu->event_record(ev_done, stream) == HC_CU_SUCCESS)
+        done_track(d, ev_done);
+    else
+        cu->event_destroy(ev_done);
+    cu->ctx_pop(&popped);
+    *op_out = o;
+    return o->status;
+
+free_ready:
+    cu->event_destroy(o->ev_ready);
+free_ev:
+    cu->event_destroy(ev_done);
+pop:
+    cu->ctx_pop(&popped);
+free_op:
+    free(o);
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Host stage (worker thread)                                                 */
+/* ------------------------------------------------------------------------ */
+
+static hcoll_status_t ring_run(hc_coll_dev_t *d, void *buf, size_t n, hcoll_dtype_t dtype,
+                               hcoll_op_t op)
+{
+    struct hcoll_comm *c = d->c;
+    int done = 0;
+    hcoll_status_t st = hc_ring_start(d->ring, buf, buf, n, dtype, op, c->nranks);
+    while (st == HCOLL_SUCCESS && !done) {
+        if (atomic_load(&c->aborted))
+            return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_ABORTED,
+                              "communicator aborted during the inter-node stage");
+        st = hc_ring_progress(d->ring, DEV_RING_POLL_MS, &done);
+    }
+    return st;
+}
+
+static hcoll_status_t host_stage(hc_coll_dev_t *d, hc_dev_op_t *o, double *ring_us)
+{
+    const hc_cu_api_t *cu = d->cu;
+    const int tmo = (int)d->c->params.timeout_ms;
+    const size_t es = hcoll_dtype_size(o->dtype);
+    const size_t piece = d->stage_bytes / es;
+    const size_t npieces = (o->count + piece - 1) / piece;
+    hcoll_status_t st;
+    HC_CHECK(event_wait(d, o->ev_ready, tmo, 1, "the intra-node stage on the caller's stream"),
+             out);
+    hc_devstage_t it;
+    hc_devstage_init(&it, npieces);
+    for (;;) {
+        hc_devstage_step_t step = hc_devstage_next(&it);
+        if (step.kind == HC_DEVSTAGE_DONE)
+            break;
+        size_t off = step.piece * piece;
+        size_t n = o->count - off < piece ? o->count - off : piece;
+        switch (step.kind) {
+        case HC_DEVSTAGE_D2H:
+            CU_TRY(d,
+                   cu->memcpy_dtoh_async(d->stage[step.buf],
+                                         (hc_cu_dptr_t)(uintptr_t)(o->src + off * es), n * es,
+                                         d->istream),
+                   "cuMemcpyDtoHAsync (staging)", out);
+            CU_TRY(d, cu->event_record(d->ev_d2h[step.buf], d->istream), "cuEventRecord", out);
+            break;
+        case HC_DEVSTAGE_WAIT:
+            HC_CHECK(event_wait(d, d->ev_d2h[step.buf], tmo, 1, "a copy into staging"), out);
+            break;
+        case HC_DEVSTAGE_RING: {
+            struct timespec a, b;
+            clock_gettime(CLOCK_MONOTONIC, &a);
+            st = ring_run(d, d->stage[step.buf], n, o->dtype, o->op);
+            clock_gettime(CLOCK_MONOTONIC, &b);
+            *ring_us += (b.tv_sec - a.tv_sec) * 1e6 + (b.tv_nsec - a.tv_nsec) / 1e3;
+            if (st != HCOLL_SUCCESS)
+                goto out;
+            break;
+        }
+        case HC_DEVSTAGE_H2D:
+            CU_TRY(d,
+                   cu->memcpy_htod_async((hc_cu_dptr_t)(uintptr_t)(o->dst + off * es),
+                                         d->stage[step.buf], n * es, d->istream),
+                   "cuMemcpyHtoDAsync (staging)", out);
+            break;
+        case HC_DEVSTAGE_DONE:
+            break;
+        }
+    }
+    st = HCOLL_SUCCESS;
+out:
+    return st;
+}
+
+/* Write seq to the flag behind everything on the internal stream, and wait
+ * until it is written (the staging buffers are then free, and the request
+ * may complete). */
+static hcoll_status_t release(hc_coll_dev_t *d, uint32_t seq, int check_abort)
+{
+    const hc_cu_api_t *cu = d->cu;
+    hcoll_status_t st;
+    CU_TRY(d, cu->stream_write_value32(d->istream, d->flag, seq, HC_CU_STREAM_WRITE_VALUE_DEFAULT),
+           "cuStreamWriteValue32 (releasing the caller's stream)", out);
+    pthread_mutex_lock(&d->lock);
+    int order = hc_devseq_release(&d->seq, seq);
+    pthread_mutex_unlock(&d->lock);
+    if (order != 0) {
+        st = hc_err_set(&d->c->err, HC_COLL, d->c->rank, HCOLL_ERR_INTERNAL,
+                        "stream flag released out of order (seq %u)", seq);
+        goto out;
+    }
+    CU_TRY(d, cu->event_record(d->ev_fence, d->istream), "cuEventRecord", out);
+    st = event_wait(d, d->ev_fence, (int)d->c->params.timeout_ms, check_abort,
+                    "the copy back from staging");
+out:
+    if (st != HCOLL_SUCCESS)
+        HC_WARN(HC_GDR, d->c->rank,
+                "releasing device all-reduce %u failed; a stream waiting for it may hang", seq);
+    return st;
+}
+
+hcoll_status_t hc_coll_dev_execute(hc_coll_dev_t *d, hc_dev_op_t *o, hcoll_status_t status_in,
+                                   hcoll_stage_times_t *times)
+{
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    hcoll_status_t st = status_in != HCOLL_SUCCESS ? status_in : o->status;
+    double ring_us = 0;
+    memset(times, 0, sizeof *times);
+    if (o->staged) {
+        d->cu->ctx_set_current(d->ctx);
+        if (st == HCOLL_SUCCESS)
+            st = host_stage(d, o, &ring_us);
+        /* Always, and in order: the caller's stream waits for it. */
+        hcoll_status_t rst = release(d, o->seq, 0);
+        if (st == HCOLL_SUCCESS)
+            st = rst;
+        d->cu->event_destroy(o->ev_ready);
+    }
+    free(o);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    times->inter_us = ring_us;
+    times->total_us = (t1.tv_sec - t0.tv_sec) * 1e6 + (t1.tv_nsec - t0.tv_nsec) / 1e3;
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Teardown                                                                   */
+/* ------------------------------------------------------------------------ */
+
+void hc_coll_dev_destroy(hc_coll_dev_t *d, int aborting)
+{
+    if (!d)
+        return;
+    if (d->ready) {
+        const hc_cu_api_t *cu = d->cu;
+        struct hcoll_comm *c = d->c;
+        void *popped;
+        cu->ctx_push(d->ctx);
+        /* The executor has drained its queue, so every issued number was
+         * released; this is the safety net should one not have been. */
+        if (hc_devseq_pending(&d->seq) != 0) {
+            HC_WARN(HC_GDR, c->rank, "%u device all-reduces were never released; releasing",
+                    hc_devseq_pending(&d->seq));
+            if (cu->stream_write_value32(d->istream, d->flag, d->seq.issued,
+                                         HC_CU_STREAM_WRITE_VALUE_DEFAULT) == HC_CU_SUCCESS)
+                d->seq.released = d->seq.issued;
+        }
+        /* On abort, NCCL goes first: ncclCommAbort ends its kernels, which
+         * may wait for dead peers, so that the streams can move on. */
+        if (aborting) {
+            hc_intra_abort(d->nccl);
+            hc_intra_destroy(d->nccl);
+            d->nccl = NULL;
+        }
+        /* Streams must be past the flag before its memory goes. */
+        int drain_ms = aborting ? DEV_ABORT_DRAIN_MS : (int)c->params.timeout_ms;
+        int stuck = 0;
+        for (size_t i = 0; i < d->ndone; i++) {
+            if (!stuck && event_wait(d, d->done_ev[i], drain_ms, 0,
+                                     "a stream to pass hcoll's all-reduce") != HCOLL_SUCCESS)
+                stuck = 1;
+            if (!stuck)
+                cu->event_destroy(d->done_ev[i]);
+        }
+        free(d->done_ev);
+        hc_intra_destroy(d->nccl);
+        if (stuck) {
+            /* Leaving the flag allocated is the lesser harm: freeing memory a
+             * stream still waits on could release it at random. */
+            HC_WARN(HC_GDR, c->rank,
+                    "a CUDA stream is still inside a device all-reduce; its flag is left "
+                    "allocated");
+            d->flag = 0;
+        }
+        local_free(d);
+        cu->ctx_pop(&popped);
+        cu->primary_release(d->cudev);
+    }
+    pthread_mutex_destroy(&d->lock);
+    free(d);
+}

@@ -1,0 +1,470 @@
+/*
+ * NCCL intra-node backend for device buffers, on the caller's CUDA stream.
+ *
+ *   create:  local rank 0 ──ncclGetUniqueId──► {ok, id} ──allgather (node)──► all
+ *            every local rank: ncclCommInitRankConfig(L, id, local rank),
+ *            non-blocking, polled against timeout_ms
+ *
+ *   reduce_scatter, count = q*L + r (shards from hc_intra_shard):
+ *     r == 0   ncclReduceScatter(send, recv + shard_i, q)        one call
+ *     r != 0   group { ncclReduce(send + shard_j, recv + shard_j, len_j, root j) : j < L }
+ *   all_gather:
+ *     r == 0   ncclAllGather(recv + shard_i, recv, q)            in place
+ *     r != 0   group { ncclBroadcast(recv + shard_j, len_j, root j) : j < L }
+ *   allreduce: ncclAllReduce
+ *
+ * Uneven counts cannot use NCCL's equal-block reduce-scatter without
+ * changing the shard split that the ring and the executor share, so they
+ * take one rooted operation per shard inside a group: the same bytes move.
+ *
+ * AVG reduces as SUM here (intra.h): the caller divides once by the full
+ * rank count. NCCL's MAX/MIN do not propagate NaN (they are fmax/fmin) and
+ * NCCL's half-type reductions round at every step in its own order, so
+ * device results equal the host path's except for NaN under MAX/MIN and
+ * the order of half/float sums; they are bit-identical across ranks.
+ *
+ * libnccl.so.2 is opened at run time: libhcoll has no link-time NCCL
+ * dependency, and no NCCL header is needed: the few entry points, enums and
+ * the 2.14 prefix of ncclConfig_t are stable ABI (NCCL reads a config by its
+ * version field, so an older prefix stays valid on newer libraries).
+ *
+ * Every stream argument is a CUstream of the communicator's device; the
+ * caller makes that device's context current around each call. Calls only
+ * enqueue: they return before the GPU has run anything.
+ */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/log.h"
+#include "intra/intra.h"
+
+/* nccl.h values. */
+#define NCCL_SUCCESS 0
+#define NCCL_IN_PROGRESS 7
+#define NCCL_UNIQUE_ID_BYTES 128
+#define NCCL_CONFIG_MAGIC 0xcafebeefu
+#define NCCL_VERSION_2_14 21400
+#define NCCL_UNDEF_INT (-2147483647 - 1)
+enum { NCCL_SUM = 0, NCCL_PROD = 1, NCCL_MAX = 2, NCCL_MIN = 3 };
+enum {
+    NCCL_INT8 = 0, NCCL_UINT8 = 1, NCCL_INT32 = 2, NCCL_INT64 = 4,
+    NCCL_FLOAT16 = 6, NCCL_FLOAT32 = 7, NCCL_FLOAT64 = 8, NCCL_BFLOAT16 = 9,
+};
+
+typedef int nccl_res_t;
+typedef void *nccl_comm_t;
+typedef struct { char internal[NCCL_UNIQUE_ID_BYTES]; } nccl_uid_t;
+/* ncclConfig_t as of NCCL 2.14 (what version says). */
+typedef struct {
+    size_t size;
+    unsigned magic;
+    unsigned version;
+    int blocking;
+    int cga_cluster_size;
+    int min_ctas;
+    int max_ctas;
+    const char *net_name;
+} nccl_config_t;
+
+typedef struct nccl_fns {
+    int ok;
+    char why[200];
+    int version;
+    nccl_res_t (*get_version)(int *);
+    const char *(*err_string)(nccl_res_t);
+    nccl_res_t (*get_unique_id)(nccl_uid_t *);
+    nccl_res_t (*init_rank_config)(nccl_comm_t *, int, nccl_uid_t, int, nccl_config_t *);
+    nccl_res_t (*get_async_error)(nccl_comm_t, nccl_res_t *);
+    nccl_res_t (*finalize)(nccl_comm_t);
+    nccl_res_t (*destroy)(nccl_comm_t);
+    nccl_res_t (*abort)(nccl_comm_t);
+    nccl_res_t (*reduce_scatter)(const void *, void *, size_t, int, int, nccl_comm_t, void *);
+    nccl_res_t (*all_gather)(const void *, void *, size_t, int, nccl_comm_t, void *);
+    nccl_res_t (*all_reduce)(const void *, void *, size_t, int, int, nccl_comm_t, void *);
+    nccl_res_t (*reduce)(const void *, void *, size_t, int, int, int, nccl_comm_t, void *);
+    nccl_res_t (*broadcast)(const void *, void *, size_t, int, int, nccl_comm_t, void *);
+    nccl_res_t (*group_start)(void);
+    nccl_res_t (*group_end)(void);
+} nccl_fns_t;
+
+/* Filled once, then read-only. */
+static nccl_fns_t g_nccl;
+static pthread_once_t g_nccl_once = PTHREAD_ONCE_INIT;
+
+static void nccl_load(void)
+{
+    /* Found the way the dynamic loader finds anything (LD_LIBRARY_PATH,
+     * ld.so.cache): the NCCL that the rest of the process uses. */
+    const char *lib = "libnccl.so.2";
+    void *h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        snprintf(g_nccl.why, sizeof g_nccl.why, "%s not loadable (%s)", lib, dlerror());
+        return;
+    }
+#define SYM(field, name)                                                                     \
+    do {                                                                                     \
+        *(void **)&g_nccl.field = dlsym(h, name);                                            \
+        if (!g_nccl.field) {                                                                 \
+            snprintf(g_nccl.why, sizeof g_nccl.why, "%s lacks %s (NCCL 2.14 or newer needed)", \
+                     lib, name);                                                             \
+            return;                                                                          \
+        }                                                                                    \
+    } while (0)
+    SYM(get_version, "ncclGetVersion");
+    SYM(err_string, "ncclGetErrorString");
+    SYM(get_unique_id, "ncclGetUniqueId");
+    SYM(init_rank_config, "ncclCommInitRankConfig");
+    SYM(get_async_error, "ncclCommGetAsyncError");
+    SYM(finalize, "ncclCommFinalize");
+    SYM(destroy, "ncclCommDestroy");
+    SYM(abort, "ncclCommAbort");
+    SYM(reduce_scatter, "ncclReduceScatter");
+    SYM(all_gather, "ncclAllGather");
+    SYM(all_reduce, "ncclAllReduce");
+    SYM(reduce, "ncclReduce");
+    SYM(broadcast, "ncclBroadcast");
+    SYM(group_start, "ncclGroupStart");
+    SYM(group_end, "ncclGroupEnd");
+#undef SYM
+    g_nccl.get_version(&g_nccl.version);
+    if (g_nccl.version < NCCL_VERSION_2_14) {
+        snprintf(g_nccl.why, sizeof g_nccl.why, "%s is NCCL %d; 2.14 or newer is needed", lib,
+                 g_nccl.version);
+        return;
+    }
+    g_nccl.ok = 1;
+}
+
+typedef struct nccl_ctx {
+    hc_intra_t base;
+    nccl_comm_t comm;
+    int local_rank, local_size;
+    int timeout_ms;
+    int rank;
+    hc_errbuf_t *eb;
+    atomic_int aborted;
+    hcoll_status_t failed; /* sticky */
+} nccl_ctx_t;
+
+static int nccl_dtype(hcoll_dtype_t dt)
+{
+    switch (dt) {
+    case HCOLL_FLOAT32: return NCCL_FLOAT32;
+    case HCOLL_FLOAT16: return NCCL_FLOAT16;
+    case HCOLL_BFLOAT16: return NCCL_BFLOAT16;
+    case HCOLL_FLOAT64: return NCCL_FLOAT64;
+    case HCOLL_INT8: return NCCL_INT8;
+    case HCOLL_UINT8: return NCCL_UINT8;
+    case HCOLL_INT32: return NCCL_INT32;
+    case HCOLL_INT64: return NCCL_INT64;
+    default: return -1;
+    }
+}
+
+static int nccl_op(hcoll_op_t op)
+{
+    switch (op) {
+    case HCOLL_SUM:
+    case HCOLL_AVG: return NCCL_SUM; /* the caller divides once, at the end */
+    case HCOLL_PROD: return NCCL_PROD;
+    case HCOLL_MAX: return NCCL_MAX;
+    case HCOLL_MIN: return NCCL_MIN;
+    default: return -1;
+    }
+}
+
+static double mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* A non-blocking communicator's call may answer "in progress": poll its
+ * state until it settles, against the deadline and the abort flag. */
+static hcoll_status_t nccl_settle(nccl_ctx_t *x, nccl_res_t r, const char *what)
+{
+    double deadline = mono_ms() + x->timeout_ms;
+    while (r == NCCL_IN_PROGRESS) {
+        if (atomic_load(&x->aborted))
+            return x->failed = hc_err_set(x->eb, HC_COLL, x->rank, HCOLL_ERR_ABORTED,
+                                          "aborted during %s", what);
+        if (mono_ms() > deadline)
+            return x->failed = hc_err_set(x->eb, HC_COLL, x->rank, HCOLL_ERR_TIMEOUT,
+                                          "%s did not complete within %d ms (a local rank "
+                                          "did not join?)",
+                                          what, x->timeout_ms);
+        struct timespec ts = { 0, 100000 };
+        nanosleep(&ts, NULL);
+        if (g_nccl.get_async_error(x->comm, &r) != NCCL_SUCCESS)
+            break;
+    }
+    if (r != NCCL_SUCCESS)
+        return x->failed = hc_err_set(x->eb, HC_COLL, x->rank, HCOLL_ERR_NCCL, "%s failed: %s",
+                                      what, g_nccl.err_string(r));
+    return HCOLL_SUCCESS;
+}
+
+/* Before each call: a failure NCCL found in the background (a local rank
+ * died, a network error) ends the backend here. */
+static hcoll_status_t nccl_ready(nccl_ctx_t *x)
+{
+    if (x->failed != HCOLL_SUCCESS)
+        return hc_err_set(x->eb, HC_COLL, x->rank, x->failed,
+                          "the NCCL backend failed earlier (%s)", hcoll_strerror(x->failed));
+    if (atomic_load(&x->aborted))
+        return x->failed = hc_err_set(x->eb, HC_COLL, x->rank, HCOLL_ERR_ABORTED,
+                                      "the NCCL backend was aborted");
+    nccl_res_t st = NCCL_SUCCESS;
+    g_nccl.get_async_error(x->comm, &st);
+    if (st != NCCL_SUCCESS && st != NCCL_IN_PROGRESS)
+        return x->failed = hc_err_set(x->eb, HC_COLL, x->rank, HCOLL_ERR_NCCL,
+                                      "NCCL reported an asynchronous error: %s",
+                                      g_nccl.err_string(st));
+    return nccl_settle(x, st, "an earlier NCCL call");
+}
+
+typedef struct nccl_hello {
+    int ok;            /* this local rank can take part */
+    nccl_uid_t id;     /* meaningful from local rank 0 */
+} nccl_hello_t;
+
+static hcoll_status_t nccl_create(const hc_intra_params_t *p, hc_intra_t **out)
+{
+    hcoll_status_t st;
+    pthread_once(&g_nccl_once, nccl_load);
+    nccl_hello_t mine, *all = calloc((size_t)p->local_size, sizeof *all);
+    if (!all)
+        return hc_err_set(p->errbuf, HC_COLL, p->rank, HCOLL_ERR_NO_MEMORY,
+                          "no memory for the NCCL set-up");
+    memset(&mine, 0, sizeof mine);
+    mine.ok = g_nccl.ok;
+    nccl_res_t r = NCCL_SUCCESS;
+    if (mine.ok && p->local_rank == 0) {
+        r = g_nccl.get_unique_id(&mine.id);
+        mine.ok = r == NCCL_SUCCESS;
+    }
+    /* Everyone joins the exchange even when it cannot go on, so that the
+     * node fails together instead of waiting for the missing rank. */
+    HC_CHECK(p->allgather(p->allgather_ctx, &mine, all, sizeof mine), free_all);
+    if (!g_nccl.ok) {
+        st = hc_err_set(p->errbuf, HC_COLL, p->rank, HCOLL_ERR_UNSUPPORTED,
+                        "device buffers on a node with several ranks need NCCL: %s",
+                        g_nccl.why);
+        goto free_all;
+    }
+    if (r != NCCL_SUCCESS) {
+        st = hc_err_set(p->errbuf, HC_COLL, p->rank, HCOLL_ERR_NCCL, "ncclGetUniqueId: %s",
+                        g_nccl.err_string(r));
+        goto free_all;
+    }
+    for (int i = 0; i < p->local_size; i++)
+        if (!all[i].ok) {
+            st = hc_err_set(p->errbuf, HC_COLL, p->rank, HCOLL_ERR_NCCL,
+                            "local rank %d cannot use NCCL (see its log)", i);
+            goto free_all;
+        }
+
+    nccl_ctx_t *x = calloc(1, sizeof *x);
+    if (!x) {
+        st = hc_err_set(p->errbuf, HC_COLL, p->rank, HCOLL_ERR_NO_MEMORY,
+                        "no memory for the NCCL backend");
+        goto free_all;
+    }
+    x->base.ops = &hc_intra_nccl_ops;
+    x->local_rank = p->local_rank;
+    x->local_size = p->local_size;
+    x->timeout_ms = p->timeout_ms;
+    x->rank = p->rank;
+    x->eb = p->errbuf;
+    atomic_init(&x->aborted, 0);
+    nccl_config_t cfg = {
+        .size = sizeof cfg,
+        .magic = NCCL_CONFIG_MAGIC,
+        .version = NCCL_VERSION_2_14,
+        .blocking = 0, /* so that set-up and every call have our deadline */
+        .cga_cluster_size = NCCL_UNDEF_INT,
+        .min_ctas = NCCL_UNDEF_INT,
+        .max_ctas = NCCL_UNDEF_INT,
+        .net_name = NULL,
+    };
+    r = g_nccl.init_rank_config(&x->comm, p->local_size, all[0].id, p->local_rank, &cfg);
+    if (r != NCCL_SUCCESS && r != NCCL_IN_PROGRESS) {
+        st = hc_err_set(p->errbuf, HC_COLL, p->rank, HCOLL_ERR_NCCL,
+                        "ncclCommInitRankConfig (%d local ranks; ranks of one node need "
+                        "distinct GPUs): %s",
+                        p->local_size, g_nccl.err_string(r));
+        goto free_x;
+    }
+    HC_CHECK(nccl_settle(x, r, "ncclCommInitRankConfig (ranks of one node need distinct GPUs)"),
+             abort_comm);
+    HC_INFO(HC_INIT, p->rank, "NCCL %d intra-node communicator: local rank %d of %d",
+            g_nccl.version, p->local_rank, p->local_size);
+    free(all);
+    *out = &x->base;
+    return HCOLL_SUCCESS;
+
+abort_comm:
+    g_nccl.abort(x->comm);
+free_x:
+    free(x);
+free_all:
+    free(all);
+    return st;
+}
+
+static hcoll_status_t nccl_check_args(nccl_ctx_t *x, hcoll_dtype_t dtype, hcoll_op_t op,
+                                      void *stream, int *ndt, int *nop)
+{
+    *ndt = nccl_dtype(dtype);
+    *nop = nccl_op(op);
+    if (*ndt < 0 || *nop < 0)
+        return hc_err_set(x->eb, HC_COLL, x->rank, HCOLL_ERR_INVALID_ARG,
+                          "dtype %d / op %d unknown", (int)dtype, (int)op);
+    if (!stream)
+        return hc_err_set(x->eb, HC_COLL, x->rank, HCOLL_ERR_INVALID_ARG,
+                          "the NCCL backend needs a CUDA stream");
+    return nccl_ready(x);
+}
+
+static hcoll_status_t nccl_group_end(nccl_ctx_t *x, const char *what)
+{
+    return nccl_settle(x, g_nccl.group_end(), what);
+}
+
+static hcoll_status_t nccl_reduce_scatter(hc_intra_t *ctx, const void *sendbuf, void *recvbuf,
+                                          size_t count, hcoll_dtype_t dtype, hcoll_op_t op,
+                                          void *stream)
+{
+    nccl_ctx_t *x = (nccl_ctx_t *)ctx;
+    int ndt, nop;
+    hcoll_status_t st = nccl_check_args(x, dtype, op, stream, &ndt, &nop);
+    if (st != HCOLL_SUCCESS || count == 0)
+        return st;
+    const size_t es = hcoll_dtype_size(dtype);
+    const int L = x->local_size;
+    size_t off, len;
+    if (count % (size_t)L == 0) {
+        hc_intra_shard(count, L, x->local_rank, &off, &len);
+        return nccl_settle(x,
+                           g_nccl.reduce_scatter(sendbuf, (char *)recvbuf + off * es, len, ndt,
+                                                 nop, x->comm, stream),
+                           "ncclReduceScatter");
+    }
+    g_nccl.group_start();
+    for (int j = 0; j < L; j++) {
+        hc_intra_shard(count, L, j, &off, &len);
+        if (len == 0)
+            continue;
+        /* Only the root writes its recvbuf; the others pass theirs as NCCL
+         * wants a valid pointer. */
+        nccl_res_t r = g_nccl.reduce((const char *)sendbuf + off * es, (char *)recvbuf + off * es,
+                                     len, ndt, nop, j, x->comm, stream);
+        if (r != NCCL_SUCCESS && r != NCCL_IN_PROGRESS) {
+            g_nccl.group_end();
+            return x->failed = hc_err_set(x->eb, HC_COLL, x->rank, HCOLL_ERR_NCCL,
+                                          "ncclReduce (shard %d): %s", j, g_nccl.err_string(r));
+        }
+    }
+    return nccl_group_end(x, "ncclReduce group (reduce-scatter of uneven shards)");
+}
+
+static hcoll_status_t nccl_all_gather(hc_intra_t *ctx, void *recvbuf, size_t count,
+                                      hcoll_dtype_t dtype, void *stream)
+{
+    nccl_ctx_t *x = (nccl_ctx_t *)ctx;
+    int ndt, nop;
+    hcoll_status_t st = nccl_check_args(x, dtype, HCOLL_SUM, stream, &ndt, &nop);
+    if (st != HCOLL_SUCCESS || count == 0)
+        return st;
+    const size_t es = hcoll_dtype_size(dtype);
+    const int L = x->local_size;
+    size_t off, len;
+    if (count % (size_t)L == 0) {
+        hc_intra_shard(count, L, x->local_rank, &off, &len);
+        return nccl_settle(x,
+                           g_nccl.all_gather((char *)recvbuf + off * es, recvbuf, len, ndt,
+                                             x->comm, stream),
+                           "ncclAllGather");
+    }
+    g_nccl.group_start();
+    for (int j = 0; j < L; j++) {
+        hc_intra_shard(count, L, j, &off, &len);
+        if (len == 0)
+            continue;
+        char *p = (char *)recvbuf + off * es;
+        nccl_res_t r = g_nccl.broadcast(p, p, len, ndt, j, x->comm, stream);
+        if (r != NCCL_SUCCESS && r != NCCL_IN_PROGRESS) {
+            g_nccl.group_end();
+            return x->failed = hc_err_set(x->eb, HC_COLL, x->rank, HCOLL_ERR_NCCL,
+                                          "ncclBroadcast (shard %d): %s", j,
+                                          g_nccl.err_string(r));
+        }
+    }
+    return nccl_group_end(x, "ncclBroadcast group (all-gather of uneven shards)");
+}
+
+static hcoll_status_t nccl_allreduce(hc_intra_t *ctx, const void *sendbuf, void *recvbuf,
+                                     size_t count, hcoll_dtype_t dtype, hcoll_op_t op,
+                                     void *stream)
+{
+    nccl_ctx_t *x = (nccl_ctx_t *)ctx;
+    int ndt, nop;
+    hcoll_status_t st = nccl_check_args(x, dtype, op, stream, &ndt, &nop);
+    if (st != HCOLL_SUCCESS || count == 0)
+        return st;
+    return nccl_settle(x, g_nccl.all_reduce(sendbuf, recvbuf, count, ndt, nop, x->comm, stream),
+                       "ncclAllReduce");
+}
+
+static hcoll_status_t nccl_barrier(hc_intra_t *ctx)
+{
+    nccl_ctx_t *x = (nccl_ctx_t *)ctx;
+    /* A barrier would need a device buffer and a stream of its own; the
+     * executor orders device work on the caller's stream instead. */
+    return hc_err_set(x->eb, HC_COLL, x->rank, HCOLL_ERR_UNSUPPORTED,
+                      "the NCCL backend has no host barrier (use the bootstrap's)");
+}
+
+static void nccl_abort_op(hc_intra_t *ctx)
+{
+    nccl_ctx_t *x = (nccl_ctx_t *)ctx;
+    atomic_store(&x->aborted, 1);
+}
+
+static void nccl_destroy(hc_intra_t *ctx)
+{
+    nccl_ctx_t *x = (nccl_ctx_t *)ctx;
+    if (!x)
+        return;
+    /* ncclCommFinalize waits for the node's other ranks: only when healthy,
+     * and only as long as the deadline allows; otherwise abort, which never
+     * waits for peers. */
+    int clean = !atomic_load(&x->aborted) && x->failed == HCOLL_SUCCESS;
+    if (clean) {
+        nccl_res_t r = g_nccl.finalize(x->comm);
+        clean = (r == NCCL_SUCCESS || r == NCCL_IN_PROGRESS) &&
+                nccl_settle(x, r, "ncclCommFinalize") == HCOLL_SUCCESS;
+    }
+    if (clean)
+        g_nccl.destroy(x->comm);
+    else
+        g_nccl.abort(x->comm);
+    free(x);
+}
+
+const hc_intra_ops_t hc_intra_nccl_ops = {
+    .name = "nccl",
+    .create = nccl_create,
+    .reduce_scatter = nccl_reduce_scatter,
+    .all_gather = nccl_all_gather,
+    .allreduce = nccl_allreduce,
+    .barrier = nccl_barrier,
+    .abort = nccl_abort_op,
+    .destroy = nccl_destroy,
+};

@@ -1,0 +1,349 @@
+/*
+ * The public all-reduce on device buffers, with forked ranks over TCP:
+ *   - 2 and 4 ranks, one per emulated node (HCOLL_HOSTID), all on GPU 0:
+ *     the host-staged ring plan; every dtype x op on exact inputs, in place
+ *     and not, counts 0, 1, primes, several staging pieces;
+ *   - 2 nodes x 2 ranks (NCCL reduce-scatter/all-gather) only with >= 2
+ *     GPUs: ranks of one node sharing a GPU cannot form an NCCL
+ *     communicator, so a one-GPU machine skips it and says so;
+ *   - stream semantics: the stream is held by a wait the test controls, the
+ *     call still returns at once (the host is not blocked), the request is
+ *     not complete, and after the test releases the stream a kernel queued
+ *     behind the all-reduce sees its result;
+ *   - argument errors: device memory with stream NULL, host memory with a
+ *     stream, a stream under graph capture;
+ *   - a bandwidth line per size (BENCH), for scripts/gpu-check.sh.
+ * Needs a GPU; prints "SKIP: no GPU: <why>" and exits 77 otherwise.
+ */
+#include <check.h>
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/ranks.h"
+#include "core/reduce.h"
+#include "gpu/gpuhelp.h"
+
+#define TIMEOUT_MS 120000
+static int ngpus;
+
+typedef struct shared {
+    hct_id_slot_t id;
+    hct_barrier_t bar;
+} shared_t;
+
+typedef struct job {
+    shared_t *sh;
+    int rpn;   /* ranks per node */
+    int bench;
+} job_t;
+
+static hcoll_comm_t rank_init(job_t *j, int rank, int nranks)
+{
+    hcoll_unique_id_t id;
+    hcoll_comm_t comm = NULL;
+    setenv("HCOLL_SOCKET_IFNAME", "lo", 1);
+    setenv("HCOLL_NET", "tcp", 1);
+    if (hct_share_unique_id(&j->sh->id, rank, 20000, &id) != 0)
+        return NULL;
+    hcoll_config_t cfg = HCOLL_CONFIG_INITIALIZER;
+    cfg.timeout_ms = 60000;
+    if (hcoll_comm_init(&comm, nranks, rank, &id, &cfg) != HCOLL_SUCCESS) {
+        fprintf(stderr, "rank %d: init: %s\n", rank, hcoll_comm_last_error(NULL));
+        return NULL;
+    }
+    return comm;
+}
+
+/* Exact inputs: small integers (powers of two for PROD), so any order of
+ * reduction gives the same bits. Element i of rank r. */
+static double input(int r, size_t i, hcoll_op_t op)
+{
+    if (op == HCOLL_PROD)
+        return (i + (size_t)r) % 3 == 0 ? 2.0 : 1.0;
+    return (double)((i * 7 + (size_t)r * 13) % 23) - 11.0;
+}
+
+static void store(void *p, size_t i, hcoll_dtype_t dt, double v)
+{
+    switch (dt) {
+    case HCOLL_FLOAT32: ((float *)p)[i] = (float)v; break;
+    case HCOLL_FLOAT64: ((double *)p)[i] = v; break;
+    case HCOLL_FLOAT16: ((uint16_t *)p)[i] = hc_float_to_half((float)v); break;
+    case HCOLL_BFLOAT16: ((uint16_t *)p)[i] = hc_float_to_bf16((float)v); break;
+    case HCOLL_INT8: ((int8_t *)p)[i] = (int8_t)v; break;
+    case HCOLL_UINT8: ((uint8_t *)p)[i] = (uint8_t)(int)v; break;
+    case HCOLL_INT32: ((int32_t *)p)[i] = (int32_t)v; break;
+    case HCOLL_INT64: ((int64_t *)p)[i] = (int64_t)v; break;
+    default: break;
+    }
+}
+
+/* The expected result: the inputs of all ranks reduced on the host with
+ * the library's host kernels in rank order (exact inputs: order-free). */
+static void expected(void *out, size_t n, hcoll_dtype_t dt, hcoll_op_t op, int nranks)
+{
+    size_t es = hcoll_dtype_size(dt);
+    unsigned char *tmp = malloc(n * es + 1);
+    for (size_t i = 0; i < n; i++)
+        store(out, i, dt, input(0, i, op));
+    for (int r = 1; r < nranks; r++) {
+        for (size_t i = 0; i < n; i++)
+            store(tmp, i, dt, input(r, i, op));
+        hc_reduce(out, out, tmp, n, dt, op);
+    }
+    hc_reduce_avg_finish(out, n, dt, op, nranks);
+    free(tmp);
+}
+
+static int check_one(hcoll_comm_t comm, const hc_cu_api_t *cu, void *stream, int rank,
+                     int nranks, size_t n, hcoll_dtype_t dt, hcoll_op_t op, int inplace)
+{
+    size_t es = hcoll_dtype_size(dt), bytes = n * es + 16;
+    unsigned char *h = malloc(bytes), *want = malloc(bytes), *got = malloc(bytes);
+    hc_cu_dptr_t s, r;
+    GPU_OK(cu->mem_alloc(&s, bytes));
+    GPU_OK(cu->mem_alloc(&r, bytes));
+    for (size_t i = 0; i < n; i++)
+        store(h, i, dt, input(rank, i, op));
+    GPU_OK(cu->memcpy_htod_async(s, h, n * es + (n == 0), stream));
+    GPU_OK(cu->memset_d32(r, 0xdeadbeef, bytes / 4));
+    hc_cu_dptr_t dst = inplace ? s : r;
+    HCT_OK(comm, hcoll_allreduce(comm, (void *)(uintptr_t)s, (void *)(uintptr_t)dst, n, dt, op,
+                                 stream));
+    GPU_OK(cu->memcpy_dtoh_async(got, dst, n * es + (n == 0), stream));
+    GPU_OK(cu->stream_synchronize(stream));
+    expected(want, n, dt, op, nranks);
+    HCT_REQUIRE(memcmp(got, want, n * es) == 0, "rank %d: %s %s n=%zu%s: wrong result", rank,
+                hcoll_dtype_name(dt), hcoll_op_name(op), n, inplace ? " in place" : "");
+    cu->mem_free(s);
+    cu->mem_free(r);
+    free(h);
+    free(want);
+    free(got);
+    return 0;
+}
+
+static int rank_correctness(int rank, int nranks, void *arg)
+{
+    job_t *j = arg;
+    const hc_cu_api_t *cu = gpu_open(ngpus > 1 ? (rank % j->rpn) % ngpus : 0);
+    HCT_REQUIRE(cu, "no GPU");
+    hcoll_comm_t comm = rank_init(j, rank, nranks);
+    HCT_REQUIRE(comm, "init failed");
+    void *stream;
+    GPU_OK(cu->stream_create(&stream, HC_CU_STREAM_NON_BLOCKING));
+    static const hcoll_dtype_t dts[] = { HCOLL_FLOAT32, HCOLL_FLOAT16, HCOLL_BFLOAT16,
+                                         HCOLL_FLOAT64, HCOLL_INT8,    HCOLL_UINT8,
+                                         HCOLL_INT32,   HCOLL_INT64 };
+    static const hcoll_op_t ops[] = { HCOLL_SUM, HCOLL_PROD, HCOLL_MAX, HCOLL_MIN, HCOLL_AVG };
+    for (size_t d = 0; d < 8; d++)
+        for (size_t o = 0; o < 5; o++)
+            if (check_one(comm, cu, stream, rank, nranks, 1001, dts[d], ops[o], (int)(o & 1)))
+                return 1;
+    static const size_t sizes[] = { 0, 1, 3, 65537, 3000017 }; /* the last: several pieces */
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++)
+        if (check_one(comm, cu, stream, rank, nranks, sizes[k], HCOLL_FLOAT32, HCOLL_SUM, 0) ||
+            check_one(comm, cu, stream, rank, nranks, sizes[k], HCOLL_BFLOAT16, HCOLL_AVG, 1))
+            return 1;
+    HCT_OK(comm, hcoll_comm_destroy(comm));
+    cu->stream_destroy(stream);
+    return 0;
+}
+
+/* The host is not blocked, and the stream orders what follows. */
+static int rank_stream(int rank, int nranks, void *arg)
+{
+    job_t *j = arg;
+    const hc_cu_api_t *cu = gpu_open(0);
+    HCT_REQUIRE(cu, "no GPU");
+    hcoll_comm_t comm = rank_init(j, rank, nranks);
+    HCT_REQUIRE(comm, "init failed");
+    void *stream;
+    GPU_OK(cu->stream_create(&stream, HC_CU_STREAM_NON_BLOCKING));
+    const size_t n = 1 << 20;
+    hc_cu_dptr_t buf, gate, two;
+    GPU_OK(cu->mem_alloc(&buf, n * 4));
+    GPU_OK(cu->mem_alloc(&two, n * 4));
+    GPU_OK(cu->mem_alloc(&gate, 64));
+    GPU_OK(cu->memset_d32(gate, 0, 1));
+    GPU_OK(cu->memset_d32(buf, 0x3f800000u, n)); /* 1.0f */
+    /* Hold the stream until this rank opens the gate. */
+    GPU_OK(cu->stream_wait_value32(stream, gate, 1, HC_CU_STREAM_WAIT_VALUE_GEQ));
+    double t0 = hct_now_ms();
+    hcoll_request_t req;
+    HCT_OK(comm, hcoll_allreduce_async(comm, (void *)(uintptr_t)buf, (void *)(uintptr_t)buf, n,
+                                       HCOLL_FLOAT32, HCOLL_SUM, stream, &req));
+    /* A second, blocking-API call behind it, also returning at once. */
+    HCT_OK(comm, hcoll_allreduce(comm, (void *)(uintptr_t)buf, (void *)(uintptr_t)buf, n,
+                                 HCOLL_FLOAT32, HCOLL_SUM, stream));
+    double dt = hct_now_ms() - t0;
+    HCT_REQUIRE(dt < 5000, "enqueueing took %.0f ms: the host was blocked", dt);
+    /* A kernel behind the all-reduces: two = buf + buf. */
+    hc_gdr_kern_t *k = NULL;
+    char why[200];
+    int have_k = hc_gdr_kern_load(&k, why, sizeof why) == 0;
+    if (have_k)
+        GPU_OK(hc_gdr_kern_reduce(k, two, buf, buf, n, HCOLL_FLOAT32, HCOLL_SUM, stream));
+    usleep(200000);
+    int done = 1;
+    HCT_OK(comm, hcoll_test(req, &done));
+    HCT_REQUIRE(!done, "the request completed while its stream was held");
+    /* Open the gate (from another stream: ours is held). */
+    void *s2;
+    GPU_OK(cu->stream_create(&s2, HC_CU_STREAM_NON_BLOCKING));
+    GPU_OK(cu->stream_write_value32(s2, gate, 1, HC_CU_STREAM_WRITE_VALUE_DEFAULT));
+    HCT_OK(comm, hcoll_wait(req));
+    HCT_OK(comm, hcoll_request_free(req));
+    GPU_OK(cu->stream_synchronize(stream));
+    float *h = malloc(n * 4);
+    GPU_OK(cu->memcpy_dtoh_async(h, have_k ? two : buf, n * 4, stream));
+    GPU_OK(cu->stream_synchronize(stream));
+    /* 1 → nranks → nranks², doubled by the kernel. */
+    float want = (float)(nranks * nranks) * (have_k ? 2.0f : 1.0f);
+    for (size_t i = 0; i < n; i++)
+        HCT_REQUIRE(h[i] == want, "element %zu = %g, want %g", i, h[i], want);
+    free(h);
+    if (k)
+        hc_gdr_kern_unload(k);
+    HCT_OK(comm, hcoll_comm_destroy(comm));
+    return 0;
+}
+
+typedef int (*begin_capture_fn)(void *, int);
+typedef int (*end_capture_fn)(void *, void **);
+
+static int rank_errors(int rank, int nranks, void *arg)
+{
+    job_t *j = arg;
+    const hc_cu_api_t *cu = gpu_open(0);
+    HCT_REQUIRE(cu, "no GPU");
+    hcoll_comm_t comm = rank_init(j, rank, nranks);
+    HCT_REQUIRE(comm, "init failed");
+    void *stream;
+    GPU_OK(cu->stream_create(&stream, HC_CU_STREAM_NON_BLOCKING));
+    hc_cu_dptr_t d;
+    GPU_OK(cu->mem_alloc(&d, 4096));
+    float host[16] = { 0 };
+    void *dp = (void *)(uintptr_t)d;
+    hcoll_status_t st = hcoll_allreduce(comm, dp, dp, 16, HCOLL_FLOAT32, HCOLL_SUM, NULL);
+    HCT_REQUIRE(st == HCOLL_ERR_INVALID_ARG && strstr(hcoll_comm_last_error(comm), "stream is NULL"),
+                "device memory with NULL stream: %s: %s", hcoll_status_name(st),
+                hcoll_comm_last_error(comm));
+    st = hcoll_allreduce(comm, host, host, 16, HCOLL_FLOAT32, HCOLL_SUM, stream);
+    HCT_REQUIRE(st == HCOLL_ERR_INVALID_ARG && strstr(hcoll_comm_last_error(comm), "host memory"),
+                "host memory with a stream: %s: %s", hcoll_status_name(st),
+                hcoll_comm_last_error(comm));
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    begin_capture_fn begin = lib ? (begin_capture_fn)dlsym(lib, "cuStreamBeginCapture_v2") : NULL;
+    end_capture_fn end = lib ? (end_capture_fn)dlsym(lib, "cuStreamEndCapture") : NULL;
+    if (begin && end) {
+        GPU_OK(begin(stream, 2 /* CU_STREAM_CAPTURE_MODE_RELAXED */));
+        st = hcoll_allreduce(comm, dp, dp, 16, HCOLL_FLOAT32, HCOLL_SUM, stream);
+        void *graph = NULL;
+        end(stream, &graph);
+        HCT_REQUIRE(st == HCOLL_ERR_UNSUPPORTED &&
+                        strstr(hcoll_comm_last_error(comm), "CUDA graph"),
+                    "under capture: %s: %s", hcoll_status_name(st), hcoll_comm_last_error(comm));
+    }
+    /* The refusals are local; the communicator still works. */
+    HCT_OK(comm, hcoll_allreduce(comm, dp, dp, 16, HCOLL_FLOAT32, HCOLL_SUM, stream));
+    GPU_OK(cu->stream_synchronize(stream));
+    HCT_OK(comm, hcoll_comm_destroy(comm));
+    return 0;
+}
+
+static int rank_bench(int rank, int nranks, void *arg)
+{
+    job_t *j = arg;
+    const hc_cu_api_t *cu = gpu_open(0);
+    HCT_REQUIRE(cu, "no GPU");
+    hcoll_comm_t comm = rank_init(j, rank, nranks);
+    HCT_REQUIRE(comm, "init failed");
+    void *stream;
+    GPU_OK(cu->stream_create(&stream, HC_CU_STREAM_NON_BLOCKING));
+    static const size_t sizes[] = { 1u << 20, 16u << 20, 64u << 20 };
+    for (size_t k = 0; k < 3; k++) {
+        hc_cu_dptr_t b;
+        GPU_OK(cu->mem_alloc(&b, sizes[k]));
+        void *p = (void *)(uintptr_t)b;
+        size_t n = sizes[k] / 4;
+        HCT_OK(comm, hcoll_allreduce(comm, p, p, n, HCOLL_FLOAT32, HCOLL_SUM, stream));
+        GPU_OK(cu->stream_synchronize(stream));
+        int iters = 5;
+        double t = hct_now_ms();
+        for (int i = 0; i < iters; i++)
+            HCT_OK(comm, hcoll_allreduce(comm, p, p, n, HCOLL_FLOAT32, HCOLL_SUM, stream));
+        GPU_OK(cu->stream_synchronize(stream));
+        double ms = (hct_now_ms() - t) / iters;
+        if (rank == 0)
+            printf("BENCH device allreduce %d ranks (1/node, TCP, staged) %6zu MiB: %8.2f ms  "
+                   "busbw %6.2f GB/s\n",
+                   nranks, sizes[k] >> 20, ms,
+                   2.0 * (nranks - 1) / nranks * sizes[k] / (ms / 1e3) / 1e9);
+        fflush(stdout);
+        cu->mem_free(b);
+    }
+    HCT_OK(comm, hcoll_comm_destroy(comm));
+    return 0;
+}
+
+static void run(hct_rank_fn fn, int nranks, int rpn)
+{
+    shared_t *sh = hct_shared_alloc(sizeof *sh);
+    job_t j = { sh, rpn, 0 };
+    hct_opts_t o = { .nranks = nranks, .ranks_per_node = rpn, .timeout_ms = TIMEOUT_MS };
+    hct_result_t res[8];
+    int bad = hct_run(&o, fn, &j, res);
+    hct_shared_free(sh, sizeof *sh);
+    ck_assert_msg(bad == 0, "%d of %d ranks failed (see stderr)", bad, nranks);
+}
+
+START_TEST(ring_2_nodes) { run(rank_correctness, 2, 1); }
+END_TEST
+START_TEST(ring_4_nodes) { run(rank_correctness, 4, 1); }
+END_TEST
+START_TEST(three_stage_2x2)
+{
+    if (ngpus < 2) {
+        printf("SKIP: 2x2 needs 2 GPUs (ranks of one node sharing a GPU cannot form an NCCL "
+               "communicator); this machine has %d\n", ngpus);
+        return;
+    }
+    run(rank_correctness, 4, 2);
+}
+END_TEST
+START_TEST(stream_not_blocked) { run(rank_stream, 2, 1); }
+END_TEST
+START_TEST(argument_errors) { run(rank_errors, 2, 1); }
+END_TEST
+START_TEST(bench_2) { run(rank_bench, 2, 1); }
+END_TEST
+START_TEST(bench_4) { run(rank_bench, 4, 1); }
+END_TEST
+
+int main(void)
+{
+    char why[256];
+    ngpus = gpu_probe(why, sizeof why);
+    if (ngpus < 1)
+        HCT_SKIP_ALL("no GPU: %s", why);
+    Suite *s = suite_create("gpu_allreduce");
+    TCase *tc = tcase_create("device");
+    tcase_set_timeout(tc, 180);
+    tcase_add_test(tc, ring_2_nodes);
+    tcase_add_test(tc, ring_4_nodes);
+    tcase_add_test(tc, three_stage_2x2);
+    tcase_add_test(tc, stream_not_blocked);
+    tcase_add_test(tc, argument_errors);
+    tcase_add_test(tc, bench_2);
+    tcase_add_test(tc, bench_4);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
