@@ -8,6 +8,7 @@
 
 #include "boot/uid.h"
 #include "sys/host.h"
+#include "sys/envlist.h"
 #include "sys/ifaces.h"
 
 static hc_iface_t mk(const char *name, const char *addr, unsigned flags)

@@ -41,4 +41,9 @@ int hc_list_match(const hc_list_t *list, const char *name, int port);
  * is allowed when the user asked for it)? */
 int hc_list_names(const hc_list_t *list, const char *name);
 
+/* Natural order of names: digit runs compare as numbers, so rail2 comes
+ * before rail10 and mlx5_2 before mlx5_10; every node then lists its
+ * interfaces and devices alike. */
+int hc_name_natcmp(const char *a, const char *b);
+
 #endif

@@ -300,7 +300,7 @@ static int port_cmp(const void *x, const void *y)
     const hc_ibport_t *a = x, *b = y;
     if (a->pci_dist != b->pci_dist)
         return a->pci_dist < b->pci_dist ? -1 : 1;
-    int c = hc_sysfs_natcmp(a->dev, b->dev);
+    int c = hc_name_natcmp(a->dev, b->dev);
     if (c)
         return c;
     return a->port - b->port;

@@ -38,36 +38,6 @@ static int addr_usable(const hc_sockaddr_t *a)
     return 0;
 }
 
-int hc_name_natcmp(const char *a, const char *b)
-{
-    while (*a && *b) {
-        if (isdigit((unsigned char)*a) && isdigit((unsigned char)*b)) {
-            while (*a == '0' && isdigit((unsigned char)a[1]))
-                a++;
-            while (*b == '0' && isdigit((unsigned char)b[1]))
-                b++;
-            size_t na = 0, nb = 0;
-            while (isdigit((unsigned char)a[na]))
-                na++;
-            while (isdigit((unsigned char)b[nb]))
-                nb++;
-            if (na != nb)
-                return na < nb ? -1 : 1;
-            int c = strncmp(a, b, na);
-            if (c)
-                return c;
-            a += na;
-            b += nb;
-        } else {
-            if (*a != *b)
-                return (unsigned char)*a < (unsigned char)*b ? -1 : 1;
-            a++;
-            b++;
-        }
-    }
-    return *a ? 1 : *b ? -1 : 0;
-}
-
 typedef struct cand {
     hc_iface_t f;
     int key;  /* tier, or list entry index for an including list */

@@ -61,7 +61,5 @@ void hc_sockaddr_set_port(hc_sockaddr_t *a, int port);
 /* "1.2.3.4:5" or "[::1]:5" (port omitted when 0). */
 const char *hc_sockaddr_str(const hc_sockaddr_t *a, char *buf, size_t len);
 
-/* Natural order of names: digit runs compare as numbers ("rail2" < "rail10"). */
-int hc_name_natcmp(const char *a, const char *b);
 
 #endif

@@ -3,6 +3,7 @@
  * read in one go; nothing is cached, the callers run at set-up only.
  */
 #include "sys/sysfs.h"
+#include "sys/envlist.h"
 
 #include <ctype.h>
 #include <dirent.h>
@@ -113,39 +114,9 @@ int hc_sysfs_realpath(const char *root, const char *rel, char *out, size_t outle
     return rc;
 }
 
-int hc_sysfs_natcmp(const char *a, const char *b)
-{
-    while (*a && *b) {
-        if (isdigit((unsigned char)*a) && isdigit((unsigned char)*b)) {
-            while (*a == '0' && isdigit((unsigned char)a[1]))
-                a++;
-            while (*b == '0' && isdigit((unsigned char)b[1]))
-                b++;
-            size_t la = 0, lb = 0;
-            while (isdigit((unsigned char)a[la]))
-                la++;
-            while (isdigit((unsigned char)b[lb]))
-                lb++;
-            if (la != lb)
-                return la < lb ? -1 : 1;
-            int c = strncmp(a, b, la);
-            if (c)
-                return c;
-            a += la;
-            b += lb;
-        } else {
-            if (*a != *b)
-                return (unsigned char)*a < (unsigned char)*b ? -1 : 1;
-            a++;
-            b++;
-        }
-    }
-    return *a ? 1 : *b ? -1 : 0;
-}
-
 static int natcmp_q(const void *x, const void *y)
 {
-    return hc_sysfs_natcmp((const char *)x, (const char *)y);
+    return hc_name_natcmp((const char *)x, (const char *)y);
 }
 
 int hc_sysfs_list(const char *root, const char *rel, char (*names)[HC_SYSFS_NAME_MAX], int max)

@@ -40,7 +40,5 @@ int hc_sysfs_realpath(const char *root, const char *rel, char *out, size_t outle
  * -errno when the directory cannot be opened. */
 int hc_sysfs_list(const char *root, const char *rel, char (*names)[HC_SYSFS_NAME_MAX], int max);
 
-/* Natural-order comparison ("mlx5_2" < "mlx5_10"). */
-int hc_sysfs_natcmp(const char *a, const char *b);
 
 #endif
