@@ -1,7 +1,6 @@
 #include "sys/ifaces.h"
 
 #include <arpa/inet.h>
-#include <ctype.h>
 #include <errno.h>
 #include <ifaddrs.h>
 #include <stdio.h>
