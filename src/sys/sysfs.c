@@ -132,9 +132,10 @@ int hc_sysfs_list(const char *root, const char *rel, char (*names)[HC_SYSFS_NAME
     while ((e = readdir(d)) != NULL && n < max) {
         if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
             continue;
-        if (strlen(e->d_name) >= HC_SYSFS_NAME_MAX)
+        size_t len = strlen(e->d_name);
+        if (len >= HC_SYSFS_NAME_MAX)
             continue;
-        snprintf(names[n++], HC_SYSFS_NAME_MAX, "%s", e->d_name);
+        memcpy(names[n++], e->d_name, len + 1);
     }
     closedir(d);
     qsort(names, (size_t)n, sizeof names[0], natcmp_q);

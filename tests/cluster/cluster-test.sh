@@ -9,7 +9,9 @@
 #   4. faults        a rail set down mid-operation, a rank SIGKILLed
 #                    mid-operation: every survivor exits with an error within
 #                    HCOLL_TIMEOUT_MS + 1 s of the fault; teardown is clean
-# --small (what `make test` runs): fewer iterations and sizes, same checks.
+# --small (what `make test` runs): fewer iterations and sizes, same checks,
+#   but a bandwidth bar CI can hold on a loaded host: 70% per NIC, and two
+#   rails carrying at least 1.6x what one does.
 # Exit 77 with "SKIP: reason" when not root or namespaces are unavailable.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
@@ -165,6 +167,12 @@ EOF
 
 # ---- 3. bandwidth adds up -------------------------------------------------
 if [ $small -eq 1 ]; then iters=3; else iters=8; fi
+# The full run holds the issue's bar, 90% of the shaped rate per NIC. The
+# small run is part of `make test`, where a speed goal must not make CI
+# flaky on a loaded 2-core host: it asks 70% per NIC and, below, that the
+# node's aggregate grows by 1.6x with the second rail, which still fails if
+# two ranks ever share a rail.
+if [ $small -eq 1 ]; then min_pct=70; else min_pct=90; fi
 declare -A nic
 for L in 1 2; do
   phase "bandwidth: 3 nodes x $L rail(s), each rail $rate, 64 MiB"
@@ -180,11 +188,18 @@ for L in 1 2; do
     gbs=$(json_get "$tmp/b$L.json" "'%.4f' % rows[-1]['nic_GBps']")
     echo "L=$L try $try: NIC ${gbs} GB/s = ${pct}% of line rate; node aggregate $(awk -v g="$gbs" -v l=$L 'BEGIN{printf "%.3f", g*l}') GB/s"
     best=$pct
-    awk -v p="$pct" 'BEGIN { exit !(p >= 90) }' && break
+    awk -v p="$pct" -v m=$min_pct 'BEGIN { exit !(p >= m) }' && break
   done
   nic[$L]=$best
-  awk -v p="$best" 'BEGIN { exit !(p >= 90) }' || fail "L=$L: NIC bandwidth ${best}% < 90% of line rate"
+  awk -v p="$best" -v m=$min_pct 'BEGIN { exit !(p >= m) }' ||
+    fail "L=$L: NIC bandwidth ${best}% < ${min_pct}% of line rate"
 done
+# Two rails carry twice what one does (per-NIC share x rails).
+if awk -v a="${nic[1]}" -v b="${nic[2]}" 'BEGIN { exit !(2 * b >= 1.6 * a) }'; then
+  echo "aggregate: 2 rails carry $(awk -v a="${nic[1]}" -v b="${nic[2]}" 'BEGIN{printf "%.2f", 2*b/a}')x what 1 rail does"
+else
+  fail "aggregate: 2 rails carry only $(awk -v a="${nic[1]}" -v b="${nic[2]}" 'BEGIN{printf "%.2f", 2*b/a}')x what 1 rail does (want >= 1.6x)"
+fi
 
 # ---- 4. faults ------------------------------------------------------------
 # The all-reduce must be running when the fault comes: wait until node 0's
