@@ -380,9 +380,10 @@ HCOLL_API hcoll_status_t hcoll_request_free(hcoll_request_t req);
  *   intra_ag_us  stage 3, intra-node all-gather, summed over pieces
  *   total_us     from the start of the operation to its end
  * Large vectors are pipelined, so the stages overlap and their sum may
- * exceed total_us. A stage the plan does not use reads 0 (one node: the
- * whole intra-node all-reduce counts as intra_rs_us + intra_ag_us; one rank
- * per node: everything is inter_us).
+ * exceed total_us. A stage the plan does not use reads 0 (one rank per
+ * node: everything is inter_us). Where the intra-node stage runs as one
+ * fused step (one node; vectors up to HCOLL_SMALL_BYTES), its time is split
+ * evenly between intra_rs_us and intra_ag_us.
  */
 typedef struct hcoll_stage_times {
     double intra_rs_us;

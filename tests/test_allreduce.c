@@ -345,6 +345,7 @@ typedef struct shape_arg {
     size_t chunk_bytes; /* 0: default */
     int extras;
     const char *plan;   /* expected text of the plan line rank 0 logs */
+    const char *small;  /* HCOLL_SMALL_BYTES for every rank; NULL: default */
     int ncases;
     uint64_t hash[MAX_CASES][MAX_RANKS];
 } shape_arg_t;
@@ -480,6 +481,8 @@ static int rank_shape(int rank, int nranks, void *argp)
     shape_arg_t *a = argp;
     char logpath[128];
     set_hostid(a->name, a->node_of[rank]);
+    if (a->small)
+        setenv("HCOLL_SMALL_BYTES", a->small, 1);
     if (rank == 0) {
         /* Rank 0 names the plan at INFO (INIT). */
         /* Named after the parent, which removes it whatever happens. */
@@ -551,9 +554,10 @@ static int rank_shape(int rank, int nranks, void *argp)
     return 0;
 }
 
-/* Run one shape: nodes of the given sizes (ranks in node order). */
-static void run_shape(const char *name, const int *node_sizes, int nnodes, size_t chunk,
-                      int extras, const char *plan)
+/* Run one shape: nodes of the given sizes (ranks in node order), with
+ * HCOLL_SMALL_BYTES = small (NULL: the default). */
+static void run_shape_small(const char *name, const int *node_sizes, int nnodes, size_t chunk,
+                            int extras, const char *plan, const char *small)
 {
     shape_arg_t *a = hct_shared_alloc(sizeof *a);
     ck_assert_ptr_nonnull(a);
@@ -564,6 +568,7 @@ static void run_shape(const char *name, const int *node_sizes, int nnodes, size_
     a->chunk_bytes = chunk;
     a->extras = extras;
     a->plan = plan;
+    a->small = small;
     const double t0 = hct_now_ms();
     hct_opts_t o = { .nranks = a->nranks, .ranks_per_node = 0, .timeout_ms = 110000 };
     hct_result_t res[MAX_RANKS];
@@ -581,6 +586,12 @@ static void run_shape(const char *name, const int *node_sizes, int nnodes, size_
                           "shape %s: case %d: rank %d's result differs from rank 0's", name, i,
                           r);
     hct_shared_free(a, sizeof *a);
+}
+
+static void run_shape(const char *name, const int *node_sizes, int nnodes, size_t chunk,
+                      int extras, const char *plan)
+{
+    run_shape_small(name, node_sizes, nnodes, chunk, extras, plan, NULL);
 }
 
 static const char *const PLAN_SINGLE = "single rank";
@@ -641,6 +652,71 @@ START_TEST(shape_2x4)
 {
     run_shape("2x4", (int[]){ 4, 4 }, 2, 4096, EXTRA_ALL_INPLACE | EXTRA_MODERATE | EXTRA_LARGE,
               PLAN_3STAGE);
+}
+END_TEST
+
+/*
+ * The latency path (HCOLL_SMALL_BYTES) against the pipelined one, for every
+ * dtype x op on the plans that have both: forced for every size (with
+ * several fused steps and ring chunks: 4 KiB chunks), and turned off (the
+ * default shapes above run small counts through it).
+ */
+START_TEST(small_path_always)
+{
+    const int extras = EXTRA_ALL_INPLACE | EXTRA_MODERATE;
+    run_shape_small("1x4-small", (int[]){ 4 }, 1, 4096, extras, PLAN_INTRA, "1G");
+    run_shape_small("2x2-small", (int[]){ 2, 2 }, 2, 0, extras | EXTRA_LARGE, PLAN_3STAGE, "1G");
+    run_shape_small("2x3-small", (int[]){ 3, 3 }, 2, 4096, extras, PLAN_3STAGE, "1G");
+    run_shape_small("3x2-small", (int[]){ 2, 2, 2 }, 3, 4096, extras, PLAN_3STAGE, "1G");
+}
+END_TEST
+
+START_TEST(small_path_never)
+{
+    run_shape_small("1x4-big", (int[]){ 4 }, 1, 4096, EXTRA_ALL_INPLACE, PLAN_INTRA, "0");
+    run_shape_small("2x2-big", (int[]){ 2, 2 }, 2, 0, EXTRA_ALL_INPLACE, PLAN_3STAGE, "0");
+    run_shape_small("3x2-big", (int[]){ 2, 2, 2 }, 3, 4096, EXTRA_ALL_INPLACE, PLAN_3STAGE, "0");
+}
+END_TEST
+
+/* Ranks that disagree on HCOLL_SMALL_BYTES would take different paths on
+ * the same call: every rank's init refuses. */
+typedef struct small_mismatch {
+    hct_id_slot_t slot;
+    hcoll_status_t st[MAX_RANKS];
+    int named[MAX_RANKS];
+} small_mismatch_t;
+
+static int rank_small_mismatch(int rank, int nranks, void *argp)
+{
+    small_mismatch_t *m = argp;
+    set_hostid("small-mismatch", rank / 2);
+    setenv("HCOLL_SMALL_BYTES", rank == 3 ? "1K" : "64K", 1);
+    hcoll_unique_id_t id;
+    hcoll_config_t cfg = HCOLL_CONFIG_INITIALIZER;
+    cfg.timeout_ms = FAIL_TIMEOUT_MS;
+    HCT_REQUIRE(hct_share_unique_id(&m->slot, rank, TIMEOUT_MS, &id) == 0, "no unique id");
+    hcoll_comm_t comm = NULL;
+    m->st[rank] = hcoll_comm_init(&comm, nranks, rank, &id, &cfg);
+    m->named[rank] = strstr(hcoll_comm_last_error(NULL), "HCOLL_SMALL_BYTES") != NULL;
+    if (comm)
+        hcoll_comm_destroy(comm);
+    return 0;
+}
+
+START_TEST(small_bytes_mismatch)
+{
+    small_mismatch_t *m = hct_shared_alloc(sizeof *m);
+    ck_assert_ptr_nonnull(m);
+    hct_opts_t o = { .nranks = 4, .timeout_ms = 30000 };
+    hct_result_t res[MAX_RANKS];
+    ck_assert_int_eq(hct_run(&o, rank_small_mismatch, m, res), 0);
+    for (int r = 0; r < 4; r++) {
+        ck_assert_msg(m->st[r] == HCOLL_ERR_MISMATCH, "rank %d: %s", r,
+                      hcoll_status_name(m->st[r]));
+        ck_assert_msg(m->named[r], "rank %d: the message does not name HCOLL_SMALL_BYTES", r);
+    }
+    hct_shared_free(m, sizeof *m);
 }
 END_TEST
 
@@ -1561,6 +1637,7 @@ int main(void)
     unsetenv("HCOLL_TIMEOUT_MS");
     unsetenv("HCOLL_CHUNK_BYTES");
     unsetenv("HCOLL_DEBUG_FILE");
+    unsetenv("HCOLL_SMALL_BYTES");
 
     Suite *s = suite_create("allreduce");
     TCase *shapes = tcase_create("shapes");
@@ -1573,6 +1650,9 @@ int main(void)
     tcase_add_test(shapes, shape_2x3);
     tcase_add_test(shapes, shape_3x2);
     tcase_add_test(shapes, shape_2x4);
+    tcase_add_test(shapes, small_path_always);
+    tcase_add_test(shapes, small_path_never);
+    tcase_add_test(shapes, small_bytes_mismatch);
     suite_add_tcase(s, shapes);
 
     TCase *req = tcase_create("requests");

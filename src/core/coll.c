@@ -12,6 +12,22 @@
  *           per node, over rail i (in place in recvbuf)
  *   AG(p)   intra-node all-gather: every local rank holds all of p
  *
+ * Small vectors (at most HCOLL_SMALL_BYTES) take the latency path instead:
+ *
+ *   executor thread   AR(all)            ring(all, on rail i)
+ *   AR(all)   the intra stage fused into one step (every local rank folds
+ *             all L contributions: intra->ops->allreduce)
+ *   ring(all) every local rank runs its rail's ring over the whole node sum,
+ *             on the executor's own thread; no intra all-gather follows
+ *
+ * A small all-reduce costs synchronisations, not bytes: this path has one
+ * intra-node step instead of two and no hand-off to the ring thread and
+ * back (each a futex wake and a trip through the scheduler, tens of us on
+ * a busy host), for L times the bytes on the wire. Every local rank feeds
+ * its ring the same bits (the fused fold has RS's fixed order) and every
+ * rail's ring has the same node order, so all ranks still end with the
+ * same bits. The threshold must be equal on every rank (checked at init).
+ *
  * Requests: hcoll_allreduce_async queues a request for the communicator's
  * worker thread, which runs them one at a time in issue order. A blocking
  * hcoll_allreduce waits for earlier requests and then runs on the caller's
@@ -96,6 +112,7 @@ struct hc_coll {
     hc_ring_t *ring;
     hc_group_ag_t intra_ag, ring_ag;
     size_t piece_bytes;
+    size_t small_bytes; /* latency path up to this many bytes (HCOLL_SMALL_BYTES) */
 
     /* Requests and the executor role. */
     pthread_mutex_t lock;
@@ -266,6 +283,40 @@ static hcoll_status_t ring_wait(hc_coll_t *co, uint64_t id, double *inter_us)
 /* Executing one all-reduce                                                   */
 /* ------------------------------------------------------------------------ */
 
+/* The ring over buf on the calling thread, until done, an error or abort. */
+static hcoll_status_t ring_run_here(hc_coll_t *co, const void *send, void *recv, size_t count,
+                                    hcoll_dtype_t dtype, hcoll_op_t op)
+{
+    struct hcoll_comm *c = co->comm;
+    int done = 0;
+    hcoll_status_t st = hc_ring_start(co->ring, send, recv, count, dtype, op, c->nranks);
+    while (st == HCOLL_SUCCESS && !done) {
+        if (atomic_load(&c->aborted))
+            return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_ABORTED,
+                              "communicator aborted during the all-reduce");
+        st = hc_ring_progress(co->ring, RING_POLL_MS, &done);
+    }
+    return st;
+}
+
+/* Latency path of the three-stage plan (see the top of the file). The ring
+ * thread is idle: run_3stage waits for every job it posts, and the ring is
+ * handed over under rlock, so this thread may drive the ring itself. */
+static hcoll_status_t run_3stage_small(hc_coll_t *co, struct hcoll_request *rq)
+{
+    double t = now_us();
+    hcoll_status_t st = co->intra->ops->allreduce(co->intra, rq->sendbuf, rq->recvbuf, rq->count,
+                                                  rq->dtype, rq->op, NULL);
+    /* One fused stage: split it evenly, as the one-node plan does. */
+    rq->times.intra_rs_us = rq->times.intra_ag_us = (now_us() - t) / 2;
+    if (st != HCOLL_SUCCESS)
+        return st;
+    t = now_us();
+    st = ring_run_here(co, rq->recvbuf, rq->recvbuf, rq->count, rq->dtype, rq->op);
+    rq->times.inter_us = now_us() - t;
+    return st;
+}
+
 static hcoll_status_t run_3stage(hc_coll_t *co, struct hcoll_request *rq)
 {
     struct hcoll_comm *c = co->comm;
@@ -352,6 +403,8 @@ static hcoll_status_t run_op(hc_coll_t *co, struct hcoll_request *rq)
     struct hcoll_comm *c = co->comm;
     double t0 = now_us(), t;
     hcoll_status_t st = HCOLL_SUCCESS;
+    /* The same on every rank: count and dtype must be, and so must the knob. */
+    const int small = rq->count * hcoll_dtype_size(rq->dtype) <= co->small_bytes;
     memset(&rq->times, 0, sizeof rq->times);
 
     switch (co->plan) {
@@ -363,33 +416,32 @@ static hcoll_status_t run_op(hc_coll_t *co, struct hcoll_request *rq)
     case HC_PLAN_INTRA: {
         const hc_intra_ops_t *iops = co->intra->ops;
         t = now_us();
-        st = iops->allreduce(co->intra, rq->sendbuf, rq->recvbuf, rq->count, rq->dtype, rq->op,
-                             NULL);
+        if (small) {
+            st = iops->allreduce(co->intra, rq->sendbuf, rq->recvbuf, rq->count, rq->dtype,
+                                 rq->op, NULL);
+            /* One fused stage: split it evenly so the breakdown still adds up. */
+            rq->times.intra_rs_us = rq->times.intra_ag_us = (now_us() - t) / 2;
+        } else {
+            st = iops->reduce_scatter(co->intra, rq->sendbuf, rq->recvbuf, rq->count, rq->dtype,
+                                      rq->op, NULL);
+            rq->times.intra_rs_us = now_us() - t;
+            t = now_us();
+            if (st == HCOLL_SUCCESS)
+                st = iops->all_gather(co->intra, rq->recvbuf, rq->count, rq->dtype, NULL);
+            rq->times.intra_ag_us = now_us() - t;
+        }
         if (st == HCOLL_SUCCESS)
             hc_reduce_avg_finish(rq->recvbuf, rq->count, rq->dtype, rq->op, c->nranks);
-        /* One fused stage: split it evenly so the breakdown still adds up. */
-        rq->times.intra_rs_us = rq->times.intra_ag_us = (now_us() - t) / 2;
         break;
     }
     case HC_PLAN_RING:
-    case HC_PLAN_FLAT: {
-        int done = 0;
+    case HC_PLAN_FLAT:
         t = now_us();
-        st = hc_ring_start(co->ring, rq->sendbuf, rq->recvbuf, rq->count, rq->dtype, rq->op,
-                           c->nranks);
-        while (st == HCOLL_SUCCESS && !done) {
-            if (atomic_load(&c->aborted)) {
-                st = hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_ABORTED,
-                                "communicator aborted during the all-reduce");
-                break;
-            }
-            st = hc_ring_progress(co->ring, RING_POLL_MS, &done);
-        }
+        st = ring_run_here(co, rq->sendbuf, rq->recvbuf, rq->count, rq->dtype, rq->op);
         rq->times.inter_us = now_us() - t;
         break;
-    }
     case HC_PLAN_3STAGE:
-        st = run_3stage(co, rq);
+        st = small ? run_3stage_small(co, rq) : run_3stage(co, rq);
         break;
     }
     rq->times.total_us = now_us() - t0;
@@ -777,6 +829,27 @@ static const hc_iface_t *rail_iface(const struct hcoll_comm *c, int r)
     return &p->addrs[c->local_of[r] % p->naddrs];
 }
 
+/* Ranks that disagree on the latency threshold would run different stages
+ * on the same call and hang until the deadline: refuse at init instead. */
+static hcoll_status_t small_bytes_agree(hc_coll_t *co)
+{
+    struct hcoll_comm *c = co->comm;
+    uint64_t mine = co->small_bytes;
+    uint64_t *all = calloc((size_t)c->nranks, sizeof *all);
+    if (!all)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_NO_MEMORY,
+                          "no memory for the set-up exchange");
+    hcoll_status_t st = hc_boot_allgather(c->boot, &mine, all, sizeof mine);
+    for (int r = 0; st == HCOLL_SUCCESS && r < c->nranks; r++)
+        if (all[r] != mine)
+            st = hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_MISMATCH,
+                            "HCOLL_SMALL_BYTES is %llu on rank %d but %llu on rank %d; it "
+                            "must be equal on every rank",
+                            (unsigned long long)all[r], r, (unsigned long long)mine, c->rank);
+    free(all);
+    return st;
+}
+
 static hcoll_status_t ring_setup(hc_coll_t *co, int nmembers, int position)
 {
     struct hcoll_comm *c = co->comm;
@@ -826,6 +899,7 @@ hcoll_status_t hc_coll_create(struct hcoll_comm *c)
     co->plan = hc_coll_plan_for(c->nranks, c->nnodes, c->local_size, c->uniform);
     /* A piece holds PIECE_CHUNKS ring chunks per local rank's shard. */
     co->piece_bytes = (size_t)c->params.chunk_bytes * PIECE_CHUNKS * (size_t)c->local_size;
+    co->small_bytes = (size_t)c->params.small_bytes;
     c->coll = co;
     HC_CHECK(hc_comm_add_teardown(c, coll_teardown, co), fail_early);
 
@@ -833,6 +907,9 @@ hcoll_status_t hc_coll_create(struct hcoll_comm *c)
         HC_INFO(HC_INIT, c->rank, "all-reduce plan: %s (%d nodes x %d ranks%s)",
                 hc_coll_plan_name(co->plan), c->nnodes, c->local_size,
                 c->uniform ? "" : ", unequal");
+
+    if (co->plan == HC_PLAN_INTRA || co->plan == HC_PLAN_3STAGE)
+        HC_CHECK(small_bytes_agree(co), out);
 
     if (co->plan == HC_PLAN_INTRA || co->plan == HC_PLAN_3STAGE) {
         /* A name unique to this communicator: rank 0 draws it for all. */

@@ -83,6 +83,11 @@ static const hc_knob_t knobs[] = {
       "Deadline for every wait (init, connection, a step of an operation), milliseconds." },
     { "HCOLL_CHUNK_BYTES", HC_KNOB_SIZE, "1M", 4096, (int64_t)1 << 30, NULL, 0, 0,
       OFF(chunk_bytes), "Pipelining chunk for the ring and intra-node stages." },
+    { "HCOLL_SMALL_BYTES", HC_KNOB_SIZE, "32K", 0, (int64_t)1 << 30, NULL, 0, 0,
+      OFF(small_bytes),
+      "All-reduces of at most this many bytes take the latency path: one fused intra-node "
+      "step and the ring on every rail over the whole vector, on the caller's thread; 0 "
+      "turns it off. Must be equal on every rank." },
 };
 
 #undef OFF

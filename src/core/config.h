@@ -35,6 +35,7 @@ typedef struct hc_params {
     int64_t gdr_flush;                    /* -1 auto, 0 off, 1 on */
     int64_t timeout_ms;
     uint64_t chunk_bytes;
+    uint64_t small_bytes;                 /* at most this: latency path (coll.c) */
     char hostid[HC_PARAM_STR_MAX];        /* "" = hostname + boot id */
 } hc_params_t;
 

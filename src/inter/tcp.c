@@ -10,6 +10,9 @@
  *   HC_COMP_PUT when the kernel took         HC_COMP_IMM(imm) when the last
  *   the last byte                            payload byte is in place
  *
+ * Puts are queued and written by the next poll(), several frames per
+ * sendmsg (see tcp_put).
+ *
  * Progress engine: no thread. poll() drives every socket of the instance
  * through one epoll set, from the thread that asks for completions (the
  * ring's caller today, the communicator's progress thread later). The
@@ -720,10 +723,11 @@ static hcoll_status_t tcp_put(hc_ep_t *ep, hc_mr_t *lmr, size_t loff, const hc_r
     hcoll_status_t st = sock_enqueue(s, &e);
     if (st != HCOLL_SUCCESS)
         return st;
-    /* Eagerly push a put that has nothing queued before it: latency of
-     * small messages is one syscall, not one poll round. */
-    if (s->txcount == 1 && !s->want_out)
-        return sock_flush(s);
+    /* Not sent here: the next poll writes every queued put in one sendmsg.
+     * A user issues its puts in bursts (the ring: a credit and the next
+     * chunk, a descriptor and the first chunk) and polls right after, so
+     * a burst leaves as one segment and wakes the peer once, not once per
+     * put; on a busy host each wake-up costs tens of microseconds. */
     return HCOLL_SUCCESS;
 }
 

@@ -23,6 +23,16 @@
  *   all-gather, step g: rank j copies a piece of its shard into its slot,
  *   every other rank copies it out to recvbuf at shard j's offset.
  *
+ *   allreduce (fused), step g: every rank copies a piece of the whole
+ *   vector into its slot, then every rank folds all L slots into recvbuf:
+ *
+ *     rank q sendbuf[piece g] ─copy─► slotq[g%2]     (q = 0..L-1)
+ *     every rank: recvbuf[piece g] = ((slot0 op slot1) op slot2) ...
+ *
+ *   one synchronisation per step instead of RS's and AG's two, at the price
+ *   of L times the reads and folds: the latency path for small vectors.
+ *   The fold order is RS's, so the bits equal RS then AG.
+ *
  * Every element is folded in local-rank order 0,1,..,L-1 by exactly one
  * rank, so results are bit-identical on all ranks.
  *
@@ -36,7 +46,7 @@
  * kind, count, dtype and op, so ranks that disagree get HCOLL_ERR_MISMATCH
  * instead of garbage.
  *
- * Waiting: a brief spin (only when the node is not oversubscribed), a few
+ * Waiting: a brief spin (only with two cores per local rank), a few
  * sched_yield, then FUTEX_WAIT on one event counter in the segment, in
  * slices of HC_SHM_SLICE_MS. Every writer bumps the counter and wakes when
  * somebody sleeps. Between slices: the abort/failure word, the deadline,
@@ -96,7 +106,7 @@
  * destination from L1/L2 rather than from memory. */
 #define HC_SHM_FOLD_BYTES (16 * 1024)
 
-enum { HC_SHM_KIND_RS = 1, HC_SHM_KIND_AG = 2, HC_SHM_KIND_BARRIER = 3 };
+enum { HC_SHM_KIND_RS = 1, HC_SHM_KIND_AG = 2, HC_SHM_KIND_BARRIER = 3, HC_SHM_KIND_AR = 4 };
 enum { HC_SHM_ST_NONE = 0, HC_SHM_ST_ATTACHED = 1, HC_SHM_ST_LEFT = 2, HC_SHM_ST_ABORTED = 3 };
 
 /* Written by the slot's owner before it publishes the step. */
@@ -175,6 +185,7 @@ static const char *hc_shm_kind_name(int kind)
     case HC_SHM_KIND_RS: return "reduce_scatter";
     case HC_SHM_KIND_AG: return "all_gather";
     case HC_SHM_KIND_BARRIER: return "barrier";
+    case HC_SHM_KIND_AR: return "allreduce";
     default: return "unknown";
     }
 }
@@ -428,6 +439,14 @@ static size_t hc_shm_piece(const hc_shm_t *s, const hc_shm_call_t *c, int j, uin
     return len - start < c->per ? len - start : c->per;
 }
 
+/* Piece k of a fused allreduce: elements [*elem_out, *elem_out + n). */
+static size_t hc_shm_ar_piece(const hc_shm_call_t *c, uint64_t k, size_t *elem_out)
+{
+    size_t start = (size_t)k * c->per;
+    *elem_out = start;
+    return c->count - start < c->per ? c->count - start : c->per;
+}
+
 static hcoll_status_t hc_shm_publish(hc_shm_t *s, const hc_shm_call_t *c, uint64_t k)
 {
     const uint64_t g = c->base + k;
@@ -452,6 +471,9 @@ static hcoll_status_t hc_shm_publish(hc_shm_t *s, const hc_shm_call_t *c, uint64
         n = hc_shm_piece(s, c, s->lrank, k, &elem);
         if (n)
             memcpy(slot, c->dst + elem * c->es, n * c->es);
+    } else if (c->kind == HC_SHM_KIND_AR) {
+        n = hc_shm_ar_piece(c, k, &elem);
+        memcpy(slot, c->src + elem * c->es, n * c->es);
     }
     hc_shm_desc_t *d = &s->hdr->ranks[s->lrank].desc[g % HC_SHM_NSLOTS];
     d->step = g;
@@ -472,7 +494,8 @@ static hcoll_status_t hc_shm_check_desc(hc_shm_t *s, const hc_shm_call_t *c, uin
         const hc_shm_desc_t *d = &s->hdr->ranks[q].desc[g % HC_SHM_NSLOTS];
         int same = d->step == g && d->kind == (uint32_t)c->kind && d->count == c->count &&
                    d->dtype == (uint32_t)c->dtype &&
-                   (c->kind != HC_SHM_KIND_RS || d->op == (uint32_t)c->op);
+                   ((c->kind != HC_SHM_KIND_RS && c->kind != HC_SHM_KIND_AR) ||
+                    d->op == (uint32_t)c->op);
         if (!same) {
             hc_shm_poison(s, HCOLL_ERR_MISMATCH, q);
             return hc_err_set(s->eb, HC_SHM, s->rank, HCOLL_ERR_MISMATCH,
@@ -515,6 +538,23 @@ static void hc_shm_fold(hc_shm_t *s, const hc_shm_call_t *c, uint64_t g, size_t 
     }
 }
 
+/* Fused allreduce: every term comes from its slot (our own too: in place,
+ * recvbuf is being overwritten), folded in local-rank order as RS does. */
+static void hc_shm_ar_fold(hc_shm_t *s, const hc_shm_call_t *c, uint64_t g, size_t elem,
+                           size_t n)
+{
+    unsigned char *dst = c->dst + elem * c->es;
+    const size_t blk = HC_SHM_FOLD_BYTES / c->es;
+    for (size_t b = 0; b < n; b += blk) {
+        size_t nb = n - b < blk ? n - b : blk;
+        size_t boff = b * c->es;
+        hc_reduce(dst + boff, hc_shm_slot(s, 0, g) + boff, hc_shm_slot(s, 1, g) + boff, nb,
+                  c->dtype, c->op);
+        for (int q = 2; q < s->L; q++)
+            hc_reduce(dst + boff, dst + boff, hc_shm_slot(s, q, g) + boff, nb, c->dtype, c->op);
+    }
+}
+
 static hcoll_status_t hc_shm_consume(hc_shm_t *s, const hc_shm_call_t *c, uint64_t k)
 {
     const uint64_t g = c->base + k;
@@ -536,6 +576,9 @@ static hcoll_status_t hc_shm_consume(hc_shm_t *s, const hc_shm_call_t *c, uint64
             if (n)
                 memcpy(c->dst + elem * c->es, hc_shm_slot(s, q, g), n * c->es);
         }
+    } else if (c->kind == HC_SHM_KIND_AR) {
+        n = hc_shm_ar_piece(c, k, &elem);
+        hc_shm_ar_fold(s, c, g, elem, n);
     }
     /* seq_cst (hence release): our reads of the slots happen before the
      * owners may overwrite them. */
@@ -647,14 +690,31 @@ static hcoll_status_t hc_shm_all_gather(hc_intra_t *ctx, void *recvbuf, size_t c
     return hc_shm_run(s, &c);
 }
 
+/* The fused step: one synchronisation per slot-full instead of two, each
+ * rank reading all L slots. The executor calls it for small vectors and
+ * runs reduce_scatter + all_gather itself for large ones, where reading L
+ * times the data would cost more than the second synchronisation. */
 static hcoll_status_t hc_shm_allreduce(hc_intra_t *ctx, const void *sendbuf, void *recvbuf,
                                        size_t count, hcoll_dtype_t dtype, hcoll_op_t op,
                                        void *stream)
 {
-    hcoll_status_t st = hc_shm_reduce_scatter(ctx, sendbuf, recvbuf, count, dtype, op, stream);
-    if (st != HCOLL_SUCCESS)
+    hc_shm_t *s = (hc_shm_t *)ctx;
+    hcoll_status_t st = hc_shm_enter(s, "allreduce", sendbuf, recvbuf, count, dtype, op, stream);
+    if (st != HCOLL_SUCCESS || count == 0)
         return st;
-    return hc_shm_all_gather(ctx, recvbuf, count, dtype, stream);
+    const size_t es = hcoll_dtype_size(dtype);
+    if (s->L == 1) {
+        if (sendbuf != recvbuf)
+            memcpy(recvbuf, sendbuf, count * es);
+        return HCOLL_SUCCESS;
+    }
+    hc_shm_call_t c = {
+        .kind = HC_SHM_KIND_AR, .src = sendbuf, .dst = recvbuf, .count = count, .es = es,
+        .dtype = dtype, .op = op, .inplace = sendbuf == recvbuf,
+    };
+    c.per = s->slot_bytes / es;
+    c.nsteps = (count + c.per - 1) / c.per;
+    return hc_shm_run(s, &c);
 }
 
 static hcoll_status_t hc_shm_barrier(hc_intra_t *ctx)
@@ -849,9 +909,18 @@ static hcoll_status_t hc_shm_create(const hc_intra_params_t *prm, hc_intra_t **o
     for (int q = 0; q < s->L; q++)
         s->pidfd[q] = -1;
 
-    /* Spinning only pays when every rank has a core to itself. */
+    /* Spinning only pays when the rank awaited is running: every rank
+     * needs a core to itself and another for the thread that drives its
+     * network stage (the ring thread, a progress thread). Otherwise the
+     * spin burns the very core the awaited rank is queued for: with 4
+     * ranks and their ring threads on 2 cores, a 2000-pause spin made a
+     * 4 KiB all-reduce 1.6 times slower than going to sleep at once.
+     * The cores counted are those this process may run on. */
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    s->spins = ncpu >= s->L ? HC_SHM_SPINS : 0;
+    cpu_set_t cpus;
+    if (sched_getaffinity(0, sizeof cpus, &cpus) == 0)
+        ncpu = CPU_COUNT(&cpus);
+    s->spins = ncpu >= 2L * s->L ? HC_SHM_SPINS : 0;
 
     size_t chunk = prm->chunk_bytes < HC_SHM_PAGE ? HC_SHM_PAGE : prm->chunk_bytes;
     size_t min_slot = (size_t)s->L * HC_SHM_LINE;
