@@ -103,6 +103,11 @@ START_TEST(host_pointers_without_driver)
         ck_assert_int_eq(hc_gdr_dmabuf_fd((void *)0x1000, 10, &fd, &off, &len, why, sizeof why),
                          -1);
         ck_assert_int_eq(hc_gdr_gpu_info(0, NULL, 0, NULL, NULL), -1);
+        /* Nothing loaded libcuda into this process. */
+        ck_assert_int_eq(hc_gdr_cuda_in_process(), 0);
+    } else {
+        /* hc_gdr_cuda_available loaded it. */
+        ck_assert_int_eq(hc_gdr_cuda_in_process(), 1);
     }
 }
 END_TEST

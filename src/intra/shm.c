@@ -833,6 +833,14 @@ unlink_fd:
 static hcoll_status_t hc_shm_segment_attach(hc_shm_t *s, size_t seg_bytes, uint64_t nonce)
 {
     int fd = shm_open(s->name, O_RDWR | O_CLOEXEC, 0);
+    /* The name is unlinked early only by a rank that saw set-up fail (the
+     * normal unlink waits until everyone has attached), so a missing name
+     * means a local rank failed: report it as that, not as a system error. */
+    if (fd < 0 && errno == ENOENT)
+        return hc_err_set(s->eb, HC_SHM, s->rank, HCOLL_ERR_PEER_FAILED,
+                          "intra-node shm create: segment %s was removed before this rank "
+                          "attached: another local rank failed during set-up",
+                          s->name);
     if (fd < 0)
         return hc_err_set(s->eb, HC_SHM, s->rank, HCOLL_ERR_SYSTEM,
                           "intra-node shm: cannot open segment %s made by local rank 0: %s",
