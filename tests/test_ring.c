@@ -397,6 +397,50 @@ START_TEST(test_many_small)
 }
 END_TEST
 
+/* Ranks called with different counts (or dtypes): the descriptor of the
+ * operation carries its arguments, so the neighbours fail with
+ * HCOLL_ERR_MISMATCH at the start instead of through a frame that
+ * overflows a region or a deadline. */
+static int rank_mismatch(int rank, int n, void *arg)
+{
+    shm_t *shm = arg;
+    ag_ctx_t ag = { shm, rank };
+    hc_ring_t *ring;
+    HCT_REQUIRE(ring_up(rank, n, &ag, 64u << 10, 0, 1, 5000, &ring) == HCOLL_SUCCESS,
+                "create: %s", eb.msg);
+    const size_t count = 100000; /* beyond the small-vector gather mode */
+    float *buf = calloc(count + 1, sizeof *buf);
+    HCT_REQUIRE(buf, "no memory");
+    /* One good call first: the mismatch is in the second operation. */
+    HCT_REQUIRE(hc_ring_allreduce(ring, buf, buf, count, HCOLL_FLOAT32, HCOLL_SUM) ==
+                    HCOLL_SUCCESS,
+                "first call: %s", eb.msg);
+    size_t mine = rank == 1 ? count + 1 : count;
+    hcoll_status_t st = hc_ring_allreduce(ring, buf, buf, mine, HCOLL_FLOAT32, HCOLL_SUM);
+    shm->hash[rank] = (uint64_t)st;
+    fprintf(stderr, "rank %d: %s (%s)\n", rank, hcoll_status_name(st), eb.msg);
+    HCT_REQUIRE(st != HCOLL_SUCCESS, "a mismatched call succeeded");
+    HCT_REQUIRE(st != HCOLL_ERR_TIMEOUT, "waited for the deadline: %s", eb.msg);
+    hc_ring_destroy(ring);
+    free(buf);
+    return 0;
+}
+
+START_TEST(test_count_mismatch)
+{
+    shm_t *shm = shm_new(3);
+    hct_opts_t o = { .nranks = 3, .ranks_per_node = 1, .timeout_ms = 60000 };
+    hct_result_t res[MAXR];
+    ck_assert_int_eq(hct_run(&o, rank_mismatch, shm, res), 0);
+    int mismatch = 0;
+    for (int r = 0; r < 3; r++)
+        mismatch += shm->hash[r] == (uint64_t)HCOLL_ERR_MISMATCH;
+    /* The ranks next to the odd one see it; the others see them leave. */
+    ck_assert_msg(mismatch >= 1, "no rank reported HCOLL_ERR_MISMATCH");
+    hct_shared_free(shm, sizeof *shm);
+}
+END_TEST
+
 START_TEST(test_single_rank)
 {
     hc_errbuf_init(&eb);
@@ -577,6 +621,7 @@ static Suite *ring_suite(void)
     tcase_add_test(tc, test_kill_rank);
     tcase_add_test(tc, test_stop_rank);
     tcase_add_test(tc, test_corrupt_frame);
+    tcase_add_test(tc, test_count_mismatch);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -92,8 +92,16 @@ typedef struct ring_info {
 typedef struct ring_desc {
     hc_rkey_t recv_rkey;
     uint64_t seq;
-    uint64_t pad;
+    uint64_t sig; /* op_sig(): what this operation was called with */
 } ring_desc_t;
+
+/* count, dtype and op of an operation in one word, so that neighbours
+ * called with different arguments find out at the start of the operation
+ * instead of through an out-of-bounds frame or a deadline. */
+static uint64_t op_sig(size_t count, hcoll_dtype_t dtype, hcoll_op_t op)
+{
+    return ((uint64_t)count << 16) | ((uint64_t)(dtype & 0xff) << 8) | (uint64_t)(op & 0xff);
+}
 
 typedef struct ring_op {
     int active;
@@ -471,6 +479,18 @@ static hcoll_status_t on_desc(hc_ring_t *r)
                                        "expected %llu",
                                        r->next, (unsigned long long)d.seq,
                                        (unsigned long long)r->seq));
+    uint64_t mine = op_sig(o->count, o->dtype, o->op);
+    if (d.sig != mine)
+        return ring_fail(r, hc_err_set(RING_ERRBUF(r), HC_NET, RING_LOGRANK(r),
+                                       HCOLL_ERR_MISMATCH,
+                                       "ring: rank %d called operation %llu with count %llu, "
+                                       "dtype %s, op %s; this rank with count %zu, dtype %s, "
+                                       "op %s: every rank must pass the same",
+                                       r->next, (unsigned long long)r->seq,
+                                       (unsigned long long)(d.sig >> 16),
+                                       hcoll_dtype_name((hcoll_dtype_t)((d.sig >> 8) & 0xff)),
+                                       hcoll_op_name((hcoll_op_t)(d.sig & 0xff)), o->count,
+                                       hcoll_dtype_name(o->dtype), hcoll_op_name(o->op)));
     o->next_recv = d.recv_rkey;
     o->have_desc = 1;
     r->desc_seen[r->seq & 15] = 0;
@@ -652,7 +672,7 @@ hcoll_status_t hc_ring_start(hc_ring_t *r, const void *sendbuf, void *recvbuf, s
 
     /* Tell prev where my output is: its all-gather writes straight there. */
     const size_t box = r->seq % DESC_SLOTS;
-    ring_desc_t d = { recv_rkey, r->seq, 0 };
+    ring_desc_t d = { recv_rkey, r->seq, op_sig(count, dtype, op) };
     memcpy(r->ctrl + (DESC_SLOTS + box) * DESC_BYTES, &d, sizeof d);
     HC_CHECK(put(r, r->ep_prev, r->ctrl_mr, (DESC_SLOTS + box) * DESC_BYTES, &r->prev_ctrl,
                  box * DESC_BYTES, sizeof d, IMM(IMM_DESC, r->seq & 15, 0, 0)),
