@@ -103,6 +103,16 @@ static uint64_t op_sig(size_t count, hcoll_dtype_t dtype, hcoll_op_t op)
     return ((uint64_t)count << 16) | ((uint64_t)(dtype & 0xff) << 8) | (uint64_t)(op & 0xff);
 }
 
+/* Gather mode has no descriptor: each vector travels with this trailer
+ * right behind its last byte. A receiver reads it at the offset its own
+ * count gives, so a vector sent with another count (or dtype, op) shows a
+ * trailer that does not match, and the sequence number keeps a trailer
+ * left by an older operation in the same half from passing for a new one. */
+typedef struct gather_trailer {
+    uint64_t seq;
+    uint64_t sig;
+} gather_trailer_t;
+
 typedef struct ring_op {
     int active;
     const char *send;
@@ -377,8 +387,8 @@ static hcoll_status_t try_send(hc_ring_t *r)
         /* Step 0 sends my vector, step s the one that came in at s-1. */
         size_t off = (size_t)(o->ghalf - r->gbuf) +
                      (size_t)mod_n(r, (long)r->rank - (long)s) * r->gvec;
-        st = put(r, r->ep_next, r->gbuf_mr, off, &r->next_gbuf, off, o->count * o->esize,
-                 IMM(IMM_RS, seq, 0, s));
+        st = put(r, r->ep_next, r->gbuf_mr, off, &r->next_gbuf, off,
+                 o->count * o->esize + sizeof(gather_trailer_t), IMM(IMM_RS, seq, 0, s));
         if (st != HCOLL_SUCCESS)
             return st;
         o->rs_next++;
@@ -433,9 +443,23 @@ static hcoll_status_t on_gather(hc_ring_t *r, size_t s)
     o->rs_done[s] = 1;
     if (++o->rs_nrecv < o->nmsg)
         return HCOLL_SUCCESS;
+    /* Every vector was sent for this operation with these arguments. */
+    const char *v = o->ghalf;
+    const gather_trailer_t want = { r->seq, op_sig(o->count, o->dtype, o->op) };
+    for (int q = 0; q < r->n; q++) {
+        gather_trailer_t got;
+        memcpy(&got, v + (size_t)q * r->gvec + o->count * o->esize, sizeof got);
+        if (got.seq != want.seq || got.sig != want.sig)
+            return ring_fail(r, hc_err_set(RING_ERRBUF(r), HC_NET, RING_LOGRANK(r),
+                                           HCOLL_ERR_MISMATCH,
+                                           "ring: the vector of ring rank %d in operation %llu "
+                                           "was not sent with this rank's count %zu, dtype %s "
+                                           "and op %s: every rank must pass the same",
+                                           q, (unsigned long long)r->seq, o->count,
+                                           hcoll_dtype_name(o->dtype), hcoll_op_name(o->op)));
+    }
     /* Order 0, 1, ..., N-1 on every rank; my own vector is read from the
      * half too, as recv may be send. */
-    const char *v = o->ghalf;
     hc_reduce(o->recv, v, v + r->gvec, o->count, o->dtype, o->op);
     for (int q = 2; q < r->n; q++)
         hc_reduce(o->recv, o->recv, v + (size_t)q * r->gvec, o->count, o->dtype, o->op);
@@ -622,7 +646,7 @@ hcoll_status_t hc_ring_start(hc_ring_t *r, const void *sendbuf, void *recvbuf, s
     o->nmsg = (size_t)(r->n - 1) * o->C;
     /* Every rank decides alike: count, dtype, N and the chunk are equal.
      * A next operation's N-1 messages must fit the early list. */
-    o->gather = count * es <= r->gvec && r->n - 1 <= EARLY_MAX &&
+    o->gather = count * es + sizeof(gather_trailer_t) <= r->gvec && r->n - 1 <= EARLY_MAX &&
                 count * es * (size_t)(r->n - 2) <= (size_t)r->n * GATHER_HOP_BYTES;
     if (o->gather) {
         o->C = 1;
@@ -647,7 +671,10 @@ hcoll_status_t hc_ring_start(hc_ring_t *r, const void *sendbuf, void *recvbuf, s
 
     if (o->gather) {
         o->ghalf = r->gbuf + (size_t)(r->seq & 1) * (size_t)r->n * r->gvec;
-        memcpy(o->ghalf + (size_t)r->rank * r->gvec, sendbuf, count * es);
+        char *mine = o->ghalf + (size_t)r->rank * r->gvec;
+        memcpy(mine, sendbuf, count * es);
+        const gather_trailer_t t = { r->seq, op_sig(count, dtype, op) };
+        memcpy(mine + count * es, &t, sizeof t);
         o->ag_next = o->ag_nrecv = o->nmsg; /* no all-gather half */
         o->active = 1;
         r->last_activity = now_ms();
