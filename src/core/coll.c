@@ -546,17 +546,15 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-static hcoll_status_t validate(struct hcoll_comm *c, const void *sendbuf, void *recvbuf,
-                               size_t count, hcoll_dtype_t dtype, hcoll_op_t op, void *stream)
+hcoll_status_t hc_coll_check_args(struct hcoll_comm *c, const void *sendbuf,
+                                  const void *recvbuf, size_t count, hcoll_dtype_t dtype,
+                                  hcoll_op_t op, int require_ptrs)
 {
     if (!hc_reduce_valid(dtype, op))
         return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
                           "dtype %d / op %d is not a known type and operation", (int)dtype,
                           (int)op);
-    /* A stream or device buffers never get here: allreduce_common hands
-     * them to coll_dev.c, which validates them itself. */
-    (void)stream;
-    if (count == 0)
+    if (count == 0 && !require_ptrs)
         return HCOLL_SUCCESS;
     if (!sendbuf || !recvbuf)
         return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
@@ -596,7 +594,7 @@ static hcoll_status_t allreduce_common(hcoll_comm_t comm, const void *sendbuf, v
         if (st != HCOLL_SUCCESS)
             req_out = NULL;
     } else {
-        st = validate(comm, sendbuf, recvbuf, count, dtype, op, stream);
+        st = hc_coll_check_args(comm, sendbuf, recvbuf, count, dtype, op, 0);
         if (st != HCOLL_SUCCESS)
             return st;
     }

@@ -24,6 +24,16 @@ enum hc_plan hc_coll_plan_for(int nranks, int nnodes, int local_size, int unifor
 const char *hc_coll_plan_name(enum hc_plan plan);
 
 /*
+ * The arguments every all-reduce checks, host or device: a known dtype and
+ * op, buffers present (when count > 0, or always with require_ptrs), a
+ * size that fits memory, no partial overlap. Records the message in the
+ * communicator and returns HCOLL_ERR_INVALID_ARG, or HCOLL_SUCCESS.
+ */
+hcoll_status_t hc_coll_check_args(struct hcoll_comm *c, const void *sendbuf,
+                                  const void *recvbuf, size_t count, hcoll_dtype_t dtype,
+                                  hcoll_op_t op, int require_ptrs);
+
+/*
  * Build the communicator's data plane: collective over all ranks (it
  * connects rings and attaches shared memory through the bootstrap).
  * Registers its teardown with the communicator; sets comm->coll.

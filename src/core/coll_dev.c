@@ -444,22 +444,10 @@ static hcoll_status_t dev_validate(hc_coll_dev_t *d, const void *sendbuf, void *
                                    void *stream, int *dev_out)
 {
     struct hcoll_comm *c = d->c;
-    if (!hc_reduce_valid(dtype, op))
-        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
-                          "dtype %d / op %d is not a known type and operation", (int)dtype,
-                          (int)op);
-    if (!sendbuf || !recvbuf)
-        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
-                          "%s is NULL with count %zu", !sendbuf ? "sendbuf" : "recvbuf", count);
-    size_t esize = hcoll_dtype_size(dtype);
-    if (count > SIZE_MAX / esize / 2)
-        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
-                          "count %zu of %s is larger than memory", count, hcoll_dtype_name(dtype));
-    uintptr_t s = (uintptr_t)sendbuf, r = (uintptr_t)recvbuf, bytes = count * esize;
-    if (s != r && s < r + bytes && r < s + bytes)
-        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
-                          "sendbuf and recvbuf overlap without being equal (in place means "
-                          "sendbuf == recvbuf)");
+    /* Device buffers must be given even for count 0: their GPU is checked. */
+    hcoll_status_t ast = hc_coll_check_args(c, sendbuf, recvbuf, count, dtype, op, 1);
+    if (ast != HCOLL_SUCCESS)
+        return ast;
     char why[200];
     if (!hc_gdr_cu(why, sizeof why))
         return hc_err_set(&c->err, HC_GDR, c->rank,
