@@ -417,6 +417,9 @@ static int rank_mismatch(int rank, int n, void *arg)
     HCT_REQUIRE(hc_ring_allreduce(ring, buf, buf, count, HCOLL_FLOAT32, HCOLL_SUM) ==
                     HCOLL_SUCCESS,
                 "first call: %s", eb.msg);
+    /* Everyone is done with the first call before the odd one fails the
+     * ring, which would otherwise cut a slower rank's first call short. */
+    HCT_REQUIRE(hct_barrier_wait(&shm->bar, n, 10000) == 0, "barrier");
     size_t mine = rank == 1 ? count + 1 : count;
     hcoll_status_t st = hc_ring_allreduce(ring, buf, buf, mine, HCOLL_FLOAT32, HCOLL_SUM);
     shm->hash[rank] = (uint64_t)st;
