@@ -96,7 +96,7 @@ START_TEST(defaults_load)
     char err[256] = "";
     ck_assert_int_eq(hc_params_load(&p, NULL, err, sizeof err), HCOLL_SUCCESS);
     ck_assert_int_eq(p.timeout_ms, 30000);
-    ck_assert_uint_eq(p.chunk_bytes, 1u << 20);
+    ck_assert_uint_eq(p.chunk_bytes, 256u << 10);
     ck_assert_int_eq(p.net, HC_NET_AUTO);
     ck_assert_int_eq(p.nsocks_perpeer, 1);
     ck_assert_int_eq(p.ib_gid_index, -1);

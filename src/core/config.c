@@ -81,7 +81,10 @@ static const hc_knob_t knobs[] = {
     /* Collective behaviour. */
     { "HCOLL_TIMEOUT_MS", HC_KNOB_INT, "30000", 1, 86400000, NULL, 0, 0, OFF(timeout_ms),
       "Deadline for every wait (init, connection, a step of an operation), milliseconds." },
-    { "HCOLL_CHUNK_BYTES", HC_KNOB_SIZE, "1M", 4096, (int64_t)1 << 30, NULL, 0, 0,
+    /* 256K, measured: on CPU-bound hosts a chunk that stays in cache between
+     * its receive, its reduction and its forward beat 1M by 10-40% (ring
+     * and three stages), and matched it on 1 Gbit/s shaped rails. */
+    { "HCOLL_CHUNK_BYTES", HC_KNOB_SIZE, "256K", 4096, (int64_t)1 << 30, NULL, 0, 0,
       OFF(chunk_bytes), "Pipelining chunk for the ring and intra-node stages." },
     { "HCOLL_SMALL_BYTES", HC_KNOB_SIZE, "32K", 0, (int64_t)1 << 30, NULL, 0, 0,
       OFF(small_bytes),
