@@ -17,6 +17,7 @@ pkgs=(
   procps              # pgrep/pkill in test scripts
   binutils            # nm for the exported-symbol test
   gnuplot-nox         # hcoll_perf --plot
+  python3             # JSON checks in the perf and cluster tests
 )
 
 missing=()
