@@ -15,6 +15,7 @@
  * slow or hostile connection never stalls the others.
  */
 #include "boot/boot.h"
+#include "core/clock.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -79,13 +80,6 @@ struct hc_boot {
 };
 
 /* ------------------------------------------------------------------------ */
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 static void put32(unsigned char *p, uint32_t v)
 {
@@ -194,7 +188,7 @@ static hcoll_status_t wait_fd(hc_boot_t *b, int fd, short events, double deadlin
     for (;;) {
         if (is_aborted(b))
             return HCOLL_ERR_ABORTED;
-        double left = deadline - now_ms();
+        double left = deadline - hc_now_ms();
         if (left <= 0)
             return HCOLL_ERR_TIMEOUT;
         struct pollfd p[2] = { { fd, events, 0 }, { b->abort_fd, POLLIN, 0 } };
@@ -314,7 +308,7 @@ static hcoll_status_t recv_msg(hc_boot_t *b, int fd, int who, unsigned type, uin
                                void *body, size_t len, double deadline, const char *what)
 {
     unsigned char hb[HDR_BYTES];
-    const double t0 = now_ms();
+    const double t0 = hc_now_ms();
     hcoll_status_t st = io_recv(b, fd, hb, sizeof hb, deadline);
     if (st != HCOLL_SUCCESS)
         return io_err(b, st, who, what, (int64_t)(deadline - t0));
@@ -555,7 +549,7 @@ static void root_accept(root_ctx_t *rc, int lfd)
         p->state = P_AUTH_HDR;
         p->rank = -1;
         p->born = rc->born_seq++;
-        p->deadline = now_ms() + rc->auth_ms;
+        p->deadline = hc_now_ms() + rc->auth_ms;
         peer_str(fd, p->peer, sizeof p->peer);
         set_nodelay(fd);
         unsigned char m[HDR_BYTES + NONCE_BYTES];
@@ -742,7 +736,7 @@ static hcoll_status_t root_rendezvous(hc_boot_t *b, int lfd, const unsigned char
                                       const void *rec, size_t rec_len, unsigned char *recs)
 {
     hcoll_status_t st = HCOLL_SUCCESS;
-    const double t0 = now_ms(), deadline = t0 + (double)b->timeout_ms;
+    const double t0 = hc_now_ms(), deadline = t0 + (double)b->timeout_ms;
     root_ctx_t *rc = calloc(1, sizeof *rc);
     struct pollfd *pf = calloc((size_t)b->nranks + HC_BOOT_PENDING_MAX + 2, sizeof *pf);
     char *claimed = calloc((size_t)b->nranks, 1);
@@ -763,7 +757,7 @@ static hcoll_status_t root_rendezvous(hc_boot_t *b, int lfd, const unsigned char
     }
 
     while (rc->nreg < b->nranks - 1) {
-        double now = now_ms();
+        double now = hc_now_ms();
         /* Expire unauthenticated connections that took too long. */
         for (int i = 0; i < rc->npend;) {
             if (now >= rc->pend[i].deadline)
@@ -858,7 +852,7 @@ static hcoll_status_t root_rendezvous(hc_boot_t *b, int lfd, const unsigned char
             goto fail;
         }
     }
-    HC_INFO(HC_BOOT, 0, "bootstrap: all %d ranks joined in %.0f ms", b->nranks, now_ms() - t0);
+    HC_INFO(HC_BOOT, 0, "bootstrap: all %d ranks joined in %.0f ms", b->nranks, hc_now_ms() - t0);
     goto out;
 
 fail:
@@ -917,7 +911,7 @@ static hcoll_status_t client_connect(hc_boot_t *b, double deadline, int *fd_out)
         }
         last_err = errno;
         close(fd);
-        if (now_ms() + CONNECT_RETRY_MS >= deadline)
+        if (hc_now_ms() + CONNECT_RETRY_MS >= deadline)
             return hc_err_set(b->eb, HC_BOOT, b->rank, HCOLL_ERR_TIMEOUT,
                               "init: could not reach the root (rank 0) at %s within %lld ms "
                               "(HCOLL_TIMEOUT_MS): %s; rank 0 is missing or unreachable",
@@ -993,7 +987,7 @@ static hcoll_status_t client_handshake(hc_boot_t *b, int fd, const unsigned char
 static hcoll_status_t client_rendezvous(hc_boot_t *b, const unsigned char *key, const void *rec,
                                         size_t rec_len, unsigned char *recs)
 {
-    const double t0 = now_ms(), deadline = t0 + (double)b->timeout_ms;
+    const double t0 = hc_now_ms(), deadline = t0 + (double)b->timeout_ms;
     hcoll_status_t st;
     int fd = -1;
     for (;;) {
@@ -1006,7 +1000,7 @@ static hcoll_status_t client_rendezvous(hc_boot_t *b, const unsigned char *key, 
         fd = -1;
         if (!retry)
             goto fail;
-        if (now_ms() + CONNECT_RETRY_MS >= deadline) {
+        if (hc_now_ms() + CONNECT_RETRY_MS >= deadline) {
             char as[80];
             st = hc_err_set(b->eb, HC_BOOT, b->rank, HCOLL_ERR_TIMEOUT,
                             "init: the root (rank 0) at %s kept closing the connection before "
@@ -1031,7 +1025,7 @@ static hcoll_status_t client_rendezvous(hc_boot_t *b, const unsigned char *key, 
                   deadline + HC_BOOT_VERDICT_GRACE_MS, "init: waiting for every rank to join");
     if (st != HCOLL_SUCCESS)
         goto fail;
-    HC_TRACE(HC_BOOT, b->rank, "bootstrap: joined in %.0f ms", now_ms() - t0);
+    HC_TRACE(HC_BOOT, b->rank, "bootstrap: joined in %.0f ms", hc_now_ms() - t0);
     return HCOLL_SUCCESS;
 
 fail:
@@ -1161,7 +1155,7 @@ static hcoll_status_t root_gather(hc_boot_t *b, uint32_t arg, unsigned char *all
         goto out;
     }
     int left = n - 1;
-    const double t0 = now_ms();
+    const double t0 = hc_now_ms();
     while (left > 0) {
         int np = 0;
         pf[np++] = (struct pollfd){ b->abort_fd, POLLIN, 0 };
@@ -1171,7 +1165,7 @@ static hcoll_status_t root_gather(hc_boot_t *b, uint32_t arg, unsigned char *all
                 pf[np++] = (struct pollfd){ b->conn[r], POLLIN, 0 };
             }
         }
-        double wait = deadline - now_ms();
+        double wait = deadline - hc_now_ms();
         if (wait <= 0) {
             char *present = calloc((size_t)n, 1);
             char list[160] = "?";
@@ -1279,7 +1273,7 @@ static hcoll_status_t coll_run(hc_boot_t *b, unsigned op, const void *mine, void
     const uint32_t arg = (uint32_t)op << 24 | seq;
     snprintf(what, sizeof what, "bootstrap %s #%u", op_names[op], seq);
     HC_CHECK(coll_enter(b, what), out);
-    const double deadline = now_ms() + (double)b->timeout_ms;
+    const double deadline = hc_now_ms() + (double)b->timeout_ms;
     const size_t total = op == OP_BCAST ? len : (size_t)b->nranks * len;
 
     if (b->rank == 0) {

@@ -40,6 +40,7 @@
  * died, so the only way forward is a new communicator.
  */
 #include "core/coll.h"
+#include "core/clock.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -141,13 +142,6 @@ struct hc_coll {
 
 /* ------------------------------------------------------------------------ */
 
-static double now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
-}
-
 enum hc_plan hc_coll_plan_for(int nranks, int nnodes, int local_size, int uniform)
 {
     if (nranks == 1)
@@ -229,7 +223,7 @@ static void *ring_thread_main(void *arg)
         hcoll_status_t st = co->ring_status;
         pthread_mutex_unlock(&co->rlock);
 
-        double t0 = now_us();
+        double t0 = hc_now_us();
         if (st == HCOLL_SUCCESS)
             st = hc_ring_start(co->ring, job->buf, job->buf, job->count, job->dtype, job->op,
                                job->avg_div);
@@ -242,7 +236,7 @@ static void *ring_thread_main(void *arg)
             }
             st = hc_ring_progress(co->ring, RING_POLL_MS, &done);
         }
-        job->busy_us = now_us() - t0;
+        job->busy_us = hc_now_us() - t0;
 
         pthread_mutex_lock(&co->rlock);
         if (st != HCOLL_SUCCESS && co->ring_status == HCOLL_SUCCESS)
@@ -304,16 +298,16 @@ static hcoll_status_t ring_run_here(hc_coll_t *co, const void *send, void *recv,
  * handed over under rlock, so this thread may drive the ring itself. */
 static hcoll_status_t run_3stage_small(hc_coll_t *co, struct hcoll_request *rq)
 {
-    double t = now_us();
+    double t = hc_now_us();
     hcoll_status_t st = co->intra->ops->allreduce(co->intra, rq->sendbuf, rq->recvbuf, rq->count,
                                                   rq->dtype, rq->op, NULL);
     /* One fused stage: split it evenly, as the one-node plan does. */
-    rq->times.intra_rs_us = rq->times.intra_ag_us = (now_us() - t) / 2;
+    rq->times.intra_rs_us = rq->times.intra_ag_us = (hc_now_us() - t) / 2;
     if (st != HCOLL_SUCCESS)
         return st;
-    t = now_us();
+    t = hc_now_us();
     st = ring_run_here(co, rq->recvbuf, rq->recvbuf, rq->count, rq->dtype, rq->op);
-    rq->times.inter_us = now_us() - t;
+    rq->times.inter_us = hc_now_us() - t;
     return st;
 }
 
@@ -341,10 +335,10 @@ static hcoll_status_t run_3stage(hc_coll_t *co, struct hcoll_request *rq)
         if (k < npieces) {
             size_t off = k * piece;
             size_t n = rq->count - off < piece ? rq->count - off : piece;
-            t = now_us();
+            t = hc_now_us();
             st = iops->reduce_scatter(co->intra, send + off * esize, recv + off * esize, n,
                                       rq->dtype, rq->op, NULL);
-            rq->times.intra_rs_us += now_us() - t;
+            rq->times.intra_rs_us += hc_now_us() - t;
             if (st != HCOLL_SUCCESS) {
                 /* The ring thread may still be reducing the previous piece
                  * in recvbuf: the buffers go back to the caller only after
@@ -372,10 +366,10 @@ static hcoll_status_t run_3stage(hc_coll_t *co, struct hcoll_request *rq)
                     ring_wait(co, id, &rq->times.inter_us);
                     break;
                 }
-                t = now_us();
+                t = hc_now_us();
                 st = iops->all_gather(co->intra, recv + pending_off * esize, pending_n,
                                       rq->dtype, NULL);
-                rq->times.intra_ag_us += now_us() - t;
+                rq->times.intra_ag_us += hc_now_us() - t;
                 if (st != HCOLL_SUCCESS) {
                     ring_wait(co, id, &rq->times.inter_us);
                     break;
@@ -389,10 +383,10 @@ static hcoll_status_t run_3stage(hc_coll_t *co, struct hcoll_request *rq)
             st = ring_wait(co, pending_id, &rq->times.inter_us);
             if (st != HCOLL_SUCCESS)
                 break;
-            t = now_us();
+            t = hc_now_us();
             st = iops->all_gather(co->intra, recv + pending_off * esize, pending_n, rq->dtype,
                                   NULL);
-            rq->times.intra_ag_us += now_us() - t;
+            rq->times.intra_ag_us += hc_now_us() - t;
         }
     }
     return st;
@@ -401,7 +395,7 @@ static hcoll_status_t run_3stage(hc_coll_t *co, struct hcoll_request *rq)
 static hcoll_status_t run_op(hc_coll_t *co, struct hcoll_request *rq)
 {
     struct hcoll_comm *c = co->comm;
-    double t0 = now_us(), t;
+    double t0 = hc_now_us(), t;
     hcoll_status_t st = HCOLL_SUCCESS;
     /* The same on every rank: count and dtype must be, and so must the knob. */
     const int small = rq->count * hcoll_dtype_size(rq->dtype) <= co->small_bytes;
@@ -415,20 +409,20 @@ static hcoll_status_t run_op(hc_coll_t *co, struct hcoll_request *rq)
         break;
     case HC_PLAN_INTRA: {
         const hc_intra_ops_t *iops = co->intra->ops;
-        t = now_us();
+        t = hc_now_us();
         if (small) {
             st = iops->allreduce(co->intra, rq->sendbuf, rq->recvbuf, rq->count, rq->dtype,
                                  rq->op, NULL);
             /* One fused stage: split it evenly so the breakdown still adds up. */
-            rq->times.intra_rs_us = rq->times.intra_ag_us = (now_us() - t) / 2;
+            rq->times.intra_rs_us = rq->times.intra_ag_us = (hc_now_us() - t) / 2;
         } else {
             st = iops->reduce_scatter(co->intra, rq->sendbuf, rq->recvbuf, rq->count, rq->dtype,
                                       rq->op, NULL);
-            rq->times.intra_rs_us = now_us() - t;
-            t = now_us();
+            rq->times.intra_rs_us = hc_now_us() - t;
+            t = hc_now_us();
             if (st == HCOLL_SUCCESS)
                 st = iops->all_gather(co->intra, rq->recvbuf, rq->count, rq->dtype, NULL);
-            rq->times.intra_ag_us = now_us() - t;
+            rq->times.intra_ag_us = hc_now_us() - t;
         }
         if (st == HCOLL_SUCCESS)
             hc_reduce_avg_finish(rq->recvbuf, rq->count, rq->dtype, rq->op, c->nranks);
@@ -436,15 +430,15 @@ static hcoll_status_t run_op(hc_coll_t *co, struct hcoll_request *rq)
     }
     case HC_PLAN_RING:
     case HC_PLAN_FLAT:
-        t = now_us();
+        t = hc_now_us();
         st = ring_run_here(co, rq->sendbuf, rq->recvbuf, rq->count, rq->dtype, rq->op);
-        rq->times.inter_us = now_us() - t;
+        rq->times.inter_us = hc_now_us() - t;
         break;
     case HC_PLAN_3STAGE:
         st = small ? run_3stage_small(co, rq) : run_3stage(co, rq);
         break;
     }
-    rq->times.total_us = now_us() - t0;
+    rq->times.total_us = hc_now_us() - t0;
     return st;
 }
 
@@ -913,7 +907,7 @@ hcoll_status_t hc_coll_create(struct hcoll_comm *c)
         /* A name unique to this communicator: rank 0 draws it for all. */
         uint64_t job = 0;
         if (c->rank == 0 && getrandom(&job, sizeof job, 0) != (ssize_t)sizeof job)
-            job = (uint64_t)now_us() ^ ((uint64_t)getpid() << 32);
+            job = (uint64_t)hc_now_us() ^ ((uint64_t)getpid() << 32);
         HC_CHECK(hc_boot_bcast(c->boot, &job, sizeof job, 0), out);
         HC_CHECK(group_init(&co->intra_ag, c, c->local_size), out);
         for (int i = 0; i < c->local_size; i++)

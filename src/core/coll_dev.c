@@ -37,6 +37,7 @@
  * communicator's life. Later calls on another device are refused.
  */
 #include "core/coll_dev.h"
+#include "core/clock.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -189,13 +190,6 @@ struct hc_coll_dev {
     size_t ndone, capdone;
 };
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
 static hcoll_status_t cu_fail(hc_coll_dev_t *d, hc_cu_res_t r, const char *what)
 {
     char eb[200];
@@ -221,7 +215,7 @@ static hcoll_status_t event_wait(hc_coll_dev_t *d, void *ev, int timeout_ms, int
                                  const char *what)
 {
     struct hcoll_comm *c = d->c;
-    double deadline = now_ms() + timeout_ms;
+    double deadline = hc_now_ms() + timeout_ms;
     long sleep_ns = 2000;
     for (int spins = 0;; spins++) {
         hc_cu_res_t r = d->cu->event_query(ev);
@@ -233,7 +227,7 @@ static hcoll_status_t event_wait(hc_coll_dev_t *d, void *ev, int timeout_ms, int
             return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_ABORTED,
                               "communicator aborted while waiting for %s", what);
         if (spins > 64) {
-            if (now_ms() > deadline)
+            if (hc_now_ms() > deadline)
                 return hc_err_set(&c->err, HC_GDR, c->rank, HCOLL_ERR_TIMEOUT,
                                   "%s did not happen within %d ms (HCOLL_TIMEOUT_MS)", what,
                                   timeout_ms);

@@ -46,6 +46,7 @@
  * kept until it starts.
  */
 #include "inter/ring.h"
+#include "core/clock.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -166,13 +167,6 @@ struct hc_ring {
     double last_activity;
     hcoll_status_t err;
 };
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 #define RING_ERRBUF(r) ((r)->p.tp.errbuf)
 #define RING_LOGRANK(r) ((r)->p.tp.log_rank)
@@ -677,7 +671,7 @@ hcoll_status_t hc_ring_start(hc_ring_t *r, const void *sendbuf, void *recvbuf, s
         memcpy(mine + count * es, &t, sizeof t);
         o->ag_next = o->ag_nrecv = o->nmsg; /* no all-gather half */
         o->active = 1;
-        r->last_activity = now_ms();
+        r->last_activity = hc_now_ms();
         int nearly = r->nearly;
         r->nearly = 0;
         for (int i = 0; i < nearly; i++)
@@ -705,7 +699,7 @@ hcoll_status_t hc_ring_start(hc_ring_t *r, const void *sendbuf, void *recvbuf, s
                  box * DESC_BYTES, sizeof d, IMM(IMM_DESC, r->seq & 15, 0, 0)),
              fail_active);
 
-    r->last_activity = now_ms();
+    r->last_activity = hc_now_ms();
     if (r->desc_seen[r->seq & 15])
         HC_CHECK(on_desc(r), fail_active);
     /* Reduce-scatter messages that arrived before this operation began. */
@@ -741,7 +735,7 @@ hcoll_status_t hc_ring_progress(hc_ring_t *r, int wait_ms, int *done_out)
         *done_out = 1;
         return HCOLL_SUCCESS;
     }
-    const double give_up = now_ms() + wait_ms;
+    const double give_up = hc_now_ms() + wait_ms;
     hc_comp_t comps[64];
     for (;;) {
         int n = 0;
@@ -749,7 +743,7 @@ hcoll_status_t hc_ring_progress(hc_ring_t *r, int wait_ms, int *done_out)
         if (n == 0) {
             if (op_complete(r))
                 break;
-            double now = now_ms();
+            double now = hc_now_ms();
             if (now - r->last_activity > r->p.tp.timeout_ms) {
                 const ring_op_t *o = &r->op;
                 st = hc_err_set(RING_ERRBUF(r), HC_NET, RING_LOGRANK(r), HCOLL_ERR_TIMEOUT,
@@ -773,7 +767,7 @@ hcoll_status_t hc_ring_progress(hc_ring_t *r, int wait_ms, int *done_out)
             if (n == 0)
                 continue;
         }
-        r->last_activity = now_ms();
+        r->last_activity = hc_now_ms();
         for (int i = 0; i < n; i++)
             HC_CHECK(on_comp(r, &comps[i]), fail);
         HC_CHECK(try_send(r), fail);

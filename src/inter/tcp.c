@@ -31,6 +31,7 @@
  * registered region.
  */
 #include "inter/tcp.h"
+#include "core/clock.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -134,13 +135,6 @@ struct hc_transport {
     hcoll_status_t err; /* sticky: the first failure */
 };
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
 /* ------------------------------------------------------------------------ */
 /* Errors                                                                     */
 /* ------------------------------------------------------------------------ */
@@ -218,7 +212,7 @@ static int io_full(int fd, void *buf, size_t len, int writing, double deadline)
 {
     size_t done = 0;
     while (done < len) {
-        int left = (int)(deadline - now_ms());
+        int left = (int)(deadline - hc_now_ms());
         if (left <= 0)
             return -ETIMEDOUT;
         struct pollfd pfd = { fd, writing ? POLLOUT : POLLIN, 0 };
@@ -267,7 +261,7 @@ static hcoll_status_t tcp_create(const hc_transport_params_t *params, hc_transpo
         goto fail_free;
     }
     if (getrandom(&tr->token, sizeof tr->token, 0) != (ssize_t)sizeof tr->token)
-        tr->token = ((uint64_t)getpid() << 32) ^ (uint64_t)(now_ms() * 1e3);
+        tr->token = ((uint64_t)getpid() << 32) ^ (uint64_t)(hc_now_ms() * 1e3);
 
     tr->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (tr->listen_fd < 0) {
@@ -373,7 +367,7 @@ static hcoll_status_t dial(hc_transport_t *tr, const tcp_addr_t *to, int sock_id
         int rc = connect(fd, (struct sockaddr *)&dst, sizeof dst);
         if (rc != 0 && errno == EINPROGRESS) {
             struct pollfd pfd = { fd, POLLOUT, 0 };
-            int left = (int)(deadline - now_ms());
+            int left = (int)(deadline - hc_now_ms());
             rc = left > 0 ? poll(&pfd, 1, left) : 0;
             if (rc == 1) {
                 socklen_t el = sizeof err;
@@ -397,7 +391,7 @@ static hcoll_status_t dial(hc_transport_t *tr, const tcp_addr_t *to, int sock_id
         }
         err = errno;
         close(fd);
-        if (now_ms() >= deadline || (err != ECONNREFUSED && err != EINTR && err != EAGAIN))
+        if (hc_now_ms() >= deadline || (err != ECONNREFUSED && err != EINTR && err != EAGAIN))
             break;
         usleep(10000);
     }
@@ -411,7 +405,7 @@ static hcoll_status_t tcp_connect(hc_transport_t *tr, const int *peers, int npee
 {
     hcoll_status_t st = HCOLL_SUCCESS;
     const int n = tr->p.nranks, me = tr->p.rank, ns = tr->p.nsocks_perpeer;
-    const double deadline = now_ms() + tr->p.timeout_ms;
+    const double deadline = hc_now_ms() + tr->p.timeout_ms;
     tcp_addr_t mine = { HC_TCP_ADDR_MAGIC, tr->ip.s_addr, (uint32_t)tr->port, (uint32_t)me,
                         tr->token };
     tcp_addr_t *all = calloc((size_t)n, sizeof *all);
@@ -447,7 +441,7 @@ static hcoll_status_t tcp_connect(hc_transport_t *tr, const int *peers, int npee
         }
     }
     while (expect > 0) {
-        int left = (int)(deadline - now_ms());
+        int left = (int)(deadline - hc_now_ms());
         struct pollfd pfd = { tr->listen_fd, POLLIN, 0 };
         int pr = left > 0 ? poll(&pfd, 1, left) : 0;
         if (pr < 0 && errno == EINTR)
@@ -464,7 +458,7 @@ static hcoll_status_t tcp_connect(hc_transport_t *tr, const int *peers, int npee
         /* A stranger that connects and stays silent must not eat the whole
          * deadline of the real peers: give a hello one second. */
         tcp_hello_t h;
-        double hd = now_ms() + 1000;
+        double hd = hc_now_ms() + 1000;
         int rr = io_full(fd, &h, sizeof h, 0, hd < deadline ? hd : deadline);
         int slot = -1;
         if (rr == 0 && h.magic == HC_TCP_HELLO_MAGIC && h.token == tr->token &&
@@ -940,7 +934,7 @@ static void tcp_destroy(hc_transport_t *tr, int graceful)
                 if (s->in_epoll)
                     sock_enqueue(s, &e);
             }
-        double deadline = now_ms() + (tr->p.timeout_ms < 1000 ? tr->p.timeout_ms : 1000);
+        double deadline = hc_now_ms() + (tr->p.timeout_ms < 1000 ? tr->p.timeout_ms : 1000);
         for (;;) {
             int pending = 0;
             for (int i = 0; i < tr->neps; i++)
@@ -950,7 +944,7 @@ static void tcp_destroy(hc_transport_t *tr, int graceful)
                         s->txcount)
                         pending = 1;
                 }
-            if (!pending || tr->err || now_ms() > deadline)
+            if (!pending || tr->err || hc_now_ms() > deadline)
                 break;
             usleep(1000);
         }

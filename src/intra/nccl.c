@@ -41,6 +41,7 @@
 #include <time.h>
 
 #include "core/log.h"
+#include "core/clock.h"
 #include "intra/intra.h"
 
 /* nccl.h values. */
@@ -178,23 +179,16 @@ static int nccl_op(hcoll_op_t op)
     }
 }
 
-static double mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
 /* A non-blocking communicator's call may answer "in progress": poll its
  * state until it settles, against the deadline and the abort flag. */
 static hcoll_status_t nccl_settle(nccl_ctx_t *x, nccl_res_t r, const char *what)
 {
-    double deadline = mono_ms() + x->timeout_ms;
+    double deadline = hc_now_ms() + x->timeout_ms;
     while (r == NCCL_IN_PROGRESS) {
         if (atomic_load(&x->aborted))
             return x->failed = hc_err_set(x->eb, HC_COLL, x->rank, HCOLL_ERR_ABORTED,
                                           "aborted during %s", what);
-        if (mono_ms() > deadline)
+        if (hc_now_ms() > deadline)
             return x->failed = hc_err_set(x->eb, HC_COLL, x->rank, HCOLL_ERR_TIMEOUT,
                                           "%s did not complete within %d ms (a local rank "
                                           "did not join?)",

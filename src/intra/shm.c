@@ -70,6 +70,7 @@
  * through the slots, which works under any ptrace policy.
  */
 #include "intra/intra.h"
+#include "core/clock.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -188,13 +189,6 @@ static const char *hc_shm_kind_name(int kind)
     case HC_SHM_KIND_AR: return "allreduce";
     default: return "unknown";
     }
-}
-
-static double hc_shm_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
 static inline void hc_shm_cpu_relax(void)
@@ -368,14 +362,14 @@ static hcoll_status_t hc_shm_wait(hc_shm_t *s, hc_shm_pending_fn pending, uint64
     }
 
     hcoll_status_t st;
-    double now = hc_shm_now_ms();
+    double now = hc_now_ms();
     const double deadline = now + s->timeout_ms;
     double next_check = now + HC_SHM_LIVE_MS;
     int yields = 0;
     for (;;) {
         if ((st = hc_shm_check_health(s, what)) != HCOLL_SUCCESS)
             return st;
-        now = hc_shm_now_ms();
+        now = hc_now_ms();
         if (now >= next_check) {
             next_check = now + HC_SHM_LIVE_MS;
             /* Only the ranks still awaited matter: one that finished its
@@ -943,7 +937,7 @@ static hcoll_status_t hc_shm_create(const hc_intra_params_t *prm, hc_intra_t **o
     if (s->lrank == 0) {
         uint64_t nonce;
         if (getrandom(&nonce, sizeof nonce, GRND_NONBLOCK) != (ssize_t)sizeof nonce)
-            nonce = (uint64_t)hc_shm_now_ms() * 1000003u ^ (uint64_t)getpid() << 32;
+            nonce = (uint64_t)hc_now_ms() * 1000003u ^ (uint64_t)getpid() << 32;
         mine.nonce = nonce;
         mine.seg_bytes = seg_bytes;
         mine.status = hc_shm_segment_create(s, seg_bytes, nonce);

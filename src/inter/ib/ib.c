@@ -41,6 +41,7 @@
  * None of this has run on an RDMA NIC yet: see the README.
  */
 #include "inter/ib/ib.h"
+#include "core/clock.h"
 
 #include <arpa/inet.h>
 #include <dlfcn.h>
@@ -362,13 +363,6 @@ struct hc_transport {
     size_t cqcap, cqhead, cqcount;
     hcoll_status_t err;
 };
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 static hcoll_status_t tr_fail(hc_transport_t *tr, hcoll_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -1242,8 +1236,8 @@ static hcoll_status_t ib_poll(hc_transport_t *tr, hc_comp_t *comps, int max, int
     if (st == HCOLL_SUCCESS && tr->cqcount == 0 && wait_ms > 0) {
         /* Busy-poll as RDMA libraries do, yielding the core between
          * sweeps so that the reduction on the same core is not starved. */
-        const double deadline = now_ms() + wait_ms;
-        while (st == HCOLL_SUCCESS && tr->cqcount == 0 && now_ms() < deadline) {
+        const double deadline = hc_now_ms() + wait_ms;
+        while (st == HCOLL_SUCCESS && tr->cqcount == 0 && hc_now_ms() < deadline) {
             struct timespec ts = { 0, 20000 };
             nanosleep(&ts, NULL);
             st = progress(tr);
@@ -1272,12 +1266,12 @@ static void ib_destroy(hc_transport_t *tr, int graceful)
     if (graceful && tr->err == HCOLL_SUCCESS) {
         /* Let our last puts be acknowledged before the QPs go away: a peer
          * still waiting for them would otherwise see retries exceeded. */
-        double deadline = now_ms() + (tr->p.timeout_ms < 1000 ? tr->p.timeout_ms : 1000);
+        double deadline = hc_now_ms() + (tr->p.timeout_ms < 1000 ? tr->p.timeout_ms : 1000);
         for (;;) {
             int busy = 0;
             for (int i = 0; i < tr->neps; i++)
                 busy |= tr->eps[i]->fcount > 0 || tr->eps[i]->pcount > 0;
-            if (!busy || progress(tr) != HCOLL_SUCCESS || now_ms() > deadline)
+            if (!busy || progress(tr) != HCOLL_SUCCESS || hc_now_ms() > deadline)
                 break;
         }
     }
