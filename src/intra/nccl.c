@@ -43,58 +43,23 @@
 #include "core/log.h"
 #include "core/clock.h"
 #include "intra/intra.h"
+#include "intra/nccl_api.h"
 
-/* nccl.h values. */
-#define NCCL_SUCCESS 0
-#define NCCL_IN_PROGRESS 7
-#define NCCL_UNIQUE_ID_BYTES 128
 #define NCCL_CONFIG_MAGIC 0xcafebeefu
-#define NCCL_VERSION_2_14 21400
 #define NCCL_UNDEF_INT (-2147483647 - 1)
-enum { NCCL_SUM = 0, NCCL_PROD = 1, NCCL_MAX = 2, NCCL_MIN = 3 };
+/* nccl.h values. */
+enum { NCCL_SUM = 0, NCCL_PROD = 1, NCCL_MAX = 2, NCCL_MIN = 3, NCCL_AVG = 4 };
 enum {
     NCCL_INT8 = 0, NCCL_UINT8 = 1, NCCL_INT32 = 2, NCCL_INT64 = 4,
     NCCL_FLOAT16 = 6, NCCL_FLOAT32 = 7, NCCL_FLOAT64 = 8, NCCL_BFLOAT16 = 9,
 };
 
-typedef int nccl_res_t;
-typedef void *nccl_comm_t;
-typedef struct { char internal[NCCL_UNIQUE_ID_BYTES]; } nccl_uid_t;
-/* ncclConfig_t as of NCCL 2.14 (what version says). */
-typedef struct {
-    size_t size;
-    unsigned magic;
-    unsigned version;
-    int blocking;
-    int cga_cluster_size;
-    int min_ctas;
-    int max_ctas;
-    const char *net_name;
-} nccl_config_t;
-
-typedef struct nccl_fns {
+/* Filled once, then read-only. */
+static struct {
     int ok;
     char why[200];
-    int version;
-    nccl_res_t (*get_version)(int *);
-    const char *(*err_string)(nccl_res_t);
-    nccl_res_t (*get_unique_id)(nccl_uid_t *);
-    nccl_res_t (*init_rank_config)(nccl_comm_t *, int, nccl_uid_t, int, nccl_config_t *);
-    nccl_res_t (*get_async_error)(nccl_comm_t, nccl_res_t *);
-    nccl_res_t (*finalize)(nccl_comm_t);
-    nccl_res_t (*destroy)(nccl_comm_t);
-    nccl_res_t (*abort)(nccl_comm_t);
-    nccl_res_t (*reduce_scatter)(const void *, void *, size_t, int, int, nccl_comm_t, void *);
-    nccl_res_t (*all_gather)(const void *, void *, size_t, int, nccl_comm_t, void *);
-    nccl_res_t (*all_reduce)(const void *, void *, size_t, int, int, nccl_comm_t, void *);
-    nccl_res_t (*reduce)(const void *, void *, size_t, int, int, int, nccl_comm_t, void *);
-    nccl_res_t (*broadcast)(const void *, void *, size_t, int, int, nccl_comm_t, void *);
-    nccl_res_t (*group_start)(void);
-    nccl_res_t (*group_end)(void);
-} nccl_fns_t;
-
-/* Filled once, then read-only. */
-static nccl_fns_t g_nccl;
+    hc_nccl_api_t api;
+} g_nccl_lib;
 static pthread_once_t g_nccl_once = PTHREAD_ONCE_INIT;
 
 static void nccl_load(void)
@@ -104,15 +69,15 @@ static void nccl_load(void)
     const char *lib = "libnccl.so.2";
     void *h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
     if (!h) {
-        snprintf(g_nccl.why, sizeof g_nccl.why, "%s not loadable (%s)", lib, dlerror());
+        snprintf(g_nccl_lib.why, sizeof g_nccl_lib.why, "%s not loadable (%s)", lib, dlerror());
         return;
     }
 #define SYM(field, name)                                                                     \
     do {                                                                                     \
-        *(void **)&g_nccl.field = dlsym(h, name);                                            \
-        if (!g_nccl.field) {                                                                 \
-            snprintf(g_nccl.why, sizeof g_nccl.why, "%s lacks %s (NCCL 2.14 or newer needed)", \
-                     lib, name);                                                             \
+        *(void **)&g_nccl_lib.api.field = dlsym(h, name);                                            \
+        if (!g_nccl_lib.api.field) {                                                                 \
+            snprintf(g_nccl_lib.why, sizeof g_nccl_lib.why,                                  \
+                     "%s lacks %s (NCCL 2.14 or newer needed)", lib, name);                  \
             return;                                                                          \
         }                                                                                    \
     } while (0)
@@ -132,27 +97,38 @@ static void nccl_load(void)
     SYM(group_start, "ncclGroupStart");
     SYM(group_end, "ncclGroupEnd");
 #undef SYM
-    g_nccl.get_version(&g_nccl.version);
-    if (g_nccl.version < NCCL_VERSION_2_14) {
-        snprintf(g_nccl.why, sizeof g_nccl.why, "%s is NCCL %d; 2.14 or newer is needed", lib,
-                 g_nccl.version);
+    g_nccl_lib.api.get_version(&g_nccl_lib.api.version);
+    if (g_nccl_lib.api.version < HC_NCCL_VERSION_2_14) {
+        snprintf(g_nccl_lib.why, sizeof g_nccl_lib.why, "%s is NCCL %d; 2.14 or newer is needed", lib,
+                 g_nccl_lib.api.version);
         return;
     }
-    g_nccl.ok = 1;
+    g_nccl_lib.ok = 1;
 }
 
-typedef struct nccl_ctx {
-    hc_intra_t base;
-    nccl_comm_t comm;
-    int local_rank, local_size;
-    int timeout_ms;
-    int rank;
-    hc_errbuf_t *eb;
-    atomic_int aborted;
-    hcoll_status_t failed; /* sticky */
-} nccl_ctx_t;
 
-static int nccl_dtype(hcoll_dtype_t dt)
+const hc_nccl_api_t *hc_nccl_api(char *why, size_t whylen)
+{
+    pthread_once(&g_nccl_once, nccl_load);
+    if (!g_nccl_lib.ok && why && whylen)
+        snprintf(why, whylen, "%s", g_nccl_lib.why);
+    return g_nccl_lib.ok ? &g_nccl_lib.api : NULL;
+}
+
+void hc_nccl_config_init(hc_nccl_config_t *cfg, int blocking)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->size = sizeof *cfg;
+    cfg->magic = NCCL_CONFIG_MAGIC;
+    cfg->version = HC_NCCL_VERSION_2_14;
+    cfg->blocking = blocking;
+    cfg->cga_cluster_size = NCCL_UNDEF_INT;
+    cfg->min_ctas = NCCL_UNDEF_INT;
+    cfg->max_ctas = NCCL_UNDEF_INT;
+    cfg->net_name = NULL;
+}
+
+int hc_nccl_dtype(hcoll_dtype_t dt)
 {
     switch (dt) {
     case HCOLL_FLOAT32: return NCCL_FLOAT32;
@@ -167,11 +143,11 @@ static int nccl_dtype(hcoll_dtype_t dt)
     }
 }
 
-static int nccl_op(hcoll_op_t op)
+int hc_nccl_op(hcoll_op_t op, int avg_as_sum)
 {
     switch (op) {
-    case HCOLL_SUM:
-    case HCOLL_AVG: return NCCL_SUM; /* the caller divides once, at the end */
+    case HCOLL_SUM: return NCCL_SUM;
+    case HCOLL_AVG: return avg_as_sum ? NCCL_SUM : NCCL_AVG;
     case HCOLL_PROD: return NCCL_PROD;
     case HCOLL_MAX: return NCCL_MAX;
     case HCOLL_MIN: return NCCL_MIN;
@@ -179,12 +155,24 @@ static int nccl_op(hcoll_op_t op)
     }
 }
 
+typedef struct nccl_ctx {
+    hc_intra_t base;
+    const hc_nccl_api_t *nc;
+    hc_nccl_comm_t comm;
+    int local_rank, local_size;
+    int timeout_ms;
+    int rank;
+    hc_errbuf_t *eb;
+    atomic_int aborted;
+    hcoll_status_t failed; /* sticky */
+} nccl_ctx_t;
+
 /* A non-blocking communicator's call may answer "in progress": poll its
  * state until it settles, against the deadline and the abort flag. */
-static hcoll_status_t nccl_settle(nccl_ctx_t *x, nccl_res_t r, const char *what)
+static hcoll_status_t nccl_settle(nccl_ctx_t *x, hc_nccl_res_t r, const char *what)
 {
     double deadline = hc_now_ms() + x->timeout_ms;
-    while (r == NCCL_IN_PROGRESS) {
+    while (r == HC_NCCL_IN_PROGRESS) {
         if (atomic_load(&x->aborted))
             return x->failed = hc_err_set(x->eb, HC_COLL, x->rank, HCOLL_ERR_ABORTED,
                                           "aborted during %s", what);
@@ -195,12 +183,12 @@ static hcoll_status_t nccl_settle(nccl_ctx_t *x, nccl_res_t r, const char *what)
                                           what, x->timeout_ms);
         struct timespec ts = { 0, 100000 };
         nanosleep(&ts, NULL);
-        if (g_nccl.get_async_error(x->comm, &r) != NCCL_SUCCESS)
+        if (x->nc->get_async_error(x->comm, &r) != HC_NCCL_SUCCESS)
             break;
     }
-    if (r != NCCL_SUCCESS)
+    if (r != HC_NCCL_SUCCESS)
         return x->failed = hc_err_set(x->eb, HC_COLL, x->rank, HCOLL_ERR_NCCL, "%s failed: %s",
-                                      what, g_nccl.err_string(r));
+                                      what, x->nc->err_string(r));
     return HCOLL_SUCCESS;
 }
 
@@ -214,47 +202,48 @@ static hcoll_status_t nccl_ready(nccl_ctx_t *x)
     if (atomic_load(&x->aborted))
         return x->failed = hc_err_set(x->eb, HC_COLL, x->rank, HCOLL_ERR_ABORTED,
                                       "the NCCL backend was aborted");
-    nccl_res_t st = NCCL_SUCCESS;
-    g_nccl.get_async_error(x->comm, &st);
-    if (st != NCCL_SUCCESS && st != NCCL_IN_PROGRESS)
+    hc_nccl_res_t st = HC_NCCL_SUCCESS;
+    x->nc->get_async_error(x->comm, &st);
+    if (st != HC_NCCL_SUCCESS && st != HC_NCCL_IN_PROGRESS)
         return x->failed = hc_err_set(x->eb, HC_COLL, x->rank, HCOLL_ERR_NCCL,
                                       "NCCL reported an asynchronous error: %s",
-                                      g_nccl.err_string(st));
+                                      x->nc->err_string(st));
     return nccl_settle(x, st, "an earlier NCCL call");
 }
 
 typedef struct nccl_hello {
     int ok;            /* this local rank can take part */
-    nccl_uid_t id;     /* meaningful from local rank 0 */
+    hc_nccl_uid_t id;     /* meaningful from local rank 0 */
 } nccl_hello_t;
 
 static hcoll_status_t nccl_create(const hc_intra_params_t *p, hc_intra_t **out)
 {
     hcoll_status_t st;
-    pthread_once(&g_nccl_once, nccl_load);
+    char why[200] = "";
+    const hc_nccl_api_t *api = hc_nccl_api(why, sizeof why);
     nccl_hello_t mine, *all = calloc((size_t)p->local_size, sizeof *all);
     if (!all)
         return hc_err_set(p->errbuf, HC_COLL, p->rank, HCOLL_ERR_NO_MEMORY,
                           "no memory for the NCCL set-up");
     memset(&mine, 0, sizeof mine);
-    mine.ok = g_nccl.ok;
-    nccl_res_t r = NCCL_SUCCESS;
+    mine.ok = api != NULL;
+    hc_nccl_res_t r = HC_NCCL_SUCCESS;
     if (mine.ok && p->local_rank == 0) {
-        r = g_nccl.get_unique_id(&mine.id);
-        mine.ok = r == NCCL_SUCCESS;
+        r = api->get_unique_id(&mine.id);
+        mine.ok = r == HC_NCCL_SUCCESS;
     }
     /* Everyone joins the exchange even when it cannot go on, so that the
      * node fails together instead of waiting for the missing rank. */
     HC_CHECK(p->allgather(p->allgather_ctx, &mine, all, sizeof mine), free_all);
-    if (!g_nccl.ok) {
+    if (!api) {
         st = hc_err_set(p->errbuf, HC_COLL, p->rank, HCOLL_ERR_UNSUPPORTED,
                         "device buffers on a node with several ranks need NCCL: %s",
-                        g_nccl.why);
+                        why);
         goto free_all;
     }
-    if (r != NCCL_SUCCESS) {
+    if (r != HC_NCCL_SUCCESS) {
         st = hc_err_set(p->errbuf, HC_COLL, p->rank, HCOLL_ERR_NCCL, "ncclGetUniqueId: %s",
-                        g_nccl.err_string(r));
+                        api->err_string(r));
         goto free_all;
     }
     for (int i = 0; i < p->local_size; i++)
@@ -271,40 +260,33 @@ static hcoll_status_t nccl_create(const hc_intra_params_t *p, hc_intra_t **out)
         goto free_all;
     }
     x->base.ops = &hc_intra_nccl_ops;
+    x->nc = api;
     x->local_rank = p->local_rank;
     x->local_size = p->local_size;
     x->timeout_ms = p->timeout_ms;
     x->rank = p->rank;
     x->eb = p->errbuf;
     atomic_init(&x->aborted, 0);
-    nccl_config_t cfg = {
-        .size = sizeof cfg,
-        .magic = NCCL_CONFIG_MAGIC,
-        .version = NCCL_VERSION_2_14,
-        .blocking = 0, /* so that set-up and every call have our deadline */
-        .cga_cluster_size = NCCL_UNDEF_INT,
-        .min_ctas = NCCL_UNDEF_INT,
-        .max_ctas = NCCL_UNDEF_INT,
-        .net_name = NULL,
-    };
-    r = g_nccl.init_rank_config(&x->comm, p->local_size, all[0].id, p->local_rank, &cfg);
-    if (r != NCCL_SUCCESS && r != NCCL_IN_PROGRESS) {
+    hc_nccl_config_t cfg;
+    hc_nccl_config_init(&cfg, 0); /* non-blocking: set-up and every call have our deadline */
+    r = api->init_rank_config(&x->comm, p->local_size, all[0].id, p->local_rank, &cfg);
+    if (r != HC_NCCL_SUCCESS && r != HC_NCCL_IN_PROGRESS) {
         st = hc_err_set(p->errbuf, HC_COLL, p->rank, HCOLL_ERR_NCCL,
                         "ncclCommInitRankConfig (%d local ranks; ranks of one node need "
                         "distinct GPUs): %s",
-                        p->local_size, g_nccl.err_string(r));
+                        p->local_size, api->err_string(r));
         goto free_x;
     }
     HC_CHECK(nccl_settle(x, r, "ncclCommInitRankConfig (ranks of one node need distinct GPUs)"),
              abort_comm);
     HC_INFO(HC_INIT, p->rank, "NCCL %d intra-node communicator: local rank %d of %d",
-            g_nccl.version, p->local_rank, p->local_size);
+            api->version, p->local_rank, p->local_size);
     free(all);
     *out = &x->base;
     return HCOLL_SUCCESS;
 
 abort_comm:
-    g_nccl.abort(x->comm);
+    api->abort(x->comm);
 free_x:
     free(x);
 free_all:
@@ -315,8 +297,8 @@ free_all:
 static hcoll_status_t nccl_check_args(nccl_ctx_t *x, hcoll_dtype_t dtype, hcoll_op_t op,
                                       void *stream, int *ndt, int *nop)
 {
-    *ndt = nccl_dtype(dtype);
-    *nop = nccl_op(op);
+    *ndt = hc_nccl_dtype(dtype);
+    *nop = hc_nccl_op(op, 1); /* the caller divides AVG once, at the end */
     if (*ndt < 0 || *nop < 0)
         return hc_err_set(x->eb, HC_COLL, x->rank, HCOLL_ERR_INVALID_ARG,
                           "dtype %d / op %d unknown", (int)dtype, (int)op);
@@ -328,7 +310,7 @@ static hcoll_status_t nccl_check_args(nccl_ctx_t *x, hcoll_dtype_t dtype, hcoll_
 
 static hcoll_status_t nccl_group_end(nccl_ctx_t *x, const char *what)
 {
-    return nccl_settle(x, g_nccl.group_end(), what);
+    return nccl_settle(x, x->nc->group_end(), what);
 }
 
 static hcoll_status_t nccl_reduce_scatter(hc_intra_t *ctx, const void *sendbuf, void *recvbuf,
@@ -346,23 +328,23 @@ static hcoll_status_t nccl_reduce_scatter(hc_intra_t *ctx, const void *sendbuf, 
     if (count % (size_t)L == 0) {
         hc_intra_shard(count, L, x->local_rank, &off, &len);
         return nccl_settle(x,
-                           g_nccl.reduce_scatter(sendbuf, (char *)recvbuf + off * es, len, ndt,
+                           x->nc->reduce_scatter(sendbuf, (char *)recvbuf + off * es, len, ndt,
                                                  nop, x->comm, stream),
                            "ncclReduceScatter");
     }
-    g_nccl.group_start();
+    x->nc->group_start();
     for (int j = 0; j < L; j++) {
         hc_intra_shard(count, L, j, &off, &len);
         if (len == 0)
             continue;
         /* Only the root writes its recvbuf; the others pass theirs as NCCL
          * wants a valid pointer. */
-        nccl_res_t r = g_nccl.reduce((const char *)sendbuf + off * es, (char *)recvbuf + off * es,
+        hc_nccl_res_t r = x->nc->reduce((const char *)sendbuf + off * es, (char *)recvbuf + off * es,
                                      len, ndt, nop, j, x->comm, stream);
-        if (r != NCCL_SUCCESS && r != NCCL_IN_PROGRESS) {
-            g_nccl.group_end();
+        if (r != HC_NCCL_SUCCESS && r != HC_NCCL_IN_PROGRESS) {
+            x->nc->group_end();
             return x->failed = hc_err_set(x->eb, HC_COLL, x->rank, HCOLL_ERR_NCCL,
-                                          "ncclReduce (shard %d): %s", j, g_nccl.err_string(r));
+                                          "ncclReduce (shard %d): %s", j, x->nc->err_string(r));
         }
     }
     return nccl_group_end(x, "ncclReduce group (reduce-scatter of uneven shards)");
@@ -382,22 +364,22 @@ static hcoll_status_t nccl_all_gather(hc_intra_t *ctx, void *recvbuf, size_t cou
     if (count % (size_t)L == 0) {
         hc_intra_shard(count, L, x->local_rank, &off, &len);
         return nccl_settle(x,
-                           g_nccl.all_gather((char *)recvbuf + off * es, recvbuf, len, ndt,
+                           x->nc->all_gather((char *)recvbuf + off * es, recvbuf, len, ndt,
                                              x->comm, stream),
                            "ncclAllGather");
     }
-    g_nccl.group_start();
+    x->nc->group_start();
     for (int j = 0; j < L; j++) {
         hc_intra_shard(count, L, j, &off, &len);
         if (len == 0)
             continue;
         char *p = (char *)recvbuf + off * es;
-        nccl_res_t r = g_nccl.broadcast(p, p, len, ndt, j, x->comm, stream);
-        if (r != NCCL_SUCCESS && r != NCCL_IN_PROGRESS) {
-            g_nccl.group_end();
+        hc_nccl_res_t r = x->nc->broadcast(p, p, len, ndt, j, x->comm, stream);
+        if (r != HC_NCCL_SUCCESS && r != HC_NCCL_IN_PROGRESS) {
+            x->nc->group_end();
             return x->failed = hc_err_set(x->eb, HC_COLL, x->rank, HCOLL_ERR_NCCL,
                                           "ncclBroadcast (shard %d): %s", j,
-                                          g_nccl.err_string(r));
+                                          x->nc->err_string(r));
         }
     }
     return nccl_group_end(x, "ncclBroadcast group (all-gather of uneven shards)");
@@ -412,7 +394,7 @@ static hcoll_status_t nccl_allreduce(hc_intra_t *ctx, const void *sendbuf, void 
     hcoll_status_t st = nccl_check_args(x, dtype, op, stream, &ndt, &nop);
     if (st != HCOLL_SUCCESS || count == 0)
         return st;
-    return nccl_settle(x, g_nccl.all_reduce(sendbuf, recvbuf, count, ndt, nop, x->comm, stream),
+    return nccl_settle(x, x->nc->all_reduce(sendbuf, recvbuf, count, ndt, nop, x->comm, stream),
                        "ncclAllReduce");
 }
 
@@ -441,14 +423,14 @@ static void nccl_destroy(hc_intra_t *ctx)
      * waits for peers. */
     int clean = !atomic_load(&x->aborted) && x->failed == HCOLL_SUCCESS;
     if (clean) {
-        nccl_res_t r = g_nccl.finalize(x->comm);
-        clean = (r == NCCL_SUCCESS || r == NCCL_IN_PROGRESS) &&
+        hc_nccl_res_t r = x->nc->finalize(x->comm);
+        clean = (r == HC_NCCL_SUCCESS || r == HC_NCCL_IN_PROGRESS) &&
                 nccl_settle(x, r, "ncclCommFinalize") == HCOLL_SUCCESS;
     }
     if (clean)
-        g_nccl.destroy(x->comm);
+        x->nc->destroy(x->comm);
     else
-        g_nccl.abort(x->comm);
+        x->nc->abort(x->comm);
     free(x);
 }
 
