@@ -384,6 +384,10 @@ HCOLL_API hcoll_status_t hcoll_request_free(hcoll_request_t req);
  * node: everything is inter_us). Where the intra-node stage runs as one
  * fused step (one node; vectors up to HCOLL_SMALL_BYTES), its time is split
  * evenly between intra_rs_us and intra_ag_us.
+ * Device buffers: the intra-node stages run on the caller's stream and are
+ * not timed, so intra_rs_us and intra_ag_us read -1 where the plan has
+ * them; inter_us is the host stage (staging copies and ring), total_us its
+ * span in hcoll's thread.
  */
 typedef struct hcoll_stage_times {
     double intra_rs_us;

@@ -87,8 +87,17 @@ START_TEST(flags_every_flag_good)
     ck_assert_int_eq(o.dtype, HCOLL_BFLOAT16);
     ck_assert_int_eq(o.op, HCOLL_AVG);
     ck_assert_int_eq(o.peer, HP_PEER_NCCL);
+    ck_assert_int_eq(o.mem, HP_MEM_DEVICE); /* NCCL needs GPU memory */
+    GOOD("--mem", "device");
+    ck_assert_int_eq(o.mem, HP_MEM_DEVICE);
+    ck_assert_int_eq(o.peer, HP_PEER_NONE);
+    GOOD("--mem=host");
+    ck_assert_int_eq(o.mem, HP_MEM_HOST);
+    GOOD("--peer", "nccl", "--mem", "device");
+    ck_assert_int_eq(o.mem, HP_MEM_DEVICE);
     GOOD("--peer", "mpi", "-d", "int64", "-o", "prod", "--line-rate", "200Gbps");
     ck_assert_int_eq(o.peer, HP_PEER_MPI);
+    ck_assert_int_eq(o.mem, HP_MEM_HOST);
     ck_assert_double_eq_tol(o.line_rate, 25e9, 1);
     GOOD("-h");
     ck_assert_int_eq(o.help, 1);
@@ -140,6 +149,9 @@ START_TEST(flags_bad_values)
     BAD("-np", "5", "--ranks-per-node", "2"); /* not a multiple */
     BAD("-np", "4", "--peer", "mpi");         /* MPI launches its ranks */
     BAD("--peer", "gloo");
+    BAD("--mem", "gpu");
+    BAD("--mem", "");
+    BAD("--peer", "nccl", "--mem", "host"); /* NCCL reduces GPU memory */
     BAD("-J", "");
     BAD("--plot", "");
     BAD("--deadline", "0");

@@ -1,6 +1,8 @@
 /*
- * hcoll_perf: nccl-tests' all_reduce_perf for the three-stage pattern,
- * written against the public API (hcoll.h) only.
+ * hcoll_perf: nccl-tests' all_reduce_perf for the three-stage pattern.
+ * hcoll is driven through its public API (hcoll.h) only; CUDA and NCCL
+ * (--mem device, --peer nccl) through the library's run-time loaders
+ * (gdr/gdr.h, intra/nccl_api.h), so the binary links neither.
  *
  *   sizes -b..-e ─► per size: check (-c) ─► warm-up (-w) ─► -n timed calls,
  *                   out of place then in place, then the same for --peer
@@ -14,6 +16,12 @@
  * launch (HCOLL_RANK, HCOLL_NRANKS, HCOLL_ROOT, HCOLL_SECRET), or -np N:
  * fork N ranks here with a loopback rendezvous; --ranks-per-node groups
  * them into emulated nodes through HCOLL_HOSTID.
+ *
+ * --mem device: local rank i uses GPU i mod #GPUs (its primary context) and
+ * one non-blocking CUDA stream; every call goes on that stream, a timed
+ * batch ends with a stream synchronize, -c fills and reads through host
+ * copies. --peer nccl: one flat NCCL communicator over all ranks, its
+ * unique id carried by a small hcoll_allreduce.
  *
  * Exit: 0; 1 on an error or a non-zero #wrong; 2 usage; 3 when
  * hcoll_allreduce says HCOLL_ERR_UNSUPPORTED (this library version has no
@@ -37,6 +45,8 @@
 #include <unistd.h>
 
 #include "hcoll.h"
+#include "gdr/gdr.h"
+#include "intra/nccl_api.h"
 #include "lib/perf.h"
 
 #ifndef HCOLL_PERF_MPI
@@ -59,7 +69,25 @@ typedef struct peer_ops {
     int (*allreduce)(perf_t *p, const void *send, void *recv, size_t count, char *err,
                      size_t errlen);
     void (*barrier)(perf_t *p);
+    /* Wait until every call issued so far is done; 0 ok, -1 with err.
+     * NULL: calls complete before they return (MPI). */
+    int (*sync)(perf_t *p, char *err, size_t errlen);
 } peer_ops_t;
+
+/* --mem device: this rank's GPU. */
+typedef struct perf_gpu {
+    const hc_cu_api_t *cu; /* NULL: host memory */
+    int ordinal, cudev;
+    void *ctx, *stream;
+    char busid[32];
+} perf_gpu_t;
+
+/* --peer nccl. */
+typedef struct perf_nccl {
+    const hc_nccl_api_t *nc;
+    hc_nccl_comm_t comm;
+    int dtype, op;
+} perf_nccl_t;
 
 struct perf {
     hp_opts_t o;
@@ -69,7 +97,10 @@ struct perf {
     int async_ok;            /* hcoll_allreduce_async works */
     double line_bps;
     char line_src[200];
-    void *send, *recv;
+    void *send, *recv;       /* host, or device addresses with --mem device */
+    void *stage;             /* host copy for -c fills and reads */
+    perf_gpu_t gpu;
+    perf_nccl_t nccl;
     int64_t *scratch;        /* barrier and cross-rank reductions */
     const peer_ops_t *peer;
     hp_row_t *rows;
@@ -155,6 +186,124 @@ static void reduce_sum(perf_t *p, int64_t *v, size_t n)
 }
 
 /* ------------------------------------------------------------------------ */
+/* Buffers: host memory, or device memory on this rank's GPU (--mem device)   */
+/* ------------------------------------------------------------------------ */
+
+static void cu_die(perf_t *p, const char *what, hc_cu_res_t r)
+{
+    char eb[200], msg[300];
+    snprintf(msg, sizeof msg, "--mem device: %s: %s", what, hc_gdr_cu_errstr(r, eb, sizeof eb));
+    die(p, "%s", msg);
+}
+
+/* Local rank i on GPU i mod #GPUs, as a job with one GPU per local rank
+ * would be placed; the primary context is the one the CUDA runtime of a
+ * training framework would use. */
+static void gpu_open(perf_t *p)
+{
+    char why[256] = "";
+    perf_gpu_t *g = &p->gpu;
+    const hc_cu_api_t *cu = hc_gdr_cu(why, sizeof why);
+    if (!cu)
+        die(p, "--mem device: no usable CUDA driver: %s", why);
+    int ndev = 0, d;
+    while (ndev < 1024 && cu->device_get(&d, ndev) == HC_CU_SUCCESS)
+        ndev++;
+    if (ndev == 0)
+        die(p, "%s", "--mem device: the CUDA driver reports no GPU");
+    int local = 0;
+    hcoll_comm_local_rank(p->comm, &local);
+    g->ordinal = local % ndev;
+    hc_cu_res_t r;
+    if ((r = cu->device_get(&g->cudev, g->ordinal)) != HC_CU_SUCCESS)
+        cu_die(p, "cuDeviceGet", r);
+    if ((r = cu->primary_retain(&g->ctx, g->cudev)) != HC_CU_SUCCESS)
+        cu_die(p, "cuDevicePrimaryCtxRetain", r);
+    g->cu = cu; /* from here on, gpu_close releases */
+    if ((r = cu->ctx_set_current(g->ctx)) != HC_CU_SUCCESS)
+        cu_die(p, "cuCtxSetCurrent", r);
+    if ((r = cu->stream_create(&g->stream, HC_CU_STREAM_NON_BLOCKING)) != HC_CU_SUCCESS)
+        cu_die(p, "cuStreamCreate", r);
+    int cc = 0, dmabuf = 0;
+    if (hc_gdr_gpu_info(g->ordinal, g->busid, sizeof g->busid, &cc, &dmabuf) != 0)
+        snprintf(g->busid, sizeof g->busid, "?");
+}
+
+static void gpu_close(perf_t *p)
+{
+    perf_gpu_t *g = &p->gpu;
+    if (!g->cu)
+        return;
+    if (g->stream)
+        g->cu->stream_destroy(g->stream);
+    g->cu->primary_release(g->cudev);
+    g->cu = NULL;
+}
+
+static void *buf_alloc(perf_t *p, size_t n)
+{
+    if (!n)
+        n = 1;
+    if (p->gpu.cu) {
+        hc_cu_dptr_t d = 0;
+        hc_cu_res_t r = p->gpu.cu->mem_alloc(&d, n);
+        if (r != HC_CU_SUCCESS)
+            cu_die(p, "cuMemAlloc", r);
+        return (void *)(uintptr_t)d;
+    }
+    void *h = NULL;
+    if (posix_memalign(&h, 4096, n) != 0)
+        die(p, "%s", "out of memory for the buffers");
+    return h;
+}
+
+static void buf_free(perf_t *p, void *b)
+{
+    if (p->gpu.cu && b)
+        p->gpu.cu->mem_free((hc_cu_dptr_t)(uintptr_t)b);
+    else
+        free(b);
+}
+
+/* Wait for everything on this rank's stream; nothing to do on the host. */
+static void buf_sync(perf_t *p)
+{
+    if (!p->gpu.cu)
+        return;
+    hc_cu_res_t r = p->gpu.cu->stream_synchronize(p->gpu.stream);
+    if (r != HC_CU_SUCCESS)
+        cu_die(p, "cuStreamSynchronize", r);
+}
+
+/* n bytes from the host to a benchmark buffer, complete on return. */
+static void buf_put(perf_t *p, void *dst, const void *host, size_t n)
+{
+    if (!p->gpu.cu) {
+        memcpy(dst, host, n);
+        return;
+    }
+    hc_cu_res_t r = p->gpu.cu->memcpy_htod_async((hc_cu_dptr_t)(uintptr_t)dst, host, n,
+                                                 p->gpu.stream);
+    if (r != HC_CU_SUCCESS)
+        cu_die(p, "cuMemcpyHtoDAsync", r);
+    buf_sync(p);
+}
+
+/* n bytes of a benchmark buffer to the host, after everything before. */
+static void buf_get(perf_t *p, void *host, const void *src, size_t n)
+{
+    if (!p->gpu.cu) {
+        memcpy(host, src, n);
+        return;
+    }
+    hc_cu_res_t r = p->gpu.cu->memcpy_dtoh_async(host, (hc_cu_dptr_t)(uintptr_t)src, n,
+                                                 p->gpu.stream);
+    if (r != HC_CU_SUCCESS)
+        cu_die(p, "cuMemcpyDtoHAsync", r);
+    buf_sync(p);
+}
+
+/* ------------------------------------------------------------------------ */
 /* Per-stage times                                                            */
 /* ------------------------------------------------------------------------ */
 
@@ -180,11 +329,30 @@ static int stage_times_last(hcoll_comm_t comm, hcoll_request_t req, double us_ou
 /* hcoll                                                                      */
 /* ------------------------------------------------------------------------ */
 
-static void hcoll_call(perf_t *p, const void *s, void *r, size_t count)
+/* Enqueue one call (device memory) or run it (host memory). */
+static void hcoll_issue(perf_t *p, const void *s, void *r, size_t count)
 {
-    hcoll_status_t st = hcoll_allreduce(p->comm, s, r, count, p->o.dtype, p->o.op, NULL);
+    hcoll_status_t st = hcoll_allreduce(p->comm, s, r, count, p->o.dtype, p->o.op,
+                                        p->gpu.stream);
     if (st != HCOLL_SUCCESS)
         die_status(p, "hcoll_allreduce", st);
+}
+
+/* One call, complete on return. */
+static void hcoll_call(perf_t *p, const void *s, void *r, size_t count)
+{
+    hcoll_issue(p, s, r, count);
+    buf_sync(p);
+}
+
+static void add_stage_times(perf_t *p, double st_us[HP_NSTAGES], int *st_n)
+{
+    double us[HP_NSTAGES];
+    if (st_us && stage_times_last(p->comm, NULL, us) == 0) {
+        for (int k = 0; k < HP_NSTAGES; k++)
+            st_us[k] += us[k];
+        ++*st_n;
+    }
 }
 
 /* Seconds per call, this rank; stage times summed into st_us when asked. */
@@ -193,15 +361,24 @@ static double hcoll_time(perf_t *p, const void *s, void *r, size_t count, int it
 {
     hc_barrier(p);
     double t0 = now_s();
+    if (p->gpu.cu) {
+        /* Device memory: calls go on the stream as nccl-tests issues them;
+         * -z 1 waits for each. Stage times: of a call near the end of the
+         * batch (the library writes them as each call's host stage ends). */
+        for (int i = 0; i < iters; i++) {
+            hcoll_issue(p, s, r, count);
+            if (p->o.blocking)
+                buf_sync(p);
+        }
+        buf_sync(p);
+        double t = (now_s() - t0) / iters;
+        add_stage_times(p, st_us, st_n);
+        return t;
+    }
     if (p->o.blocking || !p->async_ok) {
         for (int i = 0; i < iters; i++) {
             hcoll_call(p, s, r, count);
-            double us[HP_NSTAGES];
-            if (st_us && stage_times_last(p->comm, NULL, us) == 0) {
-                for (int k = 0; k < HP_NSTAGES; k++)
-                    st_us[k] += us[k];
-                ++*st_n;
-            }
+            add_stage_times(p, st_us, st_n);
         }
         return (now_s() - t0) / iters;
     }
@@ -300,45 +477,123 @@ static void mpi_barrier(perf_t *p)
     MPI_Barrier(MPI_COMM_WORLD);
 }
 
-static const peer_ops_t mpi_peer = { "mpi", mpi_allreduce, mpi_barrier };
+static const peer_ops_t mpi_peer = { "mpi", mpi_allreduce, mpi_barrier, NULL };
 #endif
 
 /*
- * NCCL through dlopen, so that the binary never needs libnccl or libcudart.
- * Only the loading and the device check are here; see peer_nccl_open.
+ * NCCL on one flat communicator over all ranks, on this rank's GPU and
+ * stream. Rank 0's unique id reaches the others inside an int64 SUM
+ * all-reduce in which every other rank adds zeros: exact, and it needs no
+ * MPI. Set-up is non-blocking, polled against a deadline, so that a rank
+ * that cannot join makes the others fail instead of hang.
  */
-static int peer_nccl_open(perf_t *p, char *err, size_t errlen)
+#define NCCL_PEER_INIT_S 120.0
+
+static int nccl_settle(perf_t *p, hc_nccl_res_t r, const char *what, char *err, size_t errlen)
 {
-    (void)p;
-    void *cudart = dlopen("libcudart.so", RTLD_NOW | RTLD_LOCAL);
-    if (!cudart)
-        cudart = dlopen("libcudart.so.12", RTLD_NOW | RTLD_LOCAL);
-    if (!cudart) {
-        snprintf(err, errlen, "--peer nccl: cannot load libcudart (%s): this host has no CUDA "
-                              "runtime", dlerror());
-        return -1;
+    const hc_nccl_api_t *nc = p->nccl.nc;
+    double deadline = now_s() + NCCL_PEER_INIT_S;
+    while (r == HC_NCCL_IN_PROGRESS && now_s() < deadline) {
+        struct timespec ts = { 0, 200000 };
+        nanosleep(&ts, NULL);
+        if (nc->get_async_error(p->nccl.comm, &r) != HC_NCCL_SUCCESS)
+            break;
     }
-    int (*get_count)(int *) = (int (*)(int *))dlsym(cudart, "cudaGetDeviceCount");
-    int ndev = 0;
-    if (!get_count || get_count(&ndev) != 0 || ndev == 0) {
-        snprintf(err, errlen, "--peer nccl: no GPU on this host (cudaGetDeviceCount)");
-        dlclose(cudart);
-        return -1;
-    }
-    void *nccl = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
-    if (!nccl) {
-        snprintf(err, errlen, "--peer nccl: cannot load libnccl.so.2 (%s)", dlerror());
-        dlclose(cudart);
-        return -1;
-    }
-    dlclose(nccl);
-    dlclose(cudart);
-    /* Both are here, but the comparison needs hcoll on device buffers (the
-     * NCCL intra-node backend), which this library version does not have. */
-    snprintf(err, errlen, "--peer nccl: NCCL and a GPU are present, but hcoll's device-buffer "
-                          "path is not in this version, so there is nothing to compare on the "
-                          "same buffers yet");
+    if (r == HC_NCCL_SUCCESS)
+        return 0;
+    snprintf(err, errlen, "--peer nccl: %s: %s", what,
+             r == HC_NCCL_IN_PROGRESS ? "no answer within the deadline" : nc->err_string(r));
     return -1;
+}
+
+static int nccl_allreduce(perf_t *p, const void *s, void *r, size_t count, char *err,
+                          size_t errlen)
+{
+    const hc_nccl_api_t *nc = p->nccl.nc;
+    hc_nccl_res_t res = nc->all_reduce(s, r, count, p->nccl.dtype, p->nccl.op, p->nccl.comm,
+                                       p->gpu.stream);
+    if (res == HC_NCCL_SUCCESS || res == HC_NCCL_IN_PROGRESS)
+        return 0;
+    snprintf(err, errlen, "--peer nccl: ncclAllReduce: %s", nc->err_string(res));
+    return -1;
+}
+
+static int nccl_sync(perf_t *p, char *err, size_t errlen)
+{
+    hc_cu_res_t r = p->gpu.cu->stream_synchronize(p->gpu.stream);
+    if (r != HC_CU_SUCCESS) {
+        char eb[200];
+        snprintf(err, errlen, "--peer nccl: cuStreamSynchronize: %s",
+                 hc_gdr_cu_errstr(r, eb, sizeof eb));
+        return -1;
+    }
+    hc_nccl_res_t a = HC_NCCL_SUCCESS;
+    p->nccl.nc->get_async_error(p->nccl.comm, &a);
+    if (a != HC_NCCL_SUCCESS && a != HC_NCCL_IN_PROGRESS) {
+        snprintf(err, errlen, "--peer nccl: asynchronous error: %s", p->nccl.nc->err_string(a));
+        return -1;
+    }
+    return 0;
+}
+
+static const peer_ops_t nccl_peer = { "nccl", nccl_allreduce, hc_barrier, nccl_sync };
+
+/* Collective over hcoll: every rank ends with the NCCL communicator, or
+ * every rank stops with a message (rank 0 says why when it knows). */
+static void peer_nccl_open(perf_t *p)
+{
+    char why[300] = "", load[200] = "";
+    perf_nccl_t *n = &p->nccl;
+    n->nc = hc_nccl_api(load, sizeof load);
+    n->dtype = hc_nccl_dtype(p->o.dtype);
+    n->op = hc_nccl_op(p->o.op, 0);
+    /* [0..15] the unique id, [16] ranks that cannot go on. */
+    int64_t x[HC_NCCL_UNIQUE_ID_BYTES / 8 + 1];
+    memset(x, 0, sizeof x);
+    if (!n->nc)
+        snprintf(why, sizeof why, "--peer nccl: %s", load);
+    else if (n->dtype < 0 || n->op < 0)
+        snprintf(why, sizeof why, "--peer nccl: NCCL has no %s %s", hcoll_dtype_name(p->o.dtype),
+                 hcoll_op_name(p->o.op));
+    else if (p->rank == 0) {
+        hc_nccl_res_t r = n->nc->get_unique_id((hc_nccl_uid_t *)(void *)x);
+        if (r != HC_NCCL_SUCCESS)
+            snprintf(why, sizeof why, "--peer nccl: ncclGetUniqueId: %s", n->nc->err_string(r));
+    }
+    x[HC_NCCL_UNIQUE_ID_BYTES / 8] = why[0] != '\0';
+    reduce_sum(p, x, sizeof x / sizeof x[0]);
+    if (x[HC_NCCL_UNIQUE_ID_BYTES / 8])
+        die(p, "%s", why[0] ? why : "--peer nccl: another rank cannot use NCCL (see its message)");
+
+    hc_nccl_config_t cfg;
+    hc_nccl_config_init(&cfg, 0);
+    hc_nccl_uid_t id;
+    memcpy(&id, x, sizeof id);
+    hc_nccl_res_t r = n->nc->init_rank_config(&n->comm, p->nranks, id, p->rank, &cfg);
+    int bad = nccl_settle(p, r, "ncclCommInitRankConfig (every rank needs a GPU of its own)",
+                          why, sizeof why) != 0;
+    int64_t fails[1] = { bad };
+    reduce_sum(p, fails, 1);
+    if (fails[0]) {
+        if (n->comm)
+            n->nc->abort(n->comm);
+        n->comm = NULL;
+        die(p, "%s", bad ? why : "--peer nccl: another rank failed to join NCCL");
+    }
+    p->peer = &nccl_peer;
+}
+
+static void peer_nccl_close(perf_t *p)
+{
+    perf_nccl_t *n = &p->nccl;
+    if (!n->comm)
+        return;
+    char err[300];
+    if (nccl_settle(p, n->nc->finalize(n->comm), "ncclCommFinalize", err, sizeof err) == 0)
+        n->nc->destroy(n->comm);
+    else
+        n->nc->abort(n->comm);
+    n->comm = NULL;
 }
 
 /* Seconds per call of the peer, this rank. */
@@ -347,16 +602,22 @@ static double peer_time(perf_t *p, const void *s, void *r, size_t count, int ite
     char err[300];
     p->peer->barrier(p);
     double t0 = now_s();
-    for (int i = 0; i < iters; i++)
+    for (int i = 0; i < iters; i++) {
         if (p->peer->allreduce(p, s, r, count, err, sizeof err) != 0)
             die(p, "%s", err);
+        if (p->o.blocking && p->peer->sync && p->peer->sync(p, err, sizeof err) != 0)
+            die(p, "%s", err);
+    }
+    if (p->peer->sync && p->peer->sync(p, err, sizeof err) != 0)
+        die(p, "%s", err);
     return (now_s() - t0) / iters;
 }
 
 static void peer_call(perf_t *p, const void *s, void *r, size_t count)
 {
     char err[300];
-    if (p->peer->allreduce(p, s, r, count, err, sizeof err) != 0)
+    if (p->peer->allreduce(p, s, r, count, err, sizeof err) != 0 ||
+        (p->peer->sync && p->peer->sync(p, err, sizeof err) != 0))
         die(p, "%s", err);
 }
 
@@ -371,14 +632,22 @@ static void run_check(perf_t *p, call_fn call, size_t count, int64_t wrong[2])
 {
     size_t bytes = count * hcoll_dtype_size(p->o.dtype);
     wrong[0] = wrong[1] = 0;
+    const hcoll_dtype_t dt = p->o.dtype;
+    const hcoll_op_t op = p->o.op;
     for (int c = 0; c < p->o.check; c++) {
-        hp_check_fill(p->send, count, p->o.dtype, p->o.op, p->rank, p->nranks);
-        memset(p->recv, 0xa5, bytes);
+        /* Filled and read through p->stage, so device memory works too. */
+        hp_check_fill(p->stage, count, dt, op, p->rank, p->nranks);
+        buf_put(p, p->send, p->stage, bytes);
+        memset(p->stage, 0xa5, bytes); /* a result never written shows as wrong */
+        buf_put(p, p->recv, p->stage, bytes);
         call(p, p->send, p->recv, count);
-        wrong[0] += (int64_t)hp_check_count_wrong(p->recv, count, p->o.dtype, p->o.op, p->nranks);
-        hp_check_fill(p->recv, count, p->o.dtype, p->o.op, p->rank, p->nranks);
+        buf_get(p, p->stage, p->recv, bytes);
+        wrong[0] += (int64_t)hp_check_count_wrong(p->stage, count, dt, op, p->nranks);
+        hp_check_fill(p->stage, count, dt, op, p->rank, p->nranks);
+        buf_put(p, p->recv, p->stage, bytes);
         call(p, p->recv, p->recv, count);
-        wrong[1] += (int64_t)hp_check_count_wrong(p->recv, count, p->o.dtype, p->o.op, p->nranks);
+        buf_get(p, p->stage, p->recv, bytes);
+        wrong[1] += (int64_t)hp_check_count_wrong(p->stage, count, dt, op, p->nranks);
     }
 }
 
@@ -431,16 +700,27 @@ static void print_row(const perf_t *p, const hp_row_t *r)
         snprintf(pct, sizeof pct, "%.1f", r->nic_pct);
     printf("  %7s  %6s", nic, pct);
     if (p->o.stages) {
-        if (r->have_stages) {
-            double sum = r->stage_us[0] + r->stage_us[1] + r->stage_us[2];
-            if (sum <= 0)
-                sum = 1;
-            printf("  %8.1f %8.1f %8.1f  %5.1f %5.1f %5.1f", r->stage_us[0], r->stage_us[1],
-                   r->stage_us[2], 100 * r->stage_us[0] / sum, 100 * r->stage_us[1] / sum,
-                   100 * r->stage_us[2] / sum);
-        } else {
-            printf("  %8s %8s %8s  %5s %5s %5s", "-", "-", "-", "-", "-", "-");
+        /* A stage the library did not time (< 0) shows '-', and then no
+         * split is given. */
+        char us[HP_NSTAGES][16], pc[HP_NSTAGES][16];
+        double sum = 0;
+        int all = r->have_stages;
+        for (int k = 0; k < HP_NSTAGES; k++) {
+            if (r->have_stages && r->stage_us[k] >= 0) {
+                snprintf(us[k], sizeof us[k], "%.1f", r->stage_us[k]);
+                sum += r->stage_us[k];
+            } else {
+                snprintf(us[k], sizeof us[k], "-");
+                all = 0;
+            }
         }
+        for (int k = 0; k < HP_NSTAGES; k++) {
+            if (all)
+                snprintf(pc[k], sizeof pc[k], "%.1f", 100 * r->stage_us[k] / (sum > 0 ? sum : 1));
+            else
+                snprintf(pc[k], sizeof pc[k], "-");
+        }
+        printf("  %8s %8s %8s  %5s %5s %5s", us[0], us[1], us[2], pc[0], pc[1], pc[2]);
     }
     if (p->peer) {
         if (r->ratio >= 0)
@@ -520,7 +800,7 @@ static void run_size(perf_t *p, uint64_t bytes)
     hp_result_fill(&h->oop, (double)bytes, t[0] * 1e6, p->nranks, checked ? w[0] : -1);
     hp_result_fill(&h->ip, (double)bytes, t[1] * 1e6, p->nranks, checked ? w[1] : -1);
     hp_row_nic(h, p->nodes, p->local_size, p->line_bps);
-    h->have_stages = t[2] >= 0;
+    h->have_stages = t[3] >= 0; /* the inter stage is always timed when any is */
     for (int k = 0; k < HP_NSTAGES; k++)
         h->stage_us[k] = t[2 + k];
     if (h->have_stages)
@@ -741,14 +1021,6 @@ static int rank_main(const hp_opts_t *o)
                                  "mpicc and rebuild)");
         return EXIT_USAGE;
     }
-    if (o->peer == HP_PEER_NCCL) {
-        char err[300];
-        if (peer_nccl_open(p, err, sizeof err) != 0) {
-            fprintf(stderr, "hcoll_perf: %s\n", err);
-            finish_mpi(p, 0);
-            return 1;
-        }
-    }
     if (o->ranks_per_node > 0 && !getenv("HCOLL_PERF_CHILD")) {
         int r = launcher_rank();
 #if HCOLL_PERF_MPI
@@ -777,12 +1049,18 @@ static int rank_main(const hp_opts_t *o)
         p->line_bps = 0;
 
     size_t max = (size_t)o->maxbytes;
-    if (posix_memalign(&p->send, 4096, max ? max : 1) ||
-        posix_memalign(&p->recv, 4096, max ? max : 1) ||
+    if (posix_memalign(&p->stage, 4096, max ? max : 1) ||
         posix_memalign((void **)&p->scratch, 64, 64))
         die(p, "%s", "out of memory for the buffers");
-    memset(p->send, 0, max);
-    memset(p->recv, 0, max);
+    if (o->mem == HP_MEM_DEVICE)
+        gpu_open(p);
+    p->send = buf_alloc(p, max);
+    p->recv = buf_alloc(p, max);
+    memset(p->stage, 0, max);
+    buf_put(p, p->send, p->stage, max);
+    buf_put(p, p->recv, p->stage, max);
+    if (o->peer == HP_PEER_NCCL)
+        peer_nccl_open(p);
 
     if (p->rank == 0) {
         printf("# hcoll_perf (hcoll %s): %d ranks, %d nodes x %d ranks/node, %s %s, -n %d -w %d "
@@ -790,6 +1068,9 @@ static int rank_main(const hp_opts_t *o)
                HCOLL_VERSION_STRING, p->nranks, p->nodes, p->local_size,
                hcoll_dtype_name(o->dtype), hcoll_op_name(o->op), o->iters, o->warmup, o->check,
                o->blocking);
+        if (p->gpu.cu)
+            printf("# buffers: device memory; local rank i on GPU i mod #GPUs (rank 0: GPU %d, "
+                   "%s), one CUDA stream per rank\n", p->gpu.ordinal, p->gpu.busid);
         if (p->line_bps > 0)
             printf("# line rate: %.2f GB/s per NIC (%s)\n", p->line_bps / 1e9, p->line_src);
         else
@@ -844,10 +1125,13 @@ static int rank_main(const hp_opts_t *o)
     reduce_sum(p, agree, 1);
     rc = agree[0] ? (p->rank == 0 ? rc : EXIT_WRONG) : 0;
 
+    peer_nccl_close(p);
     hcoll_comm_destroy(p->comm);
     finish_mpi(p, 0);
-    free(p->send);
-    free(p->recv);
+    buf_free(p, p->send);
+    buf_free(p, p->recv);
+    gpu_close(p);
+    free(p->stage);
     free(p->scratch);
     free(p->rows);
     return rc;

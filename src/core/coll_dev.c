@@ -768,6 +768,9 @@ hcoll_status_t hc_coll_dev_execute(hc_coll_dev_t *d, hc_dev_op_t *o, hcoll_statu
     free(o);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     times->inter_us = ring_us;
+    /* NCCL's stages run on the caller's stream, untimed (hcoll.h). */
+    if (plan_needs_nccl(d->plan))
+        times->intra_rs_us = times->intra_ag_us = -1;
     times->total_us = (t1.tv_sec - t0.tv_sec) * 1e6 + (t1.tv_nsec - t0.tv_nsec) / 1e3;
     return st;
 }

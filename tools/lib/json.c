@@ -83,10 +83,15 @@ int hp_json_write(FILE *f, const hp_meta_t *m, const hp_row_t *rows, int nrows)
         fputs(", ", f);
         num(f, "nic_pct", r->nic_pct, r->nic_pct >= 0);
         fputs(", ", f);
-        if (r->have_stages)
-            fprintf(f, "\"stages_us\": {\"intra_rs\": %.6g, \"inter\": %.6g, \"intra_ag\": %.6g}",
-                    r->stage_us[0], r->stage_us[1], r->stage_us[2]);
-        else
+        if (r->have_stages) {
+            /* A stage the library did not time (< 0) is null. */
+            static const char *keys[HP_NSTAGES] = { "intra_rs", "inter", "intra_ag" };
+            fputs("\"stages_us\": {", f);
+            for (int k = 0; k < HP_NSTAGES; k++) {
+                num(f, keys[k], r->stage_us[k], r->stage_us[k] >= 0);
+                fputs(k + 1 < HP_NSTAGES ? ", " : "}", f);
+            }
+        } else
             fputs("\"stages_us\": null", f);
         fputs(", ", f);
         num(f, "hcoll_over_peer", r->ratio, r->ratio >= 0);

@@ -205,6 +205,9 @@ const char *hp_usage(void)
            "  -np N                    launch N ranks on this host (loopback rendezvous)\n"
            "  --ranks-per-node L       emulate nodes of L ranks on one host (sets HCOLL_HOSTID)\n"
            "  --peer mpi|nccl          also time MPI_Allreduce / ncclAllReduce on the same buffers\n"
+           "  --mem host|device        buffers in host memory or on the GPU (local rank i on GPU\n"
+           "                           i mod #GPUs, one CUDA stream); default host, device with\n"
+           "                           --peer nccl\n"
            "  -J, --json FILE          write every row as JSON\n"
            "  --plot FILE.png          plot busbw and NIC % against size (needs gnuplot)\n"
            "  --deadline SECONDS       -np: kill every rank after this long (default 600)\n"
@@ -249,7 +252,7 @@ typedef struct flagdef {
 
 enum {
     F_B, F_E, F_I, F_F, F_N, F_W, F_C, F_D, F_O, F_Z, F_P, F_LINE, F_NP, F_RPN, F_PEER,
-    F_JSON, F_PLOT, F_DEADLINE, F_HELP,
+    F_JSON, F_PLOT, F_DEADLINE, F_MEM, F_HELP,
 };
 
 static const flagdef_t perf_flags[] = {
@@ -262,6 +265,7 @@ static const flagdef_t perf_flags[] = {
     { "np", "np", A_VAL, F_NP },          { NULL, "ranks-per-node", A_VAL, F_RPN },
     { NULL, "peer", A_VAL, F_PEER },      { "J", "json", A_VAL, F_JSON },
     { NULL, "plot", A_VAL, F_PLOT },      { NULL, "deadline", A_VAL, F_DEADLINE },
+    { NULL, "mem", A_VAL, F_MEM },
     { "h", "help", A_NONE, F_HELP },
 };
 
@@ -404,6 +408,14 @@ int hp_opts_parse(int argc, char **argv, hp_opts_t *o, char *err, size_t errlen)
             if (hp_parse_time(v, 1.0, &o->deadline_s) != 0 || o->deadline_s <= 0)
                 return bad(err, errlen, "--deadline: '%s' is not a positive time", v);
             break;
+        case F_MEM:
+            if (strcmp(v, "host") == 0)
+                o->mem = HP_MEM_HOST;
+            else if (strcmp(v, "device") == 0)
+                o->mem = HP_MEM_DEVICE;
+            else
+                return bad(err, errlen, "--mem: '%s' is not host or device", v);
+            break;
         case F_HELP: o->help = 1; break;
         }
     }
@@ -421,6 +433,10 @@ int hp_opts_parse(int argc, char **argv, hp_opts_t *o, char *err, size_t errlen)
                    o->ranks_per_node);
     if (o->np && o->peer == HP_PEER_MPI)
         return bad(err, errlen, "--peer mpi needs mpirun (MPI launches the ranks), not -np");
+    if (o->peer == HP_PEER_NCCL && o->mem == HP_MEM_HOST)
+        return bad(err, errlen, "--peer nccl needs --mem device (NCCL reduces GPU memory)");
+    if (o->mem == HP_MEM_AUTO)
+        o->mem = o->peer == HP_PEER_NCCL ? HP_MEM_DEVICE : HP_MEM_HOST;
     size_t es = hcoll_dtype_size(o->dtype);
     if (o->maxbytes < es)
         return bad(err, errlen, "-e %llu is smaller than one %s element",

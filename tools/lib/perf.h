@@ -152,6 +152,9 @@ int hp_check_exact(hcoll_dtype_t dtype, hcoll_op_t op, int nranks);
 /* ------------------------------------------------------------------------ */
 
 typedef enum hp_peer { HP_PEER_NONE = 0, HP_PEER_MPI, HP_PEER_NCCL } hp_peer_t;
+/* Where the benchmark's buffers live. AUTO: device with --peer nccl (NCCL
+ * needs device memory), host otherwise. */
+typedef enum hp_mem { HP_MEM_AUTO = 0, HP_MEM_HOST, HP_MEM_DEVICE } hp_mem_t;
 
 typedef struct hp_opts {
     uint64_t minbytes, maxbytes;  /* -b -e */
@@ -167,6 +170,7 @@ typedef struct hp_opts {
     int np;                       /* -np: self-launch this many ranks; 0 = no */
     int ranks_per_node;           /* --ranks-per-node; 0 = real hosts */
     hp_peer_t peer;               /* --peer */
+    hp_mem_t mem;                 /* --mem; HP_MEM_AUTO resolves in hp_opts_parse */
     const char *json;             /* -J */
     const char *plot;             /* --plot */
     double deadline_s;            /* --deadline: self-launch kill deadline */
