@@ -224,6 +224,12 @@ HCOLL_API hcoll_status_t hcoll_get_unique_id(hcoll_unique_id_t *id_out);
  * itself never crosses the network). Ranks with the same host id (host
  * name and boot id, or HCOLL_HOSTID) form a node; local ranks are numbered
  * in rank order and local rank i uses rail i.
+ * The communicator's GPU is the calling thread's current CUDA device at
+ * this call, if the process has CUDA loaded (host-only programs are never
+ * made to initialise CUDA): it orders the RDMA NICs by PCI distance and
+ * decides GPUDirect RDMA, and device buffers on another GPU are refused.
+ * Without one, the first device-buffer call's GPU is used and the NIC
+ * choice and GPUDirect do not know it (GPUDirect stays off).
  * On success *comm_out is the new communicator; on failure it is left
  * unchanged and hcoll_comm_last_error(NULL) says why (on this thread):
  * HCOLL_ERR_TIMEOUT when some rank did not join within the timeout (the

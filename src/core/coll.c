@@ -865,6 +865,8 @@ static hcoll_status_t ring_setup(hc_coll_t *co, int nmembers, int position)
             .nsocks_perpeer = (int)c->params.nsocks_perpeer,
             .socket_buf = c->params.socket_buf,
             .errbuf = &c->err,
+            .has_gpu = c->gpu >= 0,
+            .gpu = c->gpu,
         },
         .chunk_bytes = c->params.chunk_bytes,
         .nslots = 0,

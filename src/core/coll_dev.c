@@ -32,9 +32,11 @@
  * waiting (up to the timeout) for every stream to pass it; if one does not,
  * the flag's memory is left allocated rather than freed under it.
  *
- * Which GPU: the device of the buffers at the first device call; its
- * primary context (the one the CUDA runtime uses) is retained for the
- * communicator's life. Later calls on another device are refused.
+ * Which GPU: the device current at hcoll_comm_init (comm->gpu); buffers on
+ * another device are refused. When none was current (CUDA not yet loaded
+ * then), the device of the buffers at the first device call. Its primary
+ * context (the one the CUDA runtime uses) is retained for the
+ * communicator's life.
  */
 #include "core/coll_dev.h"
 #include "core/clock.h"
@@ -464,10 +466,16 @@ static hcoll_status_t dev_validate(hc_coll_dev_t *d, const void *sendbuf, void *
     if (sdev != rdev)
         return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
                           "sendbuf is on GPU %d but recvbuf on GPU %d", sdev, rdev);
+    if (c->gpu >= 0 && sdev != c->gpu)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
+                          "the buffers are on GPU %d, but this communicator's GPU is %d (the "
+                          "current device at hcoll_comm_init)",
+                          sdev, c->gpu);
     if (d->ready && sdev != d->dev)
         return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
                           "the buffers are on GPU %d, but this communicator uses GPU %d (the "
-                          "device of its first device-buffer call)",
+                          "device of its first device-buffer call; no device was current at "
+                          "hcoll_comm_init)",
                           sdev, d->dev);
     if (d->plan == HC_PLAN_INTRA && op == HCOLL_AVG && d->ready && !d->kern)
         return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_UNSUPPORTED,

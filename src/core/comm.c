@@ -29,6 +29,7 @@
 #include "boot/hmac.h"
 #include "boot/uid.h"
 #include "core/log.h"
+#include "gdr/gdr.h"
 #include "sys/host.h"
 
 /* ------------------------------------------------------------------------ */
@@ -197,14 +198,17 @@ void hc_comm_topo_log(const struct hcoll_comm *c)
 {
     if (!hc_log_enabled(HC_LOG_INFO, HC_INIT))
         return;
-    char as[80];
+    char as[80], gpu[32] = "no current GPU";
     const hc_peer_t *me = &c->peers[c->rank];
+    if (c->gpu >= 0)
+        snprintf(gpu, sizeof gpu, "GPU %d", c->gpu);
     const hc_iface_t *rail = &me->addrs[c->local_rank % me->naddrs];
     HC_INFO(HC_INIT, c->rank,
-            "rank %d/%d: node %d/%d '%s', local rank %d/%d, rail %d via %s %s (%d address%s)",
+            "rank %d/%d: node %d/%d '%s', local rank %d/%d, rail %d via %s %s (%d address%s), "
+            "%s",
             c->rank, c->nranks, c->node, c->nnodes, me->host, c->local_rank, c->local_size,
             c->local_rank, rail->name, hc_sockaddr_str(&rail->addr, as, sizeof as), me->naddrs,
-            me->naddrs == 1 ? "" : "es");
+            me->naddrs == 1 ? "" : "es", gpu);
     if (c->rank != 0)
         return;
     HC_INFO(HC_INIT, 0, "topology: %d ranks on %d node%s, %s, %s", c->nranks, c->nnodes,
@@ -307,6 +311,10 @@ static hcoll_status_t comm_create(init_args_t *ia, const hcoll_config_t *config,
         st = hc_err_set(NULL, HC_INIT, ia->rank, HCOLL_ERR_INVALID_ARG, "init: %s", err);
         goto err_comm;
     }
+
+    /* This rank's GPU: the caller's current device now, so that the NIC
+     * choice and GPUDirect (made when the ring connects) know it. */
+    c->gpu = hc_gdr_current_device();
 
     memset(&me, 0, sizeof me);
     me.pid = (int)getpid();

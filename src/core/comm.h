@@ -53,6 +53,7 @@ struct hcoll_comm {
 
     int rank, nranks;
     int local_rank, local_size;
+    int gpu;            /* CUDA device current at init, -1 none (hcoll.h) */
     int node, nnodes;
     int uniform;        /* every node has local_size ranks */
     int *node_of;       /* [nranks] node index of each rank */

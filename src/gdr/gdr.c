@@ -197,6 +197,22 @@ int hc_gdr_cuda_in_process(void)
     return dl_iterate_phdr(find_libcuda, NULL);
 }
 
+int hc_gdr_current_device(void)
+{
+    if (!hc_gdr_cuda_in_process())
+        return -1;
+    const hc_cu_api_t *cu = hc_gdr_cu(NULL, 0);
+    void *ctx = NULL;
+    int cudev;
+    if (!cu || cu->ctx_get_current(&ctx) != CU_OK || !ctx || cu->ctx_get_device(&cudev) != CU_OK)
+        return -1;
+    /* The ordinal whose CUdevice handle this is. */
+    for (int ord = 0, d; ord < 1024 && cu->device_get(&d, ord) == CU_OK; ord++)
+        if (d == cudev)
+            return ord;
+    return -1;
+}
+
 int hc_gdr_ptr_kind(const void *p, int *dev_out)
 {
     if (!p || !hc_gdr_cuda_available(NULL, 0))

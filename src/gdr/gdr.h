@@ -65,6 +65,11 @@ int hc_gdr_flush_needed(int64_t knob, int cc_major);
  * the reason otherwise. Thread-safe; loads once per process. */
 int hc_gdr_cuda_available(char *why, size_t whylen);
 
+/* Device ordinal of the calling thread's current CUDA context, or -1: no
+ * context, or no CUDA in this process (libcuda.so.1 not loaded: a
+ * host-only program is never made to initialise CUDA by asking). */
+int hc_gdr_current_device(void);
+
 /* Kind of memory at p; *dev_out (may be NULL) gets the device ordinal for
  * device/managed memory. Host when there is no driver. */
 int hc_gdr_ptr_kind(const void *p, int *dev_out);

@@ -66,6 +66,8 @@ typedef struct hc_transport_params {
     int nsocks_perpeer;      /* TCP: sockets per peer, >= 1 */
     uint64_t socket_buf;     /* TCP: SO_SNDBUF/SO_RCVBUF, 0 = autotuning */
     hc_errbuf_t *errbuf;     /* where error messages go (NULL: thread's) */
+    int has_gpu;             /* verbs: gpu below is this rank's GPU: it orders */
+    int gpu;                 /* the NICs by PCI distance and decides GPUDirect */
 } hc_transport_params_t;
 
 enum hc_comp_kind {

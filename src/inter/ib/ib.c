@@ -1302,6 +1302,7 @@ static hcoll_status_t ib_create_env(const hc_transport_params_t *params, hc_tran
     if (hc_ib_config_from_env(&cfg, err, sizeof err) != HCOLL_SUCCESS)
         return hc_err_set(params->errbuf, HC_NET, params->log_rank, HCOLL_ERR_INVALID_ARG,
                           "NET/IB: %s", err);
+    cfg.gpu = params->has_gpu ? params->gpu : -1;
     return hc_ib_create(params, &cfg, tr_out);
 }
 
