@@ -33,6 +33,7 @@ typedef struct hc_params {
     int64_t ib_retry_cnt;
     int gdr_level;                        /* enum hc_gdr_level */
     int64_t gdr_flush;                    /* -1 auto, 0 off, 1 on */
+    char sysfs_root[HC_PARAM_STR_MAX];    /* "" = "/" */
     int64_t timeout_ms;
     uint64_t chunk_bytes;
     uint64_t small_bytes;                 /* at most this: latency path (coll.c) */

@@ -123,7 +123,7 @@ hcoll_status_t hc_ib_config_from_env(hc_ib_config_t *cfg_out, char *err, size_t 
         return st;
     hc_ib_config_t c;
     memset(&c, 0, sizeof c);
-    snprintf(c.sysfs_root, sizeof c.sysfs_root, "/");
+    snprintf(c.sysfs_root, sizeof c.sysfs_root, "%s", p.sysfs_root[0] ? p.sysfs_root : "/");
     snprintf(c.hca, sizeof c.hca, "%s", p.ib_hca);
     c.gid_index = (long)p.ib_gid_index;
     c.tc = (int)p.ib_tc;
