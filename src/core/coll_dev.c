@@ -2,22 +2,26 @@
  * The all-reduce on device buffers: GPU stages on the caller's stream, the
  * inter-node stage on the host, joined by a flag in device memory.
  *
- * Three-stage plan, one call (flag: a 32-bit word in device memory):
+ * Three-stage plan, one call of segments 0..m-1 (flag: a 32-bit word in
+ * device memory; s_k: segment k's number, issued in order):
  *
- *   caller's stream  ─ RS(NCCL) ─ ev_ready ─ wait(flag ≥ s) ─ AG(NCCL) ─ ev_done ─►
- *                                   │             ▲
- *   worker thread                   ▼             │
- *     wait ev_ready → D2H(0) ┬ ring(0) ┬ ring(1) ... → write(flag = s) on istream
- *     istream (internal)     └ D2H(1)  └ H2D(0), D2H(2) ...  H2D(last) ┘
+ *   caller's stream ─ RS(0) ev0 RS(1) ev1 … RS(m-1) ─ wait(flag ≥ s_0) AG(0) ─ wait(≥ s_1) AG(1) … ─►
+ *                            │          │                    ▲                     ▲
+ *   worker thread            ▼          ▼                    │                     │
+ *     segment 0: wait ev0 → D2H(0) ┬ ring(0) ┬ … → write(flag = s_0)               │
+ *     istream (internal)           └ D2H(1)  └ H2D(0) …                            │
+ *     segment 1: wait ev1 → …                                 … → write(flag = s_1)
  *
- * hcoll_allreduce returns once the stream holds RS, the wait and AG: the
- * host never synchronises the caller's stream. The worker (the executor's
- * thread, coll.c) waits for ev_ready by polling, which blocks hcoll's
- * thread only; it stages the rank's shard through two pinned buffers
- * (copies on an internal stream, so that the ring of piece k overlaps the
- * copies of pieces k±1), all-reduces it with the ring of its rail, copies it
- * back, and then writes s to the flag on the internal stream behind the
- * last copy, which lets the all-gather go.
+ * hcoll_allreduce returns once the stream holds every RS, wait and AG: the
+ * host never synchronises the caller's stream. Segments pipeline the three
+ * stages: the GPU reduce-scatters segment k+1 while the ring all-reduces
+ * segment k's shard, and all-gathers segment k while the ring runs k+1.
+ * The worker (the executor's thread, coll.c) waits for ev_k by polling,
+ * which blocks hcoll's thread only; it stages the rank's shard of the
+ * segment through two pinned buffers (copies on an internal stream, so
+ * that the ring of piece j overlaps the copies of pieces j±1), all-reduces
+ * it with the ring of its rail, copies it back, and then writes s_k to the
+ * flag on the internal stream behind the last copy, which lets AG(k) go.
  *
  * Other plans: one rank per node and unequal nodes stage the whole vector
  * (no NCCL); one node is ncclAllReduce on the stream (plus the AVG kernel);
@@ -63,6 +67,9 @@
 /* Staging buffers: each holds one piece of this many bytes at most (the
  * executor's piece; large enough for the ring's pipeline). */
 #define DEV_STAGE_MIN_BYTES (1u << 20)
+/* A three-stage device call is cut into at most this many segments (each
+ * at least one staging buffer per local rank), so that its stages overlap. */
+#define DEV_SEGMENTS 4
 /* After abort, how long destroy waits for streams to pass the flag. */
 #define DEV_ABORT_DRAIN_MS 2000
 
@@ -150,16 +157,21 @@ hc_devstage_step_t hc_devstage_next(hc_devstage_t *s)
 /* State                                                                      */
 /* ------------------------------------------------------------------------ */
 
-struct hc_dev_op {
-    hcoll_status_t status; /* an enqueue failure after the stream wait */
-    int staged;            /* has a host stage and a flag number */
-    uint32_t seq;
-    void *ev_ready;        /* stage ① done on the caller's stream */
+/* One segment's host stage. */
+typedef struct hc_dev_seg {
+    void *ev_ready;           /* its stage ① done on the caller's stream */
+    uint32_t seq;             /* the flag number the stream waits for */
     const unsigned char *src; /* device range the host stage reads ... */
     unsigned char *dst;       /* ... and writes back */
     size_t count;
+} hc_dev_seg_t;
+
+struct hc_dev_op {
+    hcoll_status_t status; /* an enqueue failure after the first stream wait */
+    int nseg;              /* segments with a host stage and a flag number */
     hcoll_dtype_t dtype;
     hcoll_op_t op;
+    hc_dev_seg_t seg[];    /* [nseg] (room for every segment of the call) */
 };
 
 struct hc_coll_dev {
@@ -328,6 +340,9 @@ static hcoll_status_t local_setup(hc_coll_dev_t *d, int dev)
     CU_TRY(d, cu->stream_create(&d->istream, HC_CU_STREAM_NON_BLOCKING), "cuStreamCreate", fail);
     CU_TRY(d, cu->mem_alloc(&d->flag, 256), "cuMemAlloc (stream flag)", fail);
     CU_TRY(d, cu->memset_d32(d->flag, 0, 1), "cuMemsetD32 (stream flag)", fail);
+    /* cuMemsetD32 may return before the GPU wrote: the flag must be 0
+     * before any stream waits on it (fresh memory holds anything). */
+    CU_TRY(d, cu->stream_synchronize(NULL), "cuStreamSynchronize (stream flag)", fail);
     CU_TRY(d, cu->event_create(&d->ev_fence, HC_CU_EVENT_DISABLE_TIMING), "cuEventCreate", fail);
     if (plan_stages(d->plan))
         for (int i = 0; i < 2; i++) {
@@ -515,6 +530,98 @@ static void done_track(hc_coll_dev_t *d, void *ev)
     pthread_mutex_unlock(&d->lock);
 }
 
+/* Elements per segment of a three-stage device call (the same on every
+ * rank: it depends on count, the node size and the settings only). */
+static size_t dev_segment_count(const hc_coll_dev_t *d, size_t count, size_t es)
+{
+    size_t min = d->stage_bytes / es * (size_t)d->c->local_size;
+    size_t seg = (count + DEV_SEGMENTS - 1) / DEV_SEGMENTS;
+    return seg < min ? min : seg;
+}
+
+/*
+ * The stream side of the ring plans: every segment's RS and ready event
+ * first (three stages only), then per segment the wait for its flag number
+ * and its AG. Once a wait is enqueued the stream depends on the executor
+ * releasing that number, so o->nseg counts them and a later failure is
+ * kept in o->status instead of returned: the operation still goes to the
+ * executor, which releases every number in order.
+ */
+static hcoll_status_t staged_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, const void *sendbuf,
+                                     void *recvbuf, size_t count, size_t segc, size_t nseg,
+                                     void *stream)
+{
+    struct hcoll_comm *c = d->c;
+    const hc_cu_api_t *cu = d->cu;
+    const size_t es = hcoll_dtype_size(o->dtype);
+    const int three = d->plan == HC_PLAN_3STAGE;
+    hcoll_status_t st = HCOLL_SUCCESS;
+    size_t made = 0; /* segments with a recorded ready event */
+    for (; made < nseg; made++) {
+        hc_dev_seg_t *g = &o->seg[made];
+        size_t off = made * segc, n = count - off < segc ? count - off : segc;
+        size_t soff = 0, slen = n;
+        if (three) {
+            HC_CHECK(d->nccl->ops->reduce_scatter(d->nccl, (const char *)sendbuf + off * es,
+                                                  (char *)recvbuf + off * es, n, o->dtype, o->op,
+                                                  stream),
+                     undo);
+            hc_intra_shard(n, c->local_size, c->local_rank, &soff, &slen);
+            g->src = (const unsigned char *)recvbuf + (off + soff) * es;
+        } else {
+            g->src = sendbuf;
+        }
+        g->dst = (unsigned char *)recvbuf + (off + soff) * es;
+        g->count = slen;
+        CU_TRY(d, cu->event_create(&g->ev_ready, HC_CU_EVENT_DISABLE_TIMING), "cuEventCreate",
+               undo);
+        hc_cu_res_t rr = cu->event_record(g->ev_ready, stream);
+        if (rr != HC_CU_SUCCESS) {
+            cu->event_destroy(g->ev_ready);
+            g->ev_ready = NULL;
+            st = cu_fail(d, rr, "cuEventRecord");
+            goto undo;
+        }
+    }
+    for (size_t k = 0; k < nseg; k++) {
+        pthread_mutex_lock(&d->lock);
+        uint32_t seq = hc_devseq_issue(&d->seq);
+        pthread_mutex_unlock(&d->lock);
+        hc_cu_res_t rr = cu->stream_wait_value32(stream, d->flag, seq, HC_CU_STREAM_WAIT_VALUE_GEQ);
+        if (rr != HC_CU_SUCCESS) {
+            /* Nothing waits for seq: give it back so numbers stay dense. */
+            pthread_mutex_lock(&d->lock);
+            d->seq.issued--;
+            pthread_mutex_unlock(&d->lock);
+            st = cu_fail(d, rr, "cuStreamWaitValue32");
+            if (k == 0)
+                goto undo;
+            o->status = st;
+            break;
+        }
+        o->seg[k].seq = seq;
+        o->nseg = (int)k + 1;
+        if (three) {
+            size_t off = k * segc, n = count - off < segc ? count - off : segc;
+            st = d->nccl->ops->all_gather(d->nccl, (char *)recvbuf + off * es, n, o->dtype,
+                                          stream);
+            if (st != HCOLL_SUCCESS) {
+                o->status = st;
+                break;
+            }
+        }
+    }
+    /* Ready events of segments that will not run. */
+    for (size_t k = (size_t)o->nseg; k < made; k++)
+        cu->event_destroy(o->seg[k].ev_ready);
+    return HCOLL_SUCCESS;
+
+undo:
+    for (size_t k = 0; k < made; k++)
+        cu->event_destroy(o->seg[k].ev_ready);
+    return st;
+}
+
 hcoll_status_t hc_coll_dev_enqueue(hc_coll_dev_t *d, const void *sendbuf, void *recvbuf,
                                    size_t count, hcoll_dtype_t dtype, hcoll_op_t op,
                                    void *stream, hc_dev_op_t **op_out)
@@ -522,7 +629,13 @@ hcoll_status_t hc_coll_dev_enqueue(hc_coll_dev_t *d, const void *sendbuf, void *
     struct hcoll_comm *c = d->c;
     hcoll_status_t st;
     *op_out = NULL;
-    hc_dev_op_t *o = calloc(1, sizeof *o);
+    const size_t es = hcoll_dtype_size(dtype);
+    size_t segc = count, nseg = 1;
+    if (d->plan == HC_PLAN_3STAGE && es) {
+        segc = dev_segment_count(d, count, es);
+        nseg = (count + segc - 1) / segc;
+    }
+    hc_dev_op_t *o = calloc(1, sizeof *o + nseg * sizeof o->seg[0]);
     if (!o)
         return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_NO_MEMORY,
                           "no memory for a device operation");
@@ -574,7 +687,6 @@ hcoll_status_t hc_coll_dev_enqueue(hc_coll_dev_t *d, const void *sendbuf, void *
         goto pop;
     }
 
-    const size_t es = hcoll_dtype_size(dtype);
     const hc_cu_dptr_t s = (hc_cu_dptr_t)(uintptr_t)sendbuf, r = (hc_cu_dptr_t)(uintptr_t)recvbuf;
     void *ev_done = NULL;
     CU_TRY(d, cu->event_create(&ev_done, HC_CU_EVENT_DISABLE_TIMING), "cuEventCreate", pop);
@@ -595,45 +707,9 @@ hcoll_status_t hc_coll_dev_enqueue(hc_coll_dev_t *d, const void *sendbuf, void *
     }
     case HC_PLAN_RING:
     case HC_PLAN_FLAT:
-    case HC_PLAN_3STAGE: {
-        size_t soff = 0, slen = count;
-        if (d->plan == HC_PLAN_3STAGE) {
-            HC_CHECK(d->nccl->ops->reduce_scatter(d->nccl, sendbuf, recvbuf, count, dtype, op,
-                                                  stream),
-                     free_ev);
-            hc_intra_shard(count, c->local_size, c->local_rank, &soff, &slen);
-            o->src = (const unsigned char *)recvbuf + soff * es;
-        } else {
-            o->src = sendbuf;
-        }
-        o->dst = (unsigned char *)recvbuf + soff * es;
-        o->count = slen;
-        CU_TRY(d, cu->event_create(&o->ev_ready, HC_CU_EVENT_DISABLE_TIMING), "cuEventCreate",
-               free_ev);
-        CU_TRY(d, cu->event_record(o->ev_ready, stream), "cuEventRecord", free_ready);
-        pthread_mutex_lock(&d->lock);
-        uint32_t seq = hc_devseq_issue(&d->seq);
-        pthread_mutex_unlock(&d->lock);
-        hc_cu_res_t rr = cu->stream_wait_value32(stream, d->flag, seq, HC_CU_STREAM_WAIT_VALUE_GEQ);
-        if (rr != HC_CU_SUCCESS) {
-            /* Nothing waits for seq: give it back so numbers stay dense. */
-            pthread_mutex_lock(&d->lock);
-            d->seq.issued--;
-            pthread_mutex_unlock(&d->lock);
-            st = cu_fail(d, rr, "cuStreamWaitValue32");
-            goto free_ready;
-        }
-        /* From here on the stream waits for seq: the operation goes to the
-         * executor whatever happens, to release it in order. */
-        o->staged = 1;
-        o->seq = seq;
-        if (d->plan == HC_PLAN_3STAGE) {
-            st = d->nccl->ops->all_gather(d->nccl, recvbuf, count, dtype, stream);
-            if (st != HCOLL_SUCCESS)
-                o->status = st;
-        }
+    case HC_PLAN_3STAGE:
+        HC_CHECK(staged_enqueue(d, o, sendbuf, recvbuf, count, segc, nseg, stream), free_ev);
         break;
-    }
     }
     if (cu->event_record(ev_done, stream) == HC_CU_SUCCESS)
         done_track(d, ev_done);
@@ -643,8 +719,6 @@ hcoll_status_t hc_coll_dev_enqueue(hc_coll_dev_t *d, const void *sendbuf, void *
     *op_out = o;
     return o->status;
 
-free_ready:
-    cu->event_destroy(o->ev_ready);
 free_ev:
     cu->event_destroy(ev_done);
 pop:
@@ -673,15 +747,16 @@ static hcoll_status_t ring_run(hc_coll_dev_t *d, void *buf, size_t n, hcoll_dtyp
     return st;
 }
 
-static hcoll_status_t host_stage(hc_coll_dev_t *d, hc_dev_op_t *o, double *ring_us)
+static hcoll_status_t host_stage(hc_coll_dev_t *d, const hc_dev_op_t *o, const hc_dev_seg_t *g,
+                                 double *ring_us)
 {
     const hc_cu_api_t *cu = d->cu;
     const int tmo = (int)d->c->params.timeout_ms;
     const size_t es = hcoll_dtype_size(o->dtype);
     const size_t piece = d->stage_bytes / es;
-    const size_t npieces = (o->count + piece - 1) / piece;
+    const size_t npieces = (g->count + piece - 1) / piece;
     hcoll_status_t st;
-    HC_CHECK(event_wait(d, o->ev_ready, tmo, 1, "the intra-node stage on the caller's stream"),
+    HC_CHECK(event_wait(d, g->ev_ready, tmo, 1, "the intra-node stage on the caller's stream"),
              out);
     hc_devstage_t it;
     hc_devstage_init(&it, npieces);
@@ -690,12 +765,12 @@ static hcoll_status_t host_stage(hc_coll_dev_t *d, hc_dev_op_t *o, double *ring_
         if (step.kind == HC_DEVSTAGE_DONE)
             break;
         size_t off = step.piece * piece;
-        size_t n = o->count - off < piece ? o->count - off : piece;
+        size_t n = g->count - off < piece ? g->count - off : piece;
         switch (step.kind) {
         case HC_DEVSTAGE_D2H:
             CU_TRY(d,
                    cu->memcpy_dtoh_async(d->stage[step.buf],
-                                         (hc_cu_dptr_t)(uintptr_t)(o->src + off * es), n * es,
+                                         (hc_cu_dptr_t)(uintptr_t)(g->src + off * es), n * es,
                                          d->istream),
                    "cuMemcpyDtoHAsync (staging)", out);
             CU_TRY(d, cu->event_record(d->ev_d2h[step.buf], d->istream), "cuEventRecord", out);
@@ -715,7 +790,7 @@ static hcoll_status_t host_stage(hc_coll_dev_t *d, hc_dev_op_t *o, double *ring_
         }
         case HC_DEVSTAGE_H2D:
             CU_TRY(d,
-                   cu->memcpy_htod_async((hc_cu_dptr_t)(uintptr_t)(o->dst + off * es),
+                   cu->memcpy_htod_async((hc_cu_dptr_t)(uintptr_t)(g->dst + off * es),
                                          d->stage[step.buf], n * es, d->istream),
                    "cuMemcpyHtoDAsync (staging)", out);
             break;
@@ -763,15 +838,16 @@ hcoll_status_t hc_coll_dev_execute(hc_coll_dev_t *d, hc_dev_op_t *o, hcoll_statu
     hcoll_status_t st = status_in != HCOLL_SUCCESS ? status_in : o->status;
     double ring_us = 0;
     memset(times, 0, sizeof *times);
-    if (o->staged) {
+    if (o->nseg > 0)
         d->cu->ctx_set_current(d->ctx);
+    for (int k = 0; k < o->nseg; k++) {
         if (st == HCOLL_SUCCESS)
-            st = host_stage(d, o, &ring_us);
+            st = host_stage(d, o, &o->seg[k], &ring_us);
         /* Always, and in order: the caller's stream waits for it. */
-        hcoll_status_t rst = release(d, o->seq, 0);
+        hcoll_status_t rst = release(d, o->seg[k].seq, 0);
         if (st == HCOLL_SUCCESS)
             st = rst;
-        d->cu->event_destroy(o->ev_ready);
+        d->cu->event_destroy(o->seg[k].ev_ready);
     }
     free(o);
     clock_gettime(CLOCK_MONOTONIC, &t1);
