@@ -11,7 +11,9 @@
  *     not complete, and after the test releases the stream a kernel queued
  *     behind the all-reduce sees its result;
  *   - argument errors: device memory with stream NULL, host memory with a
- *     stream, a stream under graph capture;
+ *     stream, a stream under graph capture (also as the very first device
+ *     call), buffers on another GPU than the one current at init;
+ *   - destroy does not wait for the application's own held streams;
  *   - a bandwidth line per size (BENCH), for scripts/gpu-check.sh.
  * Needs a GPU; prints "SKIP: no GPU: <why>" and exits 77 otherwise.
  */
@@ -110,6 +112,8 @@ static int check_one(hcoll_comm_t comm, const hc_cu_api_t *cu, void *stream, int
         store(h, i, dt, input(rank, i, op));
     GPU_OK(cu->memcpy_htod_async(s, h, n * es + (n == 0), stream));
     GPU_OK(cu->memset_d32(r, 0xdeadbeef, bytes / 4));
+    /* Memsets go on the legacy stream, unordered with a non-blocking one. */
+    GPU_OK(cu->stream_synchronize(NULL));
     hc_cu_dptr_t dst = inplace ? s : r;
     HCT_OK(comm, hcoll_allreduce(comm, (void *)(uintptr_t)s, (void *)(uintptr_t)dst, n, dt, op,
                                  stream));
@@ -170,6 +174,7 @@ static int rank_stream(int rank, int nranks, void *arg)
     GPU_OK(cu->mem_alloc(&gate, 64));
     GPU_OK(cu->memset_d32(gate, 0, 1));
     GPU_OK(cu->memset_d32(buf, 0x3f800000u, n)); /* 1.0f */
+    GPU_OK(cu->stream_synchronize(NULL)); /* memsets: legacy stream, unordered with ours */
     /* Hold the stream until this rank opens the gate. */
     GPU_OK(cu->stream_wait_value32(stream, gate, 1, HC_CU_STREAM_WAIT_VALUE_GEQ));
     double t0 = hct_now_ms();
@@ -255,6 +260,123 @@ static int rank_errors(int rank, int nranks, void *arg)
     return 0;
 }
 
+/* 16 floats of value v on the device, all-reduced (SUM) on stream, and
+ * checked against v * nranks. */
+static int sum_small(hcoll_comm_t comm, const hc_cu_api_t *cu, void *stream, hc_cu_dptr_t d,
+                     int nranks, float v)
+{
+    float h[16];
+    for (int i = 0; i < 16; i++)
+        h[i] = v;
+    GPU_OK(cu->memcpy_htod_async(d, h, sizeof h, stream));
+    void *dp = (void *)(uintptr_t)d;
+    HCT_OK(comm, hcoll_allreduce(comm, dp, dp, 16, HCOLL_FLOAT32, HCOLL_SUM, stream));
+    GPU_OK(cu->memcpy_dtoh_async(h, d, sizeof h, stream));
+    GPU_OK(cu->stream_synchronize(stream));
+    for (int i = 0; i < 16; i++)
+        HCT_REQUIRE(h[i] == v * (float)nranks, "element %d = %g, want %g", i, h[i],
+                    v * (float)nranks);
+    return 0;
+}
+
+/* The communicator's very first device call comes under graph capture: it
+ * is refused as a capture (not as a failed set-up, which would stick), and
+ * the next call, after the capture, sets up and works. */
+static int rank_capture_first(int rank, int nranks, void *arg)
+{
+    job_t *j = arg;
+    (void)rank;
+    const hc_cu_api_t *cu = gpu_open(0);
+    HCT_REQUIRE(cu, "no GPU");
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    begin_capture_fn begin = lib ? (begin_capture_fn)dlsym(lib, "cuStreamBeginCapture_v2") : NULL;
+    end_capture_fn end = lib ? (end_capture_fn)dlsym(lib, "cuStreamEndCapture") : NULL;
+    HCT_REQUIRE(begin && end, "the driver has no stream capture");
+    hcoll_comm_t comm = rank_init(j, rank, nranks);
+    HCT_REQUIRE(comm, "init failed");
+    /* A blocking stream, as cudaStreamCreate makes by default. */
+    void *stream;
+    GPU_OK(cu->stream_create(&stream, 0));
+    hc_cu_dptr_t d;
+    GPU_OK(cu->mem_alloc(&d, 4096));
+    void *dp = (void *)(uintptr_t)d;
+    GPU_OK(begin(stream, 0 /* CU_STREAM_CAPTURE_MODE_GLOBAL */));
+    hcoll_status_t st = hcoll_allreduce(comm, dp, dp, 16, HCOLL_FLOAT32, HCOLL_SUM, stream);
+    void *graph = NULL;
+    end(stream, &graph);
+    HCT_REQUIRE(st == HCOLL_ERR_UNSUPPORTED && strstr(hcoll_comm_last_error(comm), "CUDA graph"),
+                "first call under capture: %s: %s", hcoll_status_name(st),
+                hcoll_comm_last_error(comm));
+    if (sum_small(comm, cu, stream, d, nranks, 1.5f) != 0)
+        return 1;
+    HCT_OK(comm, hcoll_comm_destroy(comm));
+    return 0;
+}
+
+/* hcoll_comm_destroy returns while the application's own stream is held by
+ * a wait of its own (hcoll's flag must not be freed with a call that waits
+ * for every stream of the context). */
+static int rank_destroy_not_held(int rank, int nranks, void *arg)
+{
+    job_t *j = arg;
+    (void)rank;
+    const hc_cu_api_t *cu = gpu_open(0);
+    HCT_REQUIRE(cu, "no GPU");
+    hcoll_comm_t comm = rank_init(j, rank, nranks);
+    HCT_REQUIRE(comm, "init failed");
+    void *stream, *other;
+    GPU_OK(cu->stream_create(&stream, HC_CU_STREAM_NON_BLOCKING));
+    GPU_OK(cu->stream_create(&other, HC_CU_STREAM_NON_BLOCKING));
+    hc_cu_dptr_t d, gate;
+    GPU_OK(cu->mem_alloc(&d, 4096));
+    GPU_OK(cu->mem_alloc(&gate, 64));
+    static const uint32_t zero = 0;
+    GPU_OK(cu->memcpy_htod_async(gate, &zero, sizeof zero, other));
+    GPU_OK(cu->stream_synchronize(other));
+    if (sum_small(comm, cu, stream, d, nranks, 2.0f) != 0)
+        return 1;
+    /* The application's stream now waits for the application. */
+    GPU_OK(cu->stream_wait_value32(other, gate, 1, HC_CU_STREAM_WAIT_VALUE_GEQ));
+    double t0 = hct_now_ms();
+    HCT_OK(comm, hcoll_comm_destroy(comm));
+    double ms = hct_now_ms() - t0;
+    GPU_OK(cu->stream_write_value32(stream, gate, 1, HC_CU_STREAM_WRITE_VALUE_DEFAULT));
+    GPU_OK(cu->stream_synchronize(other));
+    HCT_REQUIRE(ms < 5000, "hcoll_comm_destroy took %.0f ms while another stream was held", ms);
+    return 0;
+}
+
+/* The communicator's GPU is the device current at hcoll_comm_init:
+ * buffers on another GPU are refused, locally and with a message. */
+static int rank_wrong_gpu(int rank, int nranks, void *arg)
+{
+    job_t *j = arg;
+    (void)rank;
+    const hc_cu_api_t *cu = gpu_open(1);
+    HCT_REQUIRE(cu, "no GPU 1");
+    hc_cu_dptr_t d1;
+    GPU_OK(cu->mem_alloc(&d1, 4096));
+    void *s1;
+    GPU_OK(cu->stream_create(&s1, HC_CU_STREAM_NON_BLOCKING));
+    HCT_REQUIRE(gpu_open(0), "no GPU 0");
+    hcoll_comm_t comm = rank_init(j, rank, nranks); /* on GPU 0 */
+    HCT_REQUIRE(comm, "init failed");
+    void *p1 = (void *)(uintptr_t)d1;
+    hcoll_status_t st = hcoll_allreduce(comm, p1, p1, 16, HCOLL_FLOAT32, HCOLL_SUM, s1);
+    HCT_REQUIRE(st == HCOLL_ERR_INVALID_ARG &&
+                    strstr(hcoll_comm_last_error(comm), "current device at hcoll_comm_init"),
+                "buffers on GPU 1, communicator on GPU 0: %s: %s", hcoll_status_name(st),
+                hcoll_comm_last_error(comm));
+    void *s0;
+    GPU_OK(cu->stream_create(&s0, HC_CU_STREAM_NON_BLOCKING));
+    hc_cu_dptr_t d0;
+    GPU_OK(cu->mem_alloc(&d0, 4096));
+    if (sum_small(comm, cu, s0, d0, nranks, 3.0f) != 0)
+        return 1;
+    HCT_OK(comm, hcoll_comm_destroy(comm));
+    return 0;
+}
+
 static int rank_bench(int rank, int nranks, void *arg)
 {
     job_t *j = arg;
@@ -319,6 +441,19 @@ START_TEST(stream_not_blocked) { run(rank_stream, 2, 1); }
 END_TEST
 START_TEST(argument_errors) { run(rank_errors, 2, 1); }
 END_TEST
+START_TEST(capture_first_call) { run(rank_capture_first, 2, 1); }
+END_TEST
+START_TEST(destroy_not_held) { run(rank_destroy_not_held, 2, 1); }
+END_TEST
+START_TEST(wrong_gpu)
+{
+    if (ngpus < 2) {
+        printf("SKIP: wrong_gpu needs 2 GPUs; this machine has %d\n", ngpus);
+        return;
+    }
+    run(rank_wrong_gpu, 2, 1);
+}
+END_TEST
 START_TEST(bench_2) { run(rank_bench, 2, 1); }
 END_TEST
 START_TEST(bench_4) { run(rank_bench, 4, 1); }
@@ -338,6 +473,9 @@ int main(void)
     tcase_add_test(tc, three_stage_2x2);
     tcase_add_test(tc, stream_not_blocked);
     tcase_add_test(tc, argument_errors);
+    tcase_add_test(tc, capture_first_call);
+    tcase_add_test(tc, destroy_not_held);
+    tcase_add_test(tc, wrong_gpu);
     tcase_add_test(tc, bench_2);
     tcase_add_test(tc, bench_4);
     suite_add_tcase(s, tc);

@@ -512,10 +512,9 @@ static int nccl_allreduce(perf_t *p, const void *s, void *r, size_t count, char 
     const hc_nccl_api_t *nc = p->nccl.nc;
     hc_nccl_res_t res = nc->all_reduce(s, r, count, p->nccl.dtype, p->nccl.op, p->nccl.comm,
                                        p->gpu.stream);
-    if (res == HC_NCCL_SUCCESS || res == HC_NCCL_IN_PROGRESS)
-        return 0;
-    snprintf(err, errlen, "--peer nccl: ncclAllReduce: %s", nc->err_string(res));
-    return -1;
+    /* A non-blocking communicator may answer "in progress": the call is on
+     * the stream only once it settles, and the next call waits for that. */
+    return nccl_settle(p, res, "ncclAllReduce", err, errlen);
 }
 
 static int nccl_sync(perf_t *p, char *err, size_t errlen)

@@ -318,8 +318,10 @@ static void local_free(hc_coll_dev_t *d)
     }
     if (d->ev_fence)
         cu->event_destroy(d->ev_fence);
-    if (d->flag)
-        cu->mem_free(d->flag);
+    /* Stream-ordered: cuMemFree would wait for every stream of the context,
+     * the application's included, and destroy must not hang on those. */
+    if (d->flag && (!d->istream || cu->mem_free_async(d->flag, d->istream) != HC_CU_SUCCESS))
+        HC_WARN(HC_GDR, d->c->rank, "the stream flag could not be freed; left allocated");
     if (d->istream)
         cu->stream_destroy(d->istream);
     d->ev_fence = d->istream = NULL;
@@ -339,10 +341,14 @@ static hcoll_status_t local_setup(hc_coll_dev_t *d, int dev)
     CU_TRY(d, cu->ctx_push(d->ctx), "cuCtxPushCurrent", release);
     CU_TRY(d, cu->stream_create(&d->istream, HC_CU_STREAM_NON_BLOCKING), "cuStreamCreate", fail);
     CU_TRY(d, cu->mem_alloc(&d->flag, 256), "cuMemAlloc (stream flag)", fail);
-    CU_TRY(d, cu->memset_d32(d->flag, 0, 1), "cuMemsetD32 (stream flag)", fail);
-    /* cuMemsetD32 may return before the GPU wrote: the flag must be 0
-     * before any stream waits on it (fresh memory holds anything). */
-    CU_TRY(d, cu->stream_synchronize(NULL), "cuStreamSynchronize (stream flag)", fail);
+    /* The flag is 0 before any stream waits on it (fresh memory holds
+     * anything). On the internal stream, not with cuMemsetD32: that goes on
+     * the legacy stream, which is unordered with non-blocking streams and
+     * refused while a blocking stream of the context is being captured. */
+    static const uint32_t zero = 0;
+    CU_TRY(d, cu->memcpy_htod_async(d->flag, &zero, sizeof zero, d->istream),
+           "cuMemcpyHtoDAsync (stream flag)", fail);
+    CU_TRY(d, cu->stream_synchronize(d->istream), "cuStreamSynchronize (stream flag)", fail);
     CU_TRY(d, cu->event_create(&d->ev_fence, HC_CU_EVENT_DISABLE_TIMING), "cuEventCreate", fail);
     if (plan_stages(d->plan))
         for (int i = 0; i < 2; i++) {
@@ -530,6 +536,14 @@ static void done_track(hc_coll_dev_t *d, void *ev)
     pthread_mutex_unlock(&d->lock);
 }
 
+static hcoll_status_t capture_refused(struct hcoll_comm *c)
+{
+    return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_UNSUPPORTED,
+                      "the stream is being captured into a CUDA graph: hcoll's device "
+                      "all-reduce waits on a host thread, which a graph cannot replay; call "
+                      "it outside the capture");
+}
+
 /* Elements per segment of a three-stage device call (the same on every
  * rank: it depends on count, the node size and the settings only). */
 static size_t dev_segment_count(const hc_coll_dev_t *d, size_t count, size_t es)
@@ -661,6 +675,16 @@ hcoll_status_t hc_coll_dev_enqueue(hc_coll_dev_t *d, const void *sendbuf, void *
         goto free_op;
     }
     if (!d->ready) {
+        /* Asked before the set-up as well (with the caller's context, which
+         * owns the stream), so that a capture is refused as such and not
+         * turned into a set-up failure, which would be sticky. */
+        const hc_cu_api_t *cu0 = hc_gdr_cu(NULL, 0);
+        int cap0 = HC_CU_STREAM_CAPTURE_STATUS_NONE;
+        if (cu0 && cu0->stream_is_capturing(stream, &cap0) == HC_CU_SUCCESS &&
+            cap0 != HC_CU_STREAM_CAPTURE_STATUS_NONE) {
+            st = capture_refused(c);
+            goto free_op;
+        }
         HC_CHECK(dev_setup(d, dev), free_op);
         HC_CHECK(dev_validate(d, sendbuf, recvbuf, count, dtype, op, stream, &dev), free_op);
     }
@@ -672,10 +696,7 @@ hcoll_status_t hc_coll_dev_enqueue(hc_coll_dev_t *d, const void *sendbuf, void *
     CU_TRY(d, cu->stream_is_capturing(stream, &cap), "cuStreamIsCapturing (is the stream valid?)",
            pop);
     if (cap != HC_CU_STREAM_CAPTURE_STATUS_NONE) {
-        st = hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_UNSUPPORTED,
-                        "the stream is being captured into a CUDA graph: hcoll's device "
-                        "all-reduce waits on a host thread, which a graph cannot replay; call "
-                        "it outside the capture");
+        st = capture_refused(c);
         goto pop;
     }
     void *sctx = NULL;
@@ -838,8 +859,11 @@ hcoll_status_t hc_coll_dev_execute(hc_coll_dev_t *d, hc_dev_op_t *o, hcoll_statu
     hcoll_status_t st = status_in != HCOLL_SUCCESS ? status_in : o->status;
     double ring_us = 0;
     memset(times, 0, sizeof *times);
+    /* Pushed, not set: without a worker thread this runs on the caller's
+     * thread, whose current context is the application's. */
+    void *popped;
     if (o->nseg > 0)
-        d->cu->ctx_set_current(d->ctx);
+        d->cu->ctx_push(d->ctx);
     for (int k = 0; k < o->nseg; k++) {
         if (st == HCOLL_SUCCESS)
             st = host_stage(d, o, &o->seg[k], &ring_us);
@@ -849,6 +873,8 @@ hcoll_status_t hc_coll_dev_execute(hc_coll_dev_t *d, hc_dev_op_t *o, hcoll_statu
             st = rst;
         d->cu->event_destroy(o->seg[k].ev_ready);
     }
+    if (o->nseg > 0)
+        d->cu->ctx_pop(&popped);
     free(o);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     times->inter_us = ring_us;

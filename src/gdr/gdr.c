@@ -88,6 +88,7 @@ static void cuda_load_api(void *h)
         E(event_destroy, "cuEventDestroy_v2"),
         E(mem_alloc, "cuMemAlloc_v2"),
         E(mem_free, "cuMemFree_v2"),
+        E(mem_free_async, "cuMemFreeAsync"),
         E(host_alloc, "cuMemHostAlloc"),
         E(host_free, "cuMemFreeHost"),
         E(memcpy_dtoh_async, "cuMemcpyDtoHAsync_v2"),

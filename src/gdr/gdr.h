@@ -134,6 +134,7 @@ typedef struct hc_cu_api {
     hc_cu_res_t (*event_destroy)(void *e);
     hc_cu_res_t (*mem_alloc)(hc_cu_dptr_t *p, size_t n);
     hc_cu_res_t (*mem_free)(hc_cu_dptr_t p);
+    hc_cu_res_t (*mem_free_async)(hc_cu_dptr_t p, void *s);
     hc_cu_res_t (*host_alloc)(void **p, size_t n, unsigned flags);
     hc_cu_res_t (*host_free)(void *p);
     hc_cu_res_t (*memcpy_dtoh_async)(void *dst, hc_cu_dptr_t src, size_t n, void *s);
