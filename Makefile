@@ -84,6 +84,9 @@ TOOLLIB_OBJS := $(TOOLLIB_SRCS:%.c=$(BUILD)/%.o)
 TOOLLIB      := $(BUILD)/libhctools.a
 TEST_SRCS  := $(sort $(wildcard tests/test_*.c))
 TESTS      := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
+# Driver emulations for the GPU tests (rules below).
+MOCK_DIR   := $(BUILD)/mock
+MOCKS      := $(MOCK_DIR)/libcuda.so.1 $(MOCK_DIR)/libnccl.so.2
 TESTLIB_SRCS := $(sort $(wildcard tests/common/*.c))
 TESTLIB_OBJS := $(TESTLIB_SRCS:%.c=$(BUILD)/%.o)
 EXAMPLE_SRCS := $(sort $(wildcard examples/*.c))
@@ -100,7 +103,7 @@ all: lib tools examples
 
 lib: $(STATIC_LIB) $(SHARED_LIB)
 tools: $(TOOLS)
-tests: $(TESTS)
+tests: $(TESTS) $(MOCKS)
 examples: $(EXAMPLES)
 
 # Regenerated every run, rewritten only when a detection result changed so
@@ -190,6 +193,21 @@ $(BUILD)/tests/%: tests/%.c $(TESTLIB_OBJS) $(STATIC_LIB) $(TOOLLIB) | $(GEN)/hc
 	@$(if $(Q),echo "  CCLD    $@")
 	$(Q)$(CC) $(ALL_CFLAGS) $(CHECK_CFLAGS) -Itests -Itools -MF $@.d -o $@ $< $(TESTLIB_OBJS) \
 	    $(TOOLLIB) $(STATIC_LIB) $(CHECK_LIBS) $(LIB_LDLIBS)
+
+# Driver emulations for the GPU tests on hosts without a GPU
+# (tests/mock/hcmock.h): a libcuda.so.1 and a libnccl.so.2 that tests load
+# through LD_LIBRARY_PATH=$(BUILD)/mock. Never installed, never in libhcoll.
+MOCK_CFLAGS := -std=gnu11 -O2 -g -fPIC -fvisibility=hidden -pthread -D_GNU_SOURCE -Wall -Wextra \
+               -Iinclude -Isrc -Itests/mock $(filter -fsanitize=%,$(CFLAGS))
+$(MOCK_DIR)/libcuda.so.1: tests/mock/cuda.c tests/mock/hcmock.h src/core/reduce.c src/core/reduce.h
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  MOCK    $@")
+	$(Q)$(CC) $(MOCK_CFLAGS) -shared -Wl,-soname,libcuda.so.1 -o $@ tests/mock/cuda.c \
+	    src/core/reduce.c -pthread -lrt -lm
+$(MOCK_DIR)/libnccl.so.2: tests/mock/nccl.c tests/mock/hcmock.h src/core/reduce.c $(MOCK_DIR)/libcuda.so.1
+	@$(if $(Q),echo "  MOCK    $@")
+	$(Q)$(CC) $(MOCK_CFLAGS) -shared -Wl,-soname,libnccl.so.2 -o $@ tests/mock/nccl.c \
+	    src/core/reduce.c $(MOCK_DIR)/libcuda.so.1 -Wl,-rpath,'$$ORIGIN' -pthread -lrt -lm
 
 $(BUILD)/tests/common/%.o: tests/common/%.c | $(GEN)/hc_build.h
 	@mkdir -p $(dir $@)

@@ -27,6 +27,10 @@
 
 static const hc_cu_api_t *cu;
 static hc_gdr_kern_t *kern;
+/* On the emulated driver (tests/mock/cuda.c) the "GPU" is the host's two
+ * cores: the largest sizes shrink and the bandwidth is printed, not
+ * judged. */
+static const char *mock;
 
 static const hcoll_dtype_t dtypes[] = {
     HCOLL_FLOAT32, HCOLL_FLOAT16, HCOLL_BFLOAT16, HCOLL_FLOAT64,
@@ -182,13 +186,12 @@ END_TEST
 START_TEST(large_256mib)
 {
     char msg[400];
-    /* 256 MiB per buffer. */
-    ck_assert_msg(!run_case(HCOLL_FLOAT32, HCOLL_SUM, (256u << 20) / 4, 0, 0, msg, sizeof msg),
-                  "%s", msg);
-    ck_assert_msg(!run_case(HCOLL_BFLOAT16, HCOLL_MAX, (256u << 20) / 2, 0, 1, msg, sizeof msg),
-                  "%s", msg);
-    ck_assert_msg(!run_case(HCOLL_FLOAT16, HCOLL_SUM, (256u << 20) / 2 - 3, 1, 0, msg, sizeof msg),
-                  "%s", msg);
+    /* 256 MiB per buffer (32 MiB on the emulated driver). */
+    const size_t big = mock ? 32u << 20 : 256u << 20;
+    ck_assert_msg(!run_case(HCOLL_FLOAT32, HCOLL_SUM, big / 4, 0, 0, msg, sizeof msg), "%s", msg);
+    ck_assert_msg(!run_case(HCOLL_BFLOAT16, HCOLL_MAX, big / 2, 0, 1, msg, sizeof msg), "%s", msg);
+    ck_assert_msg(!run_case(HCOLL_FLOAT16, HCOLL_SUM, big / 2 - 3, 1, 0, msg, sizeof msg), "%s",
+                  msg);
 }
 END_TEST
 
@@ -221,8 +224,8 @@ END_TEST
 
 START_TEST(bandwidth)
 {
-    const size_t bytes = 256u << 20;
-    const int iters = 50;
+    const size_t bytes = mock ? 16u << 20 : 256u << 20;
+    const int iters = mock ? 3 : 50;
     hc_cu_dptr_t a, b, d;
     ck_assert_int_eq(cu->mem_alloc(&a, bytes), 0);
     ck_assert_int_eq(cu->mem_alloc(&b, bytes), 0);
@@ -252,10 +255,12 @@ START_TEST(bandwidth)
             hc_gdr_kern_reduce(kern, d, a, b, n, dt, HCOLL_SUM, NULL);
         ck_assert_int_eq(cu->stream_synchronize(NULL), 0);
         double k_gbs = 3.0 * bytes * iters / (now_s() - t) / 1e9;
-        printf("BENCH kernel %-8s sum 256MiB: %7.1f GB/s  d2d copy %7.1f GB/s  ratio %.2f%s\n",
-               hcoll_dtype_name(dt), k_gbs, copy_gbs, k_gbs / copy_gbs,
-               k_gbs / copy_gbs >= 0.85 ? "" : "  (below the 0.85 goal)");
-        below += k_gbs / copy_gbs < 0.85;
+        printf("BENCH kernel %-8s sum %zuMiB: %7.1f GB/s  d2d copy %7.1f GB/s  ratio %.2f%s\n",
+               hcoll_dtype_name(dt), bytes >> 20, k_gbs, copy_gbs, k_gbs / copy_gbs,
+               mock                     ? "  (mock driver, meaningless)"
+               : k_gbs / copy_gbs >= 0.85 ? ""
+                                          : "  (below the 0.85 goal)");
+        below += !mock && k_gbs / copy_gbs < 0.85;
     }
     fflush(stdout);
     cu->mem_free(a);
@@ -275,6 +280,11 @@ int main(void)
     cu = gpu_open(0);
     if (!cu)
         return 1;
+    mock = gpu_mock_driver();
+    if (mock)
+        printf("note: running on the emulated CUDA driver (%s): sizes capped, bandwidth not "
+               "judged\n",
+               mock);
     if (hc_gdr_kern_load(&kern, why, sizeof why) != 0) {
         fprintf(stderr, "FAIL: kernels do not load: %s\n", why);
         return 1;

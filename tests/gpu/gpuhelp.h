@@ -7,6 +7,7 @@
 #ifndef HCT_GPUHELP_H
 #define HCT_GPUHELP_H
 
+#include <dlfcn.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -73,6 +74,21 @@ static inline const hc_cu_api_t *gpu_open(int dev)
         return NULL;
     }
     return cu;
+}
+
+/* The emulated driver's name ("hcoll-mock-cuda", tests/mock/cuda.c) when
+ * the libcuda.so.1 in this process is that emulation, else NULL. Speeds
+ * measured on it mean nothing, and its "GPU" is two slow CPU cores. Call
+ * after the driver was loaded (gpu_open). */
+static inline const char *gpu_mock_driver(void)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (!h)
+        return NULL;
+    const char *(*name)(void) = (const char *(*)(void))dlsym(h, "hcmock_driver");
+    const char *n = name ? name() : NULL;
+    dlclose(h);
+    return n;
 }
 
 #define GPU_OK(call)                                                                         \
