@@ -100,13 +100,14 @@ phase "rail separation: a large all-reduce, bytes per rail and per socket"
 if [ $small -eq 1 ]; then iters=4; else iters=10; fi
 "$nc" stats --raw >"$tmp/s0"
 # Sample every rank's TCP sockets while the all-reduce runs: owner pid,
-# local address, bytes sent. The last sample before exit wins.
+# local address, bytes sent. Every sample is kept and each socket counts with
+# its largest figure: ranks finish at different moments, so no single sample
+# holds every socket at its end.
 (
   while :; do
     for k in 0 1 2; do
       ip netns exec "hcc-$id-n$k" ss -tnpiH state established 2>/dev/null
-    done >"$tmp/ss.new"
-    [ -s "$tmp/ss.new" ] && mv "$tmp/ss.new" "$tmp/ss.last"
+    done >>"$tmp/ss.all"
     sleep 0.3
   done
 ) &
@@ -134,7 +135,7 @@ sys.exit(0 if ok else 1)
 EOF
 # Each rank's sockets: bytes sent from an address not on its own rail must be
 # only the bootstrap's (all ranks reach the root over rail 0): < 1 %.
-python3 - "$tmp/ss.last" "$tmp/s" 3 2 <<'EOF' || fail "a rank's traffic crossed onto another rank's rail"
+python3 - "$tmp/ss.all" "$tmp/s" 3 2 <<'EOF' || fail "a rank's traffic crossed onto another rank's rail"
 import re, sys
 ss, out, nodes, rails = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 pid_rank = {}
@@ -143,18 +144,21 @@ for r in range(nodes * rails):
 own, other = {}, {}
 # ss -i: a socket's line "RecvQ SendQ LOCAL:PORT PEER:PORT users:((...pid=P..))",
 # then its details on the next, indented line (bytes_sent:N).
+best = {}  # (local, peer, pid) -> largest bytes_sent seen
 cur = None
 for line in open(ss):
-    m = re.match(r'\s*\d+\s+\d+\s+(\d+\.\d+\.\d+\.\d+):\d+\s+\S+\s+users:\(\("[^"]*",pid=(\d+)', line)
+    m = re.match(r'\s*\d+\s+\d+\s+((\d+\.\d+\.\d+\.\d+):\d+)\s+(\S+)\s+users:\(\("[^"]*",pid=(\d+)', line)
     if m:
-        cur = (m.group(1), int(m.group(2)))
+        cur = (m.group(1), m.group(3), int(m.group(4)), m.group(2))
         continue
     sent = re.search(r'bytes_sent:(\d+)', line)
-    if cur and sent and cur[1] in pid_rank:
-        r = pid_rank[cur[1]]
-        d = own if int(cur[0].split('.')[2]) == r % rails else other
-        d[r] = d.get(r, 0) + int(sent.group(1))
+    if cur and sent and cur[2] in pid_rank:
+        best[cur] = max(best.get(cur, 0), int(sent.group(1)))
     cur = None
+for (_, _, pid, addr), v in best.items():
+    r = pid_rank[pid]
+    d = own if int(addr.split('.')[2]) == r % rails else other
+    d[r] = d.get(r, 0) + v
 ok = bool(own)
 for r in range(nodes * rails):
     o, x = own.get(r, 0), other.get(r, 0)
