@@ -15,6 +15,10 @@
 #                       node sharing a GPU cannot form an NCCL communicator);
 #                       stream semantics; argument errors; BENCH lines
 #   test_gpu_devpath    the CPU-side logic, and the API answers with a driver
+#   hcoll_perf          device buffers with the NCCL peer, 1M..256M, checked:
+#                       2 emulated nodes x 1 rank on GPU 0 (staged ring vs
+#                       NCCL over its socket transport); with >= 2 GPUs also
+#                       2 nodes x 2 ranks (NCCL intra-node stages)
 set -u
 cd "$(dirname "$0")/.."
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
@@ -53,6 +57,28 @@ for t in test_gpu_devpath test_gpu_kernels test_gpu_allreduce; do
   names+=("$t"); results+=("$r"); times+=("$((SECONDS - start))s")
 done
 
+# hcoll_perf on device buffers against NCCL, as a user would run it.
+ngpu=$(nvidia-smi -L | grep -c '^GPU')
+perf_case() { # name, hcoll_perf arguments...
+  local name=$1; shift
+  echo "== $name: hcoll_perf $*"
+  local start=$SECONDS
+  timeout --kill-after=10 240 bin/hcoll_perf "$@" --deadline 230 2>&1 | tee "$logs/$name.log"
+  local rc=${PIPESTATUS[0]} r=ok
+  if [ "$rc" -ne 0 ]; then
+    r="FAILED (exit $rc)"; fail=1
+  elif ! grep -q 'Out of bounds values : 0 OK' "$logs/$name.log"; then
+    r="FAILED (#wrong)"; fail=1
+  fi
+  names+=("$name"); results+=("$r"); times+=("$((SECONDS - start))s")
+}
+perf_case perf_2x1_nccl -np 2 --ranks-per-node 1 --peer nccl -b 1M -e 256M -f 4 -n 10 -w 2 -c 1 -p
+if [ "$ngpu" -ge 2 ]; then
+  perf_case perf_2x2_nccl -np 4 --ranks-per-node 2 --peer nccl -b 1M -e 256M -f 4 -n 10 -w 2 -c 1 -p
+else
+  echo "== perf_2x2_nccl: skipped, needs 2 GPUs (this machine has $ngpu)"
+fi
+
 echo
 echo "================ gpu-check summary ================"
 for i in "${!names[@]}"; do
@@ -61,6 +87,12 @@ done
 grep -h '^SKIP' "$logs"/test_gpu_*.log | sed 's/^/  note: /'
 echo "---- benchmarks"
 grep -h '^BENCH' "$logs"/test_gpu_*.log | sed 's/^BENCH /  /'
+for f in "$logs"/perf_*.log; do
+  [ -e "$f" ] || continue
+  echo "  $(basename "$f" .log): size, then hcoll and nccl busbw (GB/s, out of place), hcoll/nccl"
+  awk '$1 ~ /^[0-9]+$/ && $5 == "hcoll" {h[$1] = $8} $1 ~ /^[0-9]+$/ && $5 == "nccl" {
+         printf "    %10s  %7s  %7s  %s\n", $1, h[$1], $8, $NF }' "$f"
+done
 echo "logs: $logs"
 [ $fail -eq 0 ] && echo "gpu-check: all passed" || echo "gpu-check: FAILURES"
 exit $fail

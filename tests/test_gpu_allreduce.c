@@ -402,9 +402,10 @@ static int rank_bench(int rank, int nranks, void *arg)
         double ms = (hct_now_ms() - t) / iters;
         if (rank == 0)
             printf("BENCH device allreduce %d ranks (1/node, TCP, staged) %6zu MiB: %8.2f ms  "
-                   "busbw %6.2f GB/s\n",
+                   "busbw %6.2f GB/s%s\n",
                    nranks, sizes[k] >> 20, ms,
-                   2.0 * (nranks - 1) / nranks * sizes[k] / (ms / 1e3) / 1e9);
+                   2.0 * (nranks - 1) / nranks * sizes[k] / (ms / 1e3) / 1e9,
+                   gpu_mock_driver() ? "  (mock driver, meaningless)" : "");
         fflush(stdout);
         cu->mem_free(b);
     }

@@ -15,7 +15,9 @@
  * travels by MPI_Bcast unless HCOLL_ROOT is set), the library's own env
  * launch (HCOLL_RANK, HCOLL_NRANKS, HCOLL_ROOT, HCOLL_SECRET), or -np N:
  * fork N ranks here with a loopback rendezvous; --ranks-per-node groups
- * them into emulated nodes through HCOLL_HOSTID.
+ * them into emulated nodes through HCOLL_HOSTID (and NCCL_HOSTID, so that
+ * NCCL, for hcoll's intra-node stages and for --peer nccl, sees the same
+ * nodes).
  *
  * --mem device: local rank i uses GPU i mod #GPUs (its primary context) and
  * one non-blocking CUDA stream; every call goes on that stream, a timed
@@ -1035,6 +1037,7 @@ static int rank_main(const hp_opts_t *o)
         char host[64];
         snprintf(host, sizeof host, "hcoll-perf-node%d", r / o->ranks_per_node);
         setenv("HCOLL_HOSTID", host, 1);
+        setenv("NCCL_HOSTID", host, 1);
     }
 
     comm_create(p);
@@ -1198,6 +1201,7 @@ static int launch(const hp_opts_t *o)
             if (o->ranks_per_node) {
                 snprintf(buf, sizeof buf, "hcoll-perf-%d-node%d", (int)me, r / o->ranks_per_node);
                 setenv("HCOLL_HOSTID", buf, 1);
+                setenv("NCCL_HOSTID", buf, 1);
             }
             if (r != 0) /* only rank 0 prints the table */
                 if (!freopen("/dev/null", "w", stdout))
