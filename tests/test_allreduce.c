@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "common/ranks.h"
+#include "gdr/gdr.h"
 
 #define MAX_RANKS 8
 #define MAX_CASES 1200
@@ -1574,7 +1575,10 @@ static int rank_args(int rank, int nranks, void *argp)
           "overlap" },
         { a, (char *)a + 1, 2, HCOLL_FLOAT64, HCOLL_MAX, NULL, HCOLL_ERR_INVALID_ARG,
           "overlap by a byte", "overlap" },
-        { a, b, 4, HCOLL_FLOAT32, HCOLL_SUM, (void *)0x1000, HCOLL_ERR_UNSUPPORTED, "stream",
+        /* Host buffers with a stream: "no device path here" without a CUDA
+         * driver, "host memory with a stream" with one. */
+        { a, b, 4, HCOLL_FLOAT32, HCOLL_SUM, (void *)0x1000,
+          hc_gdr_cu(NULL, 0) ? HCOLL_ERR_INVALID_ARG : HCOLL_ERR_UNSUPPORTED, "stream",
           "stream" },
         { a, b, SIZE_MAX / 2, HCOLL_FLOAT32, HCOLL_SUM, NULL, HCOLL_ERR_INVALID_ARG,
           "huge count", "count" },

@@ -350,7 +350,11 @@ struct hc_transport {
     int gdr_reg;      /* enum hc_gdr_reg */
     int flush;        /* hold immediates until a flush read returns */
     char gdr_why[400];
-    ib_mrent_t *flush_src;       /* a device region to read from */
+    /* A word of device memory of our own for flush reads: never a user's
+     * buffer, which the user may free while the cache still holds it. */
+    hc_cu_dptr_t flush_word;
+    struct ibv_mr *flush_mr;
+    int flush_cudev;
     struct ibv_cq *loop_cq;
     struct ibv_qp *loop_qp;
     int flush_inflight;
@@ -482,6 +486,8 @@ static void gdr_decide(hc_transport_t *tr)
 
 static void ib_destroy(hc_transport_t *tr, int graceful);
 static void mrc_dereg(void *ctx, hc_mrc_entry_t *e);
+static int flush_word_setup(hc_transport_t *tr);
+static void flush_word_free(hc_transport_t *tr);
 
 hcoll_status_t hc_ib_create(const hc_transport_params_t *params, const hc_ib_config_t *cfg,
                             hc_transport_t **tr_out)
@@ -566,6 +572,12 @@ hcoll_status_t hc_ib_create(const hc_transport_params_t *params, const hc_ib_con
         tr->psn = (uint32_t)getpid() * 2654435761u;
     tr->psn &= 0xffffff;
     gdr_decide(tr);
+    if (tr->gdr && tr->flush && flush_word_setup(tr) != 0) {
+        snprintf(tr->gdr_why, sizeof tr->gdr_why,
+                 "GPU %d: no device word or loopback QP for GPUDirect flush reads", cfg->gpu);
+        HC_INFO(HC_GDR, tr->p.log_rank, "%s: host staging", tr->gdr_why);
+        tr->gdr = 0;
+    }
 
     char gtxt[64];
     hc_gid_format(tr->gid.raw, gtxt, sizeof gtxt);
@@ -828,8 +840,6 @@ static void mrc_dereg(void *ctx, hc_mrc_entry_t *e)
 {
     hc_transport_t *tr = ctx;
     ib_mrent_t *mr = (ib_mrent_t *)e;
-    if (tr->flush_src == mr)
-        tr->flush_src = NULL;
     if (mr->mr)
         tr->v->dereg_mr(mr->mr);
     if (e->dmabuf_fd >= 0)
@@ -859,6 +869,56 @@ static hcoll_status_t loop_qp_setup(hc_transport_t *tr)
     return HCOLL_SUCCESS;
 }
 
+/* The flush word: 64 bytes of the rank's GPU, registered like any device
+ * buffer, and the loopback QP that reads it. Without them no GPUDirect.
+ * The GPU's primary context stays retained while the word lives. */
+static int flush_word_setup(hc_transport_t *tr)
+{
+    char why[200] = "";
+    const hc_cu_api_t *cu = hc_gdr_cu(why, sizeof why);
+    void *ctx = NULL, *prev;
+    if (!cu || cu->device_get(&tr->flush_cudev, tr->cfg.gpu) != HC_CU_SUCCESS ||
+        cu->primary_retain(&ctx, tr->flush_cudev) != HC_CU_SUCCESS)
+        return -1;
+    cu->ctx_push(ctx);
+    hc_cu_res_t r = cu->mem_alloc(&tr->flush_word, 64);
+    cu->ctx_pop(&prev);
+    if (r != HC_CU_SUCCESS) {
+        tr->flush_word = 0;
+        cu->primary_release(tr->flush_cudev);
+        return -1;
+    }
+    tr->flush_mr = tr->v->reg_mr(tr->pd, (void *)(uintptr_t)tr->flush_word, 64,
+                                 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+    if (!tr->flush_mr || loop_qp_setup(tr) != HCOLL_SUCCESS)
+        return -1; /* flush_word_free undoes the rest */
+    return 0;
+}
+
+static void flush_word_free(hc_transport_t *tr)
+{
+    if (tr->flush_mr)
+        tr->v->dereg_mr(tr->flush_mr);
+    tr->flush_mr = NULL;
+    const hc_cu_api_t *cu = tr->flush_word ? hc_gdr_cu(NULL, 0) : NULL;
+    if (!cu)
+        return;
+    void *ctx, *prev, *s = NULL;
+    if (cu->primary_retain(&ctx, tr->flush_cudev) == HC_CU_SUCCESS) {
+        cu->ctx_push(ctx);
+        /* Stream-ordered on a stream of our own: cuMemFree would wait for
+         * every stream of the context, the application's included. */
+        if (cu->stream_create(&s, HC_CU_STREAM_NON_BLOCKING) == HC_CU_SUCCESS) {
+            cu->mem_free_async(tr->flush_word, s);
+            cu->stream_destroy(s);
+        }
+        cu->ctx_pop(&prev);
+        cu->primary_release(tr->flush_cudev);
+    }
+    cu->primary_release(tr->flush_cudev); /* flush_word_setup's */
+    tr->flush_word = 0;
+}
+
 static hcoll_status_t ib_mr_reg(hc_transport_t *tr, void *base, size_t len, hc_mr_t **mr_out,
                                 hc_rkey_t *rkey_out)
 {
@@ -870,7 +930,9 @@ static hcoll_status_t ib_mr_reg(hc_transport_t *tr, void *base, size_t len, hc_m
     h->base = base;
     h->len = len;
     int dev = -1;
-    int kind = hc_gdr_ptr_kind(base, &dev);
+    /* Only a process that loaded CUDA can hold device memory: a host-only
+     * job must not pay for (or be changed by) cuInit. */
+    int kind = hc_gdr_cuda_in_process() ? hc_gdr_ptr_kind(base, &dev) : HC_MEM_HOST;
     uint64_t gen = kind == HC_MEM_HOST ? 0 : hc_gdr_ptr_buffer_id(base);
     ib_mrent_t *mr = (ib_mrent_t *)hc_mrc_find(&tr->mrc, base, len, gen);
     if (!mr) {
@@ -906,6 +968,11 @@ static hcoll_status_t ib_mr_reg(hc_transport_t *tr, void *base, size_t len, hc_m
         } else {
             /* Host memory; device memory through nvidia-peermem. */
             mr->mr = tr->v->reg_mr(tr->pd, base, len, access);
+            /* A read-only send buffer (const, PROT_READ) cannot be pinned
+             * writable; the NIC only reads it. Its rkey then allows
+             * nothing, which a peer writing to it would learn. */
+            if (!mr->mr && errno == EFAULT && kind == HC_MEM_HOST)
+                mr->mr = tr->v->reg_mr(tr->pd, base, len, 0);
         }
         if (!mr->mr) {
             int e = errno;
@@ -922,15 +989,6 @@ static hcoll_status_t ib_mr_reg(hc_transport_t *tr, void *base, size_t len, hc_m
         }
         mr->e.handle = mr->mr;
         hc_mrc_insert(&tr->mrc, &mr->e);
-        if (mr->device && tr->flush) {
-            st = loop_qp_setup(tr);
-            if (st != HCOLL_SUCCESS) {
-                hc_mrc_release(&tr->mrc, &mr->e);
-                goto fail_handle;
-            }
-            if (!tr->flush_src)
-                tr->flush_src = mr;
-        }
         if (st != HCOLL_SUCCESS) {
 fail_handle:
             free(h);
@@ -1085,23 +1143,15 @@ static hcoll_status_t ib_put(hc_ep_t *ep, hc_mr_t *lmr, size_t loff, const hc_rk
 /* Completions                                                                */
 /* ------------------------------------------------------------------------ */
 
-static const char *opcode_name(enum ibv_wc_opcode op)
-{
-    switch (op) {
-    case IBV_WC_RDMA_WRITE: return "RDMA write";
-    case IBV_WC_RDMA_READ: return "RDMA read";
-    case IBV_WC_RECV_RDMA_WITH_IMM: return "receive with immediate";
-    default: return "operation";
-    }
-}
-
-static hcoll_status_t wc_failed(hc_transport_t *tr, int peer, const struct ibv_wc *wc)
+/* what: the work request, known from wr_id and the send FIFO, since an
+ * error completion's opcode is undefined (ibv_poll_cq(3)). */
+static hcoll_status_t wc_failed(hc_transport_t *tr, const char *what, int peer,
+                                const struct ibv_wc *wc)
 {
     hcoll_status_t st = wc->status == IBV_WC_RETRY_EXC_ERR || wc->status == IBV_WC_RNR_RETRY_EXC_ERR
                             ? HCOLL_ERR_PEER_FAILED
                             : HCOLL_ERR_RDMA;
-    return tr_fail(tr, st, "%s %s rank %d failed: status %d, %s (vendor error 0x%x)",
-                   opcode_name(wc->opcode), wc->opcode & IBV_WC_RECV ? "from" : "to", peer,
+    return tr_fail(tr, st, "%s rank %d failed: status %d, %s (vendor error 0x%x)", what, peer,
                    (int)wc->status, hc_ib_wc_status_text((int)wc->status, tr->roce),
                    wc->vendor_err);
 }
@@ -1119,8 +1169,8 @@ static hcoll_status_t flush_start(hc_transport_t *tr)
     wr.num_sge = 1;
     wr.opcode = IBV_WR_RDMA_READ;
     wr.send_flags = IBV_SEND_SIGNALED;
-    wr.wr.rdma.remote_addr = (uintptr_t)tr->flush_src->e.base;
-    wr.wr.rdma.rkey = tr->flush_src->mr->rkey;
+    wr.wr.rdma.remote_addr = tr->flush_word;
+    wr.wr.rdma.rkey = tr->flush_mr->rkey;
     int rc = ibv_post_send(tr->loop_qp, &wr, &bad);
     if (rc != 0)
         return tr_fail(tr, HCOLL_ERR_RDMA, "posting the GPUDirect flush read failed: %s",
@@ -1144,7 +1194,7 @@ static hcoll_status_t flush_done(hc_transport_t *tr)
 
 static hcoll_status_t deliver_imm(hc_transport_t *tr, const hc_comp_t *c)
 {
-    if (!(tr->flush && tr->flush_src)) {
+    if (!(tr->flush && tr->flush_mr)) {
         if (cq_push(tr, c) != 0)
             return tr_fail(tr, HCOLL_ERR_NO_MEMORY, "out of memory for completions");
         return HCOLL_SUCCESS;
@@ -1170,8 +1220,13 @@ static hcoll_status_t ep_progress(hc_ep_t *ep)
         return tr_fail(tr, HCOLL_ERR_RDMA, "ibv_poll_cq failed for rank %d", ep->peer);
     int reposts = 0;
     for (int i = 0; i < n; i++) {
-        if (wc[i].status != IBV_WC_SUCCESS)
-            return wc_failed(tr, ep->peer, &wc[i]);
+        if (wc[i].status != IBV_WC_SUCCESS) {
+            const char *what = wc[i].wr_id == (uintptr_t)ep ? "a receive from"
+                               : ep->fcount && ep->fifo[ep->fhead].kind == TX_CREDIT
+                                   ? "a credit update to"
+                                   : "an RDMA write to";
+            return wc_failed(tr, what, ep->peer, &wc[i]);
+        }
         if (wc[i].opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
             hc_comp_t c = { HC_COMP_IMM, ep->peer, ntohl(wc[i].imm_data), 0 };
             hcoll_status_t st = deliver_imm(tr, &c);
@@ -1205,12 +1260,19 @@ static hcoll_status_t ep_progress(hc_ep_t *ep)
     return st;
 }
 
+#define IB_CREDIT_RESET UINT64_MAX /* in a credit word: "I failed, give up on me" */
+
 static hcoll_status_t progress(hc_transport_t *tr)
 {
     hcoll_status_t st;
-    for (int i = 0; i < tr->neps; i++)
+    for (int i = 0; i < tr->neps; i++) {
+        if (tr->credits[tr->eps[i]->peer] == IB_CREDIT_RESET)
+            return tr_fail(tr, HCOLL_ERR_PEER_FAILED,
+                           "rank %d reset its connection (it failed or aborted)",
+                           tr->eps[i]->peer);
         if ((st = ep_progress(tr->eps[i])) != HCOLL_SUCCESS)
             return st;
+    }
     if (tr->loop_cq) {
         struct ibv_wc wc;
         int n = ibv_poll_cq(tr->loop_cq, 1, &wc);
@@ -1218,7 +1280,7 @@ static hcoll_status_t progress(hc_transport_t *tr)
             return tr_fail(tr, HCOLL_ERR_RDMA, "ibv_poll_cq failed on the flush QP");
         if (n == 1) {
             if (wc.status != IBV_WC_SUCCESS)
-                return wc_failed(tr, tr->p.rank, &wc);
+                return wc_failed(tr, "the GPUDirect flush read on", tr->p.rank, &wc);
             if ((st = flush_done(tr)) != HCOLL_SUCCESS)
                 return st;
         }
@@ -1275,6 +1337,48 @@ static void ib_destroy(hc_transport_t *tr, int graceful)
                 break;
         }
     }
+    if (!graceful) {
+        /* An RC peer notices a vanished QP only when it next sends to it:
+         * tell each one, as a TCP reset would (transport.h's contract). */
+        static const uint64_t reset = IB_CREDIT_RESET;
+        int posted = 0;
+        for (int i = 0; i < tr->neps; i++) {
+            hc_ep_t *ep = tr->eps[i];
+            if (ep->fcount >= IB_SQ_DEPTH)
+                continue;
+            struct ibv_sge sge = { (uintptr_t)&reset, sizeof reset, 0 };
+            struct ibv_send_wr wr, *bad;
+            memset(&wr, 0, sizeof wr);
+            wr.wr_id = TX_CREDIT;
+            wr.sg_list = &sge;
+            wr.num_sge = 1;
+            wr.opcode = IBV_WR_RDMA_WRITE;
+            wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+            wr.wr.rdma.remote_addr = ep->peer_credit_addr;
+            wr.wr.rdma.rkey = ep->peer_credit_rkey;
+            if (ibv_post_send(ep->qp, &wr, &bad) == 0) {
+                fifo_push(ep, TX_CREDIT, 0, 0);
+                posted++;
+            }
+        }
+        /* Until the writes are out (or failed), briefly: a QP destroyed
+         * with them queued may never send them. */
+        double deadline = hc_now_ms() + 100;
+        while (posted && hc_now_ms() < deadline) {
+            int busy = 0;
+            for (int i = 0; i < tr->neps; i++) {
+                struct ibv_wc wc[32];
+                int n = ibv_poll_cq(tr->eps[i]->cq, 32, wc);
+                for (int k = 0; k < n; k++)
+                    if (!(wc[k].status == IBV_WC_SUCCESS && (wc[k].opcode & IBV_WC_RECV)) &&
+                        tr->eps[i]->fcount)
+                        tr->eps[i]->fcount--;
+                busy |= tr->eps[i]->fcount > 0;
+            }
+            if (!busy)
+                break;
+        }
+    }
     for (int i = 0; i < tr->neps; i++)
         ep_free(tr, tr->eps[i]);
     free(tr->eps);
@@ -1282,6 +1386,7 @@ static void ib_destroy(hc_transport_t *tr, int graceful)
         tr->v->destroy_qp(tr->loop_qp);
     if (tr->loop_cq)
         tr->v->destroy_cq(tr->loop_cq);
+    flush_word_free(tr);
     hc_mrc_fini(&tr->mrc);
     if (tr->credits_mr)
         tr->v->dereg_mr(tr->credits_mr);
