@@ -87,6 +87,9 @@ TESTS      := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 # Driver emulations for the GPU tests (rules below).
 MOCK_DIR   := $(BUILD)/mock
 MOCKS      := $(MOCK_DIR)/libcuda.so.1 $(MOCK_DIR)/libnccl.so.2
+ifeq ($(HAVE_VERBS),1)
+MOCKS      += $(MOCK_DIR)/libibverbs.so.1
+endif
 TESTLIB_SRCS := $(sort $(wildcard tests/common/*.c))
 TESTLIB_OBJS := $(TESTLIB_SRCS:%.c=$(BUILD)/%.o)
 EXAMPLE_SRCS := $(sort $(wildcard examples/*.c))
@@ -208,6 +211,12 @@ $(MOCK_DIR)/libnccl.so.2: tests/mock/nccl.c tests/mock/hcmock.h src/core/reduce.
 	@$(if $(Q),echo "  MOCK    $@")
 	$(Q)$(CC) $(MOCK_CFLAGS) -shared -Wl,-soname,libnccl.so.2 -o $@ tests/mock/nccl.c \
 	    src/core/reduce.c $(MOCK_DIR)/libcuda.so.1 -Wl,-rpath,'$$ORIGIN' -pthread -lrt -lm
+# Needs rdma-core's headers (the provider ABI of struct ibv_context).
+$(MOCK_DIR)/libibverbs.so.1: tests/mock/verbs.c tests/mock/hcmock.h
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  MOCK    $@")
+	$(Q)$(CC) $(MOCK_CFLAGS) -shared -Wl,-soname,libibverbs.so.1 -o $@ tests/mock/verbs.c \
+	    -pthread -ldl -lrt
 
 $(BUILD)/tests/common/%.o: tests/common/%.c | $(GEN)/hc_build.h
 	@mkdir -p $(dir $@)
