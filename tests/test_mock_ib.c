@@ -1205,6 +1205,7 @@ typedef struct api_arg {
     hct_id_slot_t slot;
     char logdir[128];
     int kill_victim;       /* -1: none */
+    int per_node;          /* device cases: local rank = rank % per_node = its GPU */
     volatile double kill_ms;
     volatile double noticed_ms[MAXR];
     char msg[MAXR][400];
@@ -1414,6 +1415,112 @@ START_TEST(api_allreduce_2x2)
     const char *devs[] = { "mlx5_bond_0", "mlx5_bond_1", "mlx5_bond_0", "mlx5_bond_1" };
     run_api(4, 2, devs, 0);
 }
+END_TEST
+
+/* The public all-reduce on device buffers (emulated CUDA driver) with
+ * HCOLL_NET=ib: each rank's GPU sits beside its NIC in sysfs-mockib and
+ * nvidia-peermem is there, so stage 2 runs on device memory (GPUDirect):
+ * the NIC writes device staging slots and the reduction kernels reduce
+ * there. sm_80, so every landing also takes a flush read. */
+static int rank_api_device(int rank, int n, void *argp)
+{
+    api_arg_t *a = argp;
+    api_env(a->logdir);
+    setenv("HCOLL_DEBUG_SUBSYS", "NET,INIT,GDR", 1);
+    setenv("HCMOCK_CC", "8.0", 1);
+    /* The tree where each GPU shares a PCIe switch with its own NIC. */
+    char root[PATH_MAX];
+    HCT_REQUIRE(realpath("tests/fixtures/sysfs-mockib", root), "no tests/fixtures/sysfs-mockib");
+    setenv("HCOLL_SYSFS_ROOT", root, 1);
+    setenv("HCMOCK_IB_SYSFS", root, 1);
+    const int local = rank % a->per_node;
+    const hc_cu_api_t *cu = gpu_open(local); /* current at init: the comm's GPU */
+    HCT_REQUIRE(cu, "rank %d: no (mock) GPU %d", rank, local);
+    HCT_REQUIRE(gpu_mock_driver(), "rank %d: the libcuda.so.1 loaded is not the mock", rank);
+    hcoll_comm_t comm;
+    if (open_comm(a, rank, n, 20000, &comm))
+        return 1;
+    void *stream;
+    GPU_OK(cu->stream_create(&stream, HC_CU_STREAM_NON_BLOCKING));
+    for (int ci = 0; ci < NCASES; ci++) {
+        const ar_case_t *c = &ar_cases[ci];
+        const size_t es = hcoll_dtype_size(c->dt), bytes = c->count * es;
+        unsigned char *in = malloc(bytes), *out = malloc(bytes), *want = malloc(bytes);
+        HCT_REQUIRE(in && out && want, "no memory");
+        for (size_t i = 0; i < c->count; i++) {
+            put_elem(c->dt, in, i, val(rank, i));
+            put_elem(c->dt, want, i, ref(c->op, n, i));
+        }
+        hc_cu_dptr_t ds, dr;
+        GPU_OK(cu->mem_alloc(&ds, bytes));
+        GPU_OK(cu->mem_alloc(&dr, bytes));
+        GPU_OK(cu->memcpy_htod_async(c->inplace ? dr : ds, in, bytes, stream));
+        void *sp = (void *)(uintptr_t)(c->inplace ? dr : ds), *rp = (void *)(uintptr_t)dr;
+        hcoll_status_t st = hcoll_allreduce(comm, sp, rp, c->count, c->dt, c->op, stream);
+        HCT_REQUIRE(st == HCOLL_SUCCESS, "rank %d: device %zu x %s %s: %s (%s)", rank, c->count,
+                    hcoll_dtype_name(c->dt), hcoll_op_name(c->op), hcoll_status_name(st),
+                    hcoll_comm_last_error(comm));
+        GPU_OK(cu->memcpy_dtoh_async(out, dr, bytes, stream));
+        GPU_OK(cu->stream_synchronize(stream));
+        for (size_t i = 0; i < bytes; i++)
+            HCT_REQUIRE(out[i] == want[i],
+                        "rank %d: device %zu x %s %s: byte %zu is 0x%02x, not 0x%02x", rank,
+                        c->count, hcoll_dtype_name(c->dt), hcoll_op_name(c->op), i, out[i],
+                        want[i]);
+        GPU_OK(cu->mem_free(ds));
+        GPU_OK(cu->mem_free(dr));
+        free(in);
+        free(out);
+        free(want);
+    }
+    char who[32];
+    snprintf(who, sizeof who, "rank %d", rank);
+    if (mock_clean(who, 1))
+        return 1;
+    HCT_OK(comm, hcoll_comm_destroy(comm));
+    GPU_OK(cu->stream_destroy(stream));
+    return mock_released(who);
+}
+
+static void run_api_device(int n, int per_node)
+{
+    const char *build = getenv("HCOLL_TEST_BUILD");
+    char cuda[PATH_MAX];
+    snprintf(cuda, sizeof cuda, "%s/mock/libcuda.so.1", build && *build ? build : "build");
+    if (access(cuda, R_OK) != 0) {
+        printf("SKIP: api_device: needs the emulated CUDA driver (%s)\n", cuda);
+        return;
+    }
+    api_arg_t *a = api_arg_new();
+    a->per_node = per_node;
+    hct_opts_t o = { .nranks = n, .ranks_per_node = per_node, .timeout_ms = 60000 };
+    hct_result_t res[MAXR];
+    double t0 = hct_now_ms();
+    int bad = hct_run(&o, rank_api_device, a, res);
+    fprintf(stderr, "api device %d ranks, %d per node: %.1f s\n", n, per_node,
+            (hct_now_ms() - t0) / 1e3);
+    ck_assert_msg(bad == 0, "%d rank(s) failed (see stderr)", bad);
+    /* Every rank says that stage 2 ran on device memory, with GPUDirect. */
+    char cmd[512];
+    snprintf(cmd, sizeof cmd,
+             "grep -l 'stage 2 on device memory (GPUDirect RDMA)' %s/rank.*.log | wc -l",
+             a->logdir);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    int nlogs = 0;
+    ck_assert_int_eq(fscanf(p, "%d", &nlogs), 1);
+    pclose(p);
+    ck_assert_msg(nlogs == n, "%d of %d ranks logged stage 2 on device memory (logs in %s)",
+                  nlogs, n, a->logdir);
+    api_arg_free(a);
+}
+
+START_TEST(api_device_gdr_2) { run_api_device(2, 1); }
+END_TEST
+
+/* Two GPUs and NICs per node: NCCL (emulated) for the intra-node stages,
+ * one GPUDirect ring per rail. */
+START_TEST(api_device_gdr_2x2) { run_api_device(4, 2); }
 END_TEST
 
 static void *killer(void *p)
@@ -1669,6 +1776,8 @@ static Suite *suite(void)
     tcase_set_timeout(a, TEST_TIMEOUT_S);
     tcase_add_test(a, api_allreduce_2);
     tcase_add_test(a, api_allreduce_4);
+    tcase_add_test(a, api_device_gdr_2);
+    tcase_add_test(a, api_device_gdr_2x2);
     tcase_add_test(a, api_allreduce_2x2);
     tcase_add_test(a, api_peer_killed);
     suite_add_tcase(s, a);

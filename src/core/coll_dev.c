@@ -197,6 +197,8 @@ struct hc_coll_dev {
     hc_intra_t *nccl;
     hc_gdr_kern_t *kern;
     char kern_why[200];
+    int gdr;                  /* stage ② on device memory (GPUDirect ring) */
+    hc_ring_devops_t devops;  /* the ring's device operations (ctx = d) */
 
     pthread_mutex_t lock; /* seq and the done events */
     hc_devseq_t seq;
@@ -377,7 +379,77 @@ out:
 typedef struct dev_hello {
     int32_t ok;
     int32_t dev;
+    int32_t gdr; /* this rank's ring can take device memory, and kernels loaded */
 } dev_hello_t;
+
+/* The ring's device operations (GPUDirect stage ②): on the internal
+ * stream, each complete on return, with the context pushed (they run on
+ * hcoll's threads). */
+static hcoll_status_t devop_done(hc_coll_dev_t *d, hc_cu_res_t r, const char *what)
+{
+    hcoll_status_t st = HCOLL_SUCCESS;
+    if (r == HC_CU_SUCCESS)
+        r = d->cu->stream_synchronize(d->istream);
+    if (r != HC_CU_SUCCESS)
+        st = cu_fail(d, r, what);
+    void *popped;
+    d->cu->ctx_pop(&popped);
+    return st;
+}
+
+static hcoll_status_t devop_alloc(void *ctx, size_t bytes, void **out)
+{
+    hc_coll_dev_t *d = ctx;
+    hc_cu_dptr_t p = 0;
+    d->cu->ctx_push(d->ctx);
+    hcoll_status_t st = devop_done(d, d->cu->mem_alloc(&p, bytes), "cuMemAlloc (device slots)");
+    *out = (void *)(uintptr_t)p;
+    return st;
+}
+
+static void devop_free(void *ctx, void *p)
+{
+    hc_coll_dev_t *d = ctx;
+    d->cu->ctx_push(d->ctx);
+    /* Stream-ordered, like the flag: never waits for other streams. */
+    devop_done(d, d->cu->mem_free_async((hc_cu_dptr_t)(uintptr_t)p, d->istream),
+               "cuMemFreeAsync (device slots)");
+}
+
+static hcoll_status_t devop_reduce(void *ctx, void *dst, const void *a, const void *b,
+                                   size_t count, hcoll_dtype_t dtype, hcoll_op_t op)
+{
+    hc_coll_dev_t *d = ctx;
+    d->cu->ctx_push(d->ctx);
+    return devop_done(d,
+                      hc_gdr_kern_reduce(d->kern, (hc_cu_dptr_t)(uintptr_t)dst,
+                                         (hc_cu_dptr_t)(uintptr_t)a, (hc_cu_dptr_t)(uintptr_t)b,
+                                         count, dtype, op, d->istream),
+                      "the reduction kernel (GPUDirect ring)");
+}
+
+static hcoll_status_t devop_avg(void *ctx, void *buf, size_t count, hcoll_dtype_t dtype,
+                                hcoll_op_t op, int div)
+{
+    hc_coll_dev_t *d = ctx;
+    if (op != HCOLL_AVG)
+        return HCOLL_SUCCESS;
+    d->cu->ctx_push(d->ctx);
+    return devop_done(d,
+                      hc_gdr_kern_avg(d->kern, (hc_cu_dptr_t)(uintptr_t)buf, count, dtype, div,
+                                      d->istream),
+                      "the AVG kernel (GPUDirect ring)");
+}
+
+static hcoll_status_t devop_copy(void *ctx, void *dst, const void *src, size_t bytes)
+{
+    hc_coll_dev_t *d = ctx;
+    d->cu->ctx_push(d->ctx);
+    return devop_done(d,
+                      d->cu->memcpy_dtod_async((hc_cu_dptr_t)(uintptr_t)dst,
+                                               (hc_cu_dptr_t)(uintptr_t)src, bytes, d->istream),
+                      "cuMemcpyDtoDAsync (GPUDirect ring)");
+}
 
 /* Collective over all ranks: every rank reports whether its half worked,
  * so that one rank's missing GPU fails the call everywhere at once instead
@@ -394,7 +466,12 @@ static hcoll_status_t dev_setup(hc_coll_dev_t *d, int dev)
     else
         local = local_setup(d, dev);
 
-    dev_hello_t mine = { local == HCOLL_SUCCESS, dev }, *all = calloc((size_t)c->nranks, sizeof *all);
+    /* GPUDirect stage ②: where the rank's ring takes device memory (verbs
+     * with GPUDirect on) and the kernels that reduce there are loaded. */
+    int gdr = local == HCOLL_SUCCESS && d->ring && plan_stages(d->plan) && d->kern &&
+              hc_ring_gdr_capable(d->ring);
+    dev_hello_t mine = { local == HCOLL_SUCCESS, dev, gdr },
+                *all = calloc((size_t)c->nranks, sizeof *all);
     if (!all) {
         st = hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_NO_MEMORY, "no memory");
         goto undo;
@@ -408,6 +485,9 @@ static hcoll_status_t dev_setup(hc_coll_dev_t *d, int dev)
                             "rank %d could not set up its GPU for device buffers (its "
                             "hcoll_comm_last_error says why)",
                             r);
+    int all_gdr = st == HCOLL_SUCCESS;
+    for (int r = 0; all_gdr && r < c->nranks; r++)
+        all_gdr = all[r].gdr;
     free(all);
     if (st != HCOLL_SUCCESS)
         goto undo;
@@ -431,10 +511,26 @@ static hcoll_status_t dev_setup(hc_coll_dev_t *d, int dev)
         if (st != HCOLL_SUCCESS)
             goto undo;
     }
+    if (all_gdr) {
+        /* Every rank's ring enables device slots (collective over each
+         * ring, and every rank is here). A failure leaves host staging. */
+        d->devops = (hc_ring_devops_t){ d, devop_alloc, devop_free, devop_reduce, devop_avg,
+                                        devop_copy };
+        void *popped;
+        d->cu->ctx_push(d->ctx);
+        hcoll_status_t gst = hc_ring_enable_device(d->ring, &d->devops, 1);
+        d->cu->ctx_pop(&popped);
+        d->gdr = gst == HCOLL_SUCCESS;
+        if (!d->gdr)
+            HC_WARN(HC_GDR, c->rank, "GPUDirect stage 2 not possible (%s); staging through host "
+                    "memory", hc_errbuf_get(&c->err));
+    }
     char bdf[32] = "?";
     hc_gdr_gpu_info(dev, bdf, sizeof bdf, NULL, NULL);
-    HC_INFO(HC_GDR, c->rank, "device buffers: GPU %d (%s), %s, reduction kernels %s%s", dev,
-            bdf, plan_needs_nccl(d->plan) ? "NCCL intra-node" : "no intra-node stage",
+    HC_INFO(HC_GDR, c->rank,
+            "device buffers: GPU %d (%s), %s, stage 2 %s, reduction kernels %s%s", dev, bdf,
+            plan_needs_nccl(d->plan) ? "NCCL intra-node" : "no intra-node stage",
+            d->gdr ? "on device memory (GPUDirect RDMA)" : "staged through pinned host memory",
             d->kern ? "loaded" : "absent: ", d->kern ? "" : d->kern_why);
     d->ready = 1;
     return HCOLL_SUCCESS;
@@ -753,12 +849,15 @@ free_op:
 /* Host stage (worker thread)                                                 */
 /* ------------------------------------------------------------------------ */
 
-static hcoll_status_t ring_run(hc_coll_dev_t *d, void *buf, size_t n, hcoll_dtype_t dtype,
-                               hcoll_op_t op)
+/* The ring on buf in place (host staging), or from src to dst in device
+ * memory (GPUDirect: dev). */
+static hcoll_status_t ring_run(hc_coll_dev_t *d, const void *src, void *buf, size_t n,
+                               hcoll_dtype_t dtype, hcoll_op_t op, int dev)
 {
     struct hcoll_comm *c = d->c;
     int done = 0;
-    hcoll_status_t st = hc_ring_start(d->ring, buf, buf, n, dtype, op, c->nranks);
+    hcoll_status_t st = dev ? hc_ring_start_device(d->ring, src, buf, n, dtype, op, c->nranks)
+                            : hc_ring_start(d->ring, buf, buf, n, dtype, op, c->nranks);
     while (st == HCOLL_SUCCESS && !done) {
         if (atomic_load(&c->aborted))
             return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_ABORTED,
@@ -779,6 +878,15 @@ static hcoll_status_t host_stage(hc_coll_dev_t *d, const hc_dev_op_t *o, const h
     hcoll_status_t st;
     HC_CHECK(event_wait(d, g->ev_ready, tmo, 1, "the intra-node stage on the caller's stream"),
              out);
+    if (d->gdr) {
+        /* GPUDirect: the ring reads and writes the device range itself. */
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        st = ring_run(d, g->src, g->dst, g->count, o->dtype, o->op, 1);
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        *ring_us += (b.tv_sec - a.tv_sec) * 1e6 + (b.tv_nsec - a.tv_nsec) / 1e3;
+        return st;
+    }
     hc_devstage_t it;
     hc_devstage_init(&it, npieces);
     for (;;) {
@@ -802,7 +910,7 @@ static hcoll_status_t host_stage(hc_coll_dev_t *d, const hc_dev_op_t *o, const h
         case HC_DEVSTAGE_RING: {
             struct timespec a, b;
             clock_gettime(CLOCK_MONOTONIC, &a);
-            st = ring_run(d, d->stage[step.buf], n, o->dtype, o->op);
+            st = ring_run(d, d->stage[step.buf], d->stage[step.buf], n, o->dtype, o->op, 0);
             clock_gettime(CLOCK_MONOTONIC, &b);
             *ring_us += (b.tv_sec - a.tv_sec) * 1e6 + (b.tv_nsec - a.tv_nsec) / 1e3;
             if (st != HCOLL_SUCCESS)
@@ -934,6 +1042,8 @@ void hc_coll_dev_destroy(hc_coll_dev_t *d, int aborting)
                     "allocated");
             d->flag = 0;
         }
+        if (d->gdr)
+            hc_ring_disable_device(d->ring);
         local_free(d);
         cu->ctx_pop(&popped);
         cu->primary_release(d->cudev);

@@ -40,6 +40,11 @@
  * k+1 has reached it, sent when that rank had finished k, its last use of
  * the half that k+2 writes. AVG divides once, after the fold.
  *
+ * Device buffers (GPUDirect): the same chunked ring, with staging slots in
+ * device memory that prev's NIC writes, the reductions, the AVG division
+ * and copies done by the caller's device operations (hc_ring_devops_t),
+ * and no gather mode. Every rank runs a given operation the same way.
+ *
  * Immediate (32 bits): kind:2 | seq:4 | slot:4 | message:22. seq is the
  * operation's sequence number mod 16: a neighbour can be at most one
  * operation ahead, so messages of the next operation are recognised and
@@ -132,6 +137,7 @@ typedef struct ring_op {
     size_t ag_next;
     size_t ag_nrecv;
     int gather;          /* gather mode: nmsg = N-1 whole vectors */
+    int dev;             /* device buffers: device slots and devops */
     char *ghalf;         /* gather mode: this operation's half of gbuf */
     uint8_t *rs_done;    /* [nmsg] received and reduced */
     uint8_t *ag_done;    /* [nmsg] landed */
@@ -161,6 +167,10 @@ struct hc_ring {
     size_t gvec;
     hc_mr_t *gbuf_mr;
     hc_rkey_t next_gbuf;
+    const hc_ring_devops_t *devops; /* device buffers, once enabled */
+    void *dslots;         /* device staging slots, written by prev */
+    hc_mr_t *dslots_mr;
+    hc_rkey_t next_dslots;
     uint8_t *flags;       /* storage for rs_done/ag_done */
     size_t flags_cap;
     ring_op_t op;
@@ -293,11 +303,13 @@ void hc_ring_destroy(hc_ring_t *r)
 {
     if (!r)
         return;
+    int graceful = r->err == HCOLL_SUCCESS && !r->op.active;
+    hc_ring_disable_device(r); /* normally done already, by the device path */
     if (r->tr) {
         /* Only an idle, healthy ring says goodbye; anything else resets so
          * that the neighbours stop waiting for us at once. */
-        int graceful = r->err == HCOLL_SUCCESS && !r->op.active;
         r->ops->destroy(r->tr, graceful); /* frees its regions too */
+        r->tr = NULL;
     }
     free(r->flags);
     free(r->gbuf);
@@ -398,7 +410,7 @@ static hcoll_status_t try_send(hc_ring_t *r)
         chunk_of(o, mod_n(r, (long)r->rank - (long)s), c, &off, &cnt);
         /* Step 0 sends my own contribution, later steps what I reduced. */
         hc_mr_t *mr = s == 0 ? o->send_mr : o->recv_mr;
-        st = put(r, r->ep_next, mr, off * o->esize, &r->next_slots,
+        st = put(r, r->ep_next, mr, off * o->esize, o->dev ? &r->next_dslots : &r->next_slots,
                  (uint64_t)slot * r->chunk_bytes, cnt * o->esize, IMM(IMM_RS, seq, slot, m));
         if (st != HCOLL_SUCCESS)
             return st;
@@ -476,10 +488,21 @@ static hcoll_status_t on_rs(hc_ring_t *r, uint32_t imm)
     size_t s = m / o->C, c = m % o->C, off, cnt;
     chunk_of(o, mod_n(r, (long)r->rank - 1 - (long)s), c, &off, &cnt);
     /* One pass: partial from the chain ⊕ my own contribution → my output. */
-    hc_reduce(o->recv + off * o->esize, r->slots + (size_t)slot * r->chunk_bytes,
-              o->send + off * o->esize, cnt, o->dtype, o->op);
-    if (s == (size_t)r->n - 2 && o->op == HCOLL_AVG)
-        hc_reduce_avg_finish(o->recv + off * o->esize, cnt, o->dtype, o->op, o->avg_div);
+    if (o->dev) {
+        const hc_ring_devops_t *d = r->devops;
+        char *dst = o->recv + off * o->esize;
+        hcoll_status_t st = d->reduce(d->ctx, dst, (char *)r->dslots + (size_t)slot * r->chunk_bytes,
+                                      o->send + off * o->esize, cnt, o->dtype, o->op);
+        if (st == HCOLL_SUCCESS && s == (size_t)r->n - 2 && o->op == HCOLL_AVG)
+            st = d->avg(d->ctx, dst, cnt, o->dtype, o->op, o->avg_div);
+        if (st != HCOLL_SUCCESS)
+            return ring_fail(r, st);
+    } else {
+        hc_reduce(o->recv + off * o->esize, r->slots + (size_t)slot * r->chunk_bytes,
+                  o->send + off * o->esize, cnt, o->dtype, o->op);
+        if (s == (size_t)r->n - 2 && o->op == HCOLL_AVG)
+            hc_reduce_avg_finish(o->recv + off * o->esize, cnt, o->dtype, o->op, o->avg_div);
+    }
     o->rs_done[m] = 1;
     o->rs_nrecv++;
     return put(r, r->ep_prev, NULL, 0, NULL, 0, 0,
@@ -594,13 +617,16 @@ static int op_complete(const hc_ring_t *r)
            o->ag_nrecv == o->nmsg && r->puts_out == 0 && r->nbusy == 0;
 }
 
-hcoll_status_t hc_ring_start(hc_ring_t *r, const void *sendbuf, void *recvbuf, size_t count,
-                             hcoll_dtype_t dtype, hcoll_op_t op, int avg_divisor)
+static hcoll_status_t ring_start(hc_ring_t *r, const void *sendbuf, void *recvbuf, size_t count,
+                                 hcoll_dtype_t dtype, hcoll_op_t op, int avg_divisor, int dev)
 {
     hcoll_status_t st = HCOLL_SUCCESS;
     hc_errbuf_t *eb = RING_ERRBUF(r);
     if (r->err)
         return r->err;
+    if (dev && !r->devops)
+        return hc_err_set(eb, HC_NET, RING_LOGRANK(r), HCOLL_ERR_INVALID_ARG,
+                          "ring: device buffers before hc_ring_enable_device");
     if (r->op.active)
         return hc_err_set(eb, HC_NET, RING_LOGRANK(r), HCOLL_ERR_INVALID_ARG,
                           "ring: an operation is already active");
@@ -616,6 +642,12 @@ hcoll_status_t hc_ring_start(hc_ring_t *r, const void *sendbuf, void *recvbuf, s
      * so sequence numbers stay in step. */
     if (count == 0)
         return HCOLL_SUCCESS;
+    if (r->n == 1 && dev) {
+        const hc_ring_devops_t *d = r->devops;
+        if (sendbuf != recvbuf && (st = d->copy(d->ctx, recvbuf, sendbuf, count * es)) != 0)
+            return st;
+        return d->avg(d->ctx, recvbuf, count, dtype, op, div);
+    }
     if (r->n == 1) {
         if (sendbuf != recvbuf)
             memmove(recvbuf, sendbuf, count * es);
@@ -640,7 +672,9 @@ hcoll_status_t hc_ring_start(hc_ring_t *r, const void *sendbuf, void *recvbuf, s
     o->nmsg = (size_t)(r->n - 1) * o->C;
     /* Every rank decides alike: count, dtype, N and the chunk are equal.
      * A next operation's N-1 messages must fit the early list. */
-    o->gather = count * es + sizeof(gather_trailer_t) <= r->gvec && r->n - 1 <= EARLY_MAX &&
+    o->dev = dev;
+    o->gather = !dev && count * es + sizeof(gather_trailer_t) <= r->gvec &&
+                r->n - 1 <= EARLY_MAX &&
                 count * es * (size_t)(r->n - 2) <= (size_t)r->n * GATHER_HOP_BYTES;
     if (o->gather) {
         o->C = 1;
@@ -723,6 +757,113 @@ fail_recv_mr:
     o->recv_mr = NULL;
 fail:
     return ring_fail(r, st);
+}
+
+hcoll_status_t hc_ring_start(hc_ring_t *r, const void *sendbuf, void *recvbuf, size_t count,
+                             hcoll_dtype_t dtype, hcoll_op_t op, int avg_divisor)
+{
+    return ring_start(r, sendbuf, recvbuf, count, dtype, op, avg_divisor, 0);
+}
+
+hcoll_status_t hc_ring_start_device(hc_ring_t *r, const void *sendbuf, void *recvbuf,
+                                    size_t count, hcoll_dtype_t dtype, hcoll_op_t op,
+                                    int avg_divisor)
+{
+    return ring_start(r, sendbuf, recvbuf, count, dtype, op, avg_divisor, 1);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Device buffers                                                             */
+/* ------------------------------------------------------------------------ */
+
+int hc_ring_gdr_capable(const hc_ring_t *r)
+{
+    if (r->n == 1)
+        return 1;
+    return r->tr && r->ops->gdr && r->ops->gdr(r->tr);
+}
+
+void hc_ring_disable_device(hc_ring_t *r)
+{
+    if (!r || !r->devops)
+        return;
+    if (r->dslots_mr && r->tr)
+        r->ops->mr_dereg(r->tr, r->dslots_mr);
+    if (r->dslots)
+        r->devops->free(r->devops->ctx, r->dslots);
+    r->dslots_mr = NULL;
+    r->dslots = NULL;
+    r->devops = NULL;
+}
+
+/* What each rank publishes when device buffers are enabled. */
+typedef struct ring_dev_info {
+    uint32_t magic;
+    uint32_t ok;
+    hc_rkey_t dslots_rkey;
+} ring_dev_info_t;
+
+hcoll_status_t hc_ring_enable_device(hc_ring_t *r, const hc_ring_devops_t *ops, int ok)
+{
+    hcoll_status_t st = HCOLL_SUCCESS;
+    hc_errbuf_t *eb = RING_ERRBUF(r);
+    const int lr = RING_LOGRANK(r);
+    if (r->err)
+        return r->err;
+    if (r->devops)
+        return HCOLL_SUCCESS;
+    if (r->n == 1) {
+        if (!ok)
+            return hc_err_set(eb, HC_NET, lr, HCOLL_ERR_UNSUPPORTED,
+                              "ring: device buffers refused on this rank");
+        r->devops = ops;
+        return HCOLL_SUCCESS;
+    }
+    ring_dev_info_t mine;
+    memset(&mine, 0, sizeof mine);
+    mine.magic = RING_MAGIC;
+    void *slots = NULL;
+    hc_mr_t *mr = NULL;
+    const size_t bytes = (size_t)r->nslots * r->chunk_bytes;
+    if (ok && ops->alloc(ops->ctx, bytes, &slots) == HCOLL_SUCCESS) {
+        if (r->ops->mr_reg(r->tr, slots, bytes, &mr, &mine.dslots_rkey) == HCOLL_SUCCESS)
+            mine.ok = 1;
+        else
+            HC_WARN(HC_NET, lr, "ring: device staging slots not registered: %s",
+                    hc_errbuf_get(eb));
+    }
+    /* Everyone exchanges, whatever happened here: the ring fails together. */
+    ring_dev_info_t *all = calloc((size_t)r->n, sizeof *all);
+    if (!all) {
+        st = hc_err_set(eb, HC_NET, lr, HCOLL_ERR_NO_MEMORY, "ring: out of memory");
+        goto undo;
+    }
+    HC_CHECK(r->p.allgather(r->p.ag_ctx, &mine, all, sizeof mine), free_all);
+    for (int i = 0; i < r->n; i++)
+        if (all[i].magic != RING_MAGIC || !all[i].ok) {
+            st = hc_err_set(eb, HC_NET, lr, HCOLL_ERR_UNSUPPORTED,
+                            "ring: rank %d cannot take device buffers over %s (GPUDirect); "
+                            "its log says why",
+                            i, r->ops->name);
+            goto free_all;
+        }
+    r->next_dslots = all[r->next].dslots_rkey;
+    r->dslots = slots;
+    r->dslots_mr = mr;
+    r->devops = ops;
+    free(all);
+    HC_INFO(HC_NET, lr, "ring: device buffers over %s: %d device slots of %zu bytes (GPUDirect)",
+            r->ops->name, r->nslots, r->chunk_bytes);
+    return HCOLL_SUCCESS;
+
+free_all:
+    free(all);
+undo:
+    if (mr)
+        r->ops->mr_dereg(r->tr, mr);
+    if (slots)
+        ops->free(ops->ctx, slots);
+    return st;
 }
 
 hcoll_status_t hc_ring_progress(hc_ring_t *r, int wait_ms, int *done_out)

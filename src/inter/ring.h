@@ -58,6 +58,47 @@ hcoll_status_t hc_ring_start(hc_ring_t *ring, const void *sendbuf, void *recvbuf
  * HCOLL_ERR_TIMEOUT when nothing arrived for the ring's timeout. */
 hcoll_status_t hc_ring_progress(hc_ring_t *ring, int wait_ms, int *done_out);
 
+/*
+ * Device buffers (GPUDirect RDMA). Where the transport registers device
+ * memory (ops->gdr), the ring can run on device buffers: the previous rank
+ * writes straight into device staging slots, and the caller's device
+ * operations below reduce, divide and copy. Each completes before it
+ * returns (the ring sends what a reduction wrote right after it).
+ */
+typedef struct hc_ring_devops {
+    void *ctx;
+    hcoll_status_t (*alloc)(void *ctx, size_t bytes, void **out);
+    void (*free)(void *ctx, void *p);
+    /* dst = a op b, count elements (AVG reduces as SUM). */
+    hcoll_status_t (*reduce)(void *ctx, void *dst, const void *a, const void *b, size_t count,
+                             hcoll_dtype_t dtype, hcoll_op_t op);
+    /* buf /= div when op is AVG; nothing otherwise. */
+    hcoll_status_t (*avg)(void *ctx, void *buf, size_t count, hcoll_dtype_t dtype, hcoll_op_t op,
+                          int div);
+    hcoll_status_t (*copy)(void *ctx, void *dst, const void *src, size_t bytes);
+} hc_ring_devops_t;
+
+/* 1 when the ring's transport can take device memory (a 1-rank ring: 1). */
+int hc_ring_gdr_capable(const hc_ring_t *ring);
+
+/* Device staging slots, allocated with ops, registered and exchanged:
+ * collective over the ring (every rank calls it, in the same place of the
+ * set-up sequence). ok = 0 on a rank that cannot (its own reason already
+ * recorded): it still takes part, and every rank then fails with
+ * HCOLL_ERR_UNSUPPORTED, so the ring stays usable for host buffers. ops
+ * must outlive the ring. */
+hcoll_status_t hc_ring_enable_device(hc_ring_t *ring, const hc_ring_devops_t *ops, int ok);
+
+/* Deregister and free the device slots, while the GPU context still
+ * lives; the ring keeps working on host buffers. Local. */
+void hc_ring_disable_device(hc_ring_t *ring);
+
+/* hc_ring_start on device buffers (after hc_ring_enable_device). Every
+ * rank of the ring must start the same operation this way. */
+hcoll_status_t hc_ring_start_device(hc_ring_t *ring, const void *sendbuf, void *recvbuf,
+                                    size_t count, hcoll_dtype_t dtype, hcoll_op_t op,
+                                    int avg_divisor);
+
 /* Start + progress until done. Blocking, collective. */
 hcoll_status_t hc_ring_allreduce(hc_ring_t *ring, const void *sendbuf, void *recvbuf,
                                  size_t count, hcoll_dtype_t dtype, hcoll_op_t op);

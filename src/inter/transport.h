@@ -100,6 +100,11 @@ typedef struct hc_transport_ops {
                              hc_rkey_t *rkey_out);
     void (*mr_dereg)(hc_transport_t *tr, hc_mr_t *mr);
 
+    /* 1 when mr_reg takes device memory of this rank's GPU and the NIC
+     * writes it directly (GPUDirect RDMA, with any flush it needs done
+     * before the immediate is reported). NULL: never. */
+    int (*gdr)(hc_transport_t *tr);
+
     /* Start a one-sided write of lmr[loff, loff+len) to the peer's region
      * rkey at roff, carrying imm. len may be 0 (a pure notification). Does
      * not block; completes through poll. */

@@ -448,7 +448,9 @@ static void gdr_decide(hc_transport_t *tr)
     char bdf[64] = "", gpu_path[HC_PCI_PATH_MAX], nic_path[HC_PCI_PATH_MAX];
     int cc = 0, gpu_dmabuf = 0;
     if (c->gpu < 0) {
-        snprintf(tr->gdr_why, sizeof tr->gdr_why, "no GPU for this rank");
+        snprintf(tr->gdr_why, sizeof tr->gdr_why,
+                 "no GPU for this rank (none was current at hcoll_comm_init)");
+        HC_INFO(HC_GDR, tr->p.log_rank, "GPU Direct RDMA Disabled: %s", tr->gdr_why);
         return;
     }
     if (hc_gdr_gpu_info(c->gpu, bdf, sizeof bdf, &cc, &gpu_dmabuf) != 0 ||
@@ -457,6 +459,7 @@ static void gdr_decide(hc_transport_t *tr)
         snprintf(tr->gdr_why, sizeof tr->gdr_why,
                  "PCI path of GPU %d (%s) or of %s unknown", c->gpu, bdf[0] ? bdf : "?",
                  tr->choice.port.dev);
+        HC_INFO(HC_GDR, tr->p.log_rank, "GPU Direct RDMA Disabled: %s", tr->gdr_why);
         return;
     }
     int dist = hc_pci_distance(c->sysfs_root, gpu_path, nic_path);
@@ -917,6 +920,11 @@ static void flush_word_free(hc_transport_t *tr)
     }
     cu->primary_release(tr->flush_cudev); /* flush_word_setup's */
     tr->flush_word = 0;
+}
+
+static int ib_gdr(hc_transport_t *tr)
+{
+    return tr->gdr;
 }
 
 static hcoll_status_t ib_mr_reg(hc_transport_t *tr, void *base, size_t len, hc_mr_t **mr_out,
@@ -1417,6 +1425,7 @@ const hc_transport_ops_t hc_ib_ops = {
     .connect = ib_connect,
     .mr_reg = ib_mr_reg,
     .mr_dereg = ib_mr_dereg,
+    .gdr = ib_gdr,
     .put = ib_put,
     .poll = ib_poll,
     .destroy = ib_destroy,
