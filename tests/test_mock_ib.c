@@ -1206,6 +1206,7 @@ typedef struct api_arg {
     char logdir[128];
     int kill_victim;       /* -1: none */
     int per_node;          /* device cases: local rank = rank % per_node = its GPU */
+    int dmabuf;            /* device cases: the GPU claims dma-buf, whose export fails */
     volatile double kill_ms;
     volatile double noticed_ms[MAXR];
     char msg[MAXR][400];
@@ -1433,6 +1434,8 @@ static int rank_api_device(int rank, int n, void *argp)
     HCT_REQUIRE(realpath("tests/fixtures/sysfs-mockib", root), "no tests/fixtures/sysfs-mockib");
     setenv("HCOLL_SYSFS_ROOT", root, 1);
     setenv("HCMOCK_IB_SYSFS", root, 1);
+    if (a->dmabuf)
+        setenv("HCMOCK_DMABUF", "1", 1);
     const int local = rank % a->per_node;
     const hc_cu_api_t *cu = gpu_open(local); /* current at init: the comm's GPU */
     HCT_REQUIRE(cu, "rank %d: no (mock) GPU %d", rank, local);
@@ -1482,7 +1485,7 @@ static int rank_api_device(int rank, int n, void *argp)
     return mock_released(who);
 }
 
-static void run_api_device(int n, int per_node)
+static void run_api_device(int n, int per_node, int dmabuf)
 {
     const char *build = getenv("HCOLL_TEST_BUILD");
     char cuda[PATH_MAX];
@@ -1493,6 +1496,7 @@ static void run_api_device(int n, int per_node)
     }
     api_arg_t *a = api_arg_new();
     a->per_node = per_node;
+    a->dmabuf = dmabuf;
     hct_opts_t o = { .nranks = n, .ranks_per_node = per_node, .timeout_ms = 60000 };
     hct_result_t res[MAXR];
     double t0 = hct_now_ms();
@@ -1512,15 +1516,31 @@ static void run_api_device(int n, int per_node)
     pclose(p);
     ck_assert_msg(nlogs == n, "%d of %d ranks logged stage 2 on device memory (logs in %s)",
                   nlogs, n, a->logdir);
+    if (dmabuf) {
+        /* dma-buf was chosen, its export failed, peermem took over. */
+        snprintf(cmd, sizeof cmd, "grep -l 'nvidia-peermem instead' %s/rank.*.log | wc -l",
+                 a->logdir);
+        p = popen(cmd, "r");
+        ck_assert_ptr_nonnull(p);
+        ck_assert_int_eq(fscanf(p, "%d", &nlogs), 1);
+        pclose(p);
+        ck_assert_msg(nlogs == n, "%d of %d ranks fell back from dma-buf to peermem (logs in %s)",
+                      nlogs, n, a->logdir);
+    }
     api_arg_free(a);
 }
 
-START_TEST(api_device_gdr_2) { run_api_device(2, 1); }
+START_TEST(api_device_gdr_2) { run_api_device(2, 1, 0); }
+END_TEST
+
+/* The GPU says dma-buf, the export fails: registration falls back to
+ * nvidia-peermem instead of failing. */
+START_TEST(api_device_gdr_dmabuf_fallback) { run_api_device(2, 1, 1); }
 END_TEST
 
 /* Two GPUs and NICs per node: NCCL (emulated) for the intra-node stages,
  * one GPUDirect ring per rail. */
-START_TEST(api_device_gdr_2x2) { run_api_device(4, 2); }
+START_TEST(api_device_gdr_2x2) { run_api_device(4, 2, 0); }
 END_TEST
 
 static void *killer(void *p)
@@ -1778,6 +1798,7 @@ static Suite *suite(void)
     tcase_add_test(a, api_allreduce_4);
     tcase_add_test(a, api_device_gdr_2);
     tcase_add_test(a, api_device_gdr_2x2);
+    tcase_add_test(a, api_device_gdr_dmabuf_fallback);
     tcase_add_test(a, api_allreduce_2x2);
     tcase_add_test(a, api_peer_killed);
     suite_add_tcase(s, a);

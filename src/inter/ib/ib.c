@@ -348,6 +348,7 @@ struct hc_transport {
     /* GPUDirect */
     int gdr;          /* device memory may be registered */
     int gdr_reg;      /* enum hc_gdr_reg */
+    int peermem;      /* nvidia-peermem loaded: the fallback when dma-buf fails */
     int flush;        /* hold immediates until a flush read returns */
     char gdr_why[400];
     /* A word of device memory of our own for flush reads: never a user's
@@ -471,6 +472,7 @@ static void gdr_decide(hc_transport_t *tr)
     }
     hc_gdr_caps_t caps;
     hc_gdr_probe(c->sysfs_root, &caps);
+    tr->peermem = caps.peermem;
     tr->gdr_reg = hc_gdr_reg_choose(&caps, gpu_dmabuf, tr->v->reg_dmabuf_mr != NULL);
     if (tr->gdr_reg == HC_GDR_REG_STAGING) {
         snprintf(tr->gdr_why, sizeof tr->gdr_why,
@@ -972,6 +974,19 @@ static hcoll_status_t ib_mr_reg(hc_transport_t *tr, void *base, size_t len, hc_m
             if (hc_gdr_dmabuf_fd(base, len, &fd, &off, &alen, why, sizeof why) == 0) {
                 mr->e.dmabuf_fd = fd;
                 mr->mr = tr->v->reg_dmabuf_mr(tr->pd, off, len, (uintptr_t)base, fd, access);
+                if (!mr->mr)
+                    snprintf(why, sizeof why, "ibv_reg_dmabuf_mr: %s", strerror(errno));
+            }
+            if (!mr->mr && tr->peermem) {
+                /* dma-buf was the first choice, not the only one. */
+                HC_INFO(HC_GDR, tr->p.log_rank,
+                        "dma-buf registration of %zu bytes failed (%s); nvidia-peermem instead",
+                        len, why);
+                if (mr->e.dmabuf_fd >= 0)
+                    close(mr->e.dmabuf_fd);
+                mr->e.dmabuf_fd = -1;
+                why[0] = '\0';
+                mr->mr = tr->v->reg_mr(tr->pd, base, len, access);
             }
         } else {
             /* Host memory; device memory through nvidia-peermem. */
@@ -988,11 +1003,13 @@ static hcoll_status_t ib_mr_reg(hc_transport_t *tr, void *base, size_t len, hc_m
                 close(mr->e.dmabuf_fd);
             free(mr);
             st = tr_fail(tr, HCOLL_ERR_RDMA,
-                         "registering %zu bytes of %s memory at %p failed (%s%s%s); for host "
-                         "memory check `ulimit -l` (locked memory)",
+                         "registering %zu bytes of %s memory at %p failed (%s%s%s)%s",
                          len, kind == HC_MEM_HOST ? "host" : "device", base,
                          why[0] ? why : strerror(e), kind == HC_MEM_HOST ? "" : ", via ",
-                         kind == HC_MEM_HOST ? "" : hc_gdr_reg_name(tr->gdr_reg));
+                         kind == HC_MEM_HOST ? "" : hc_gdr_reg_name(tr->gdr_reg),
+                         kind == HC_MEM_HOST && (e == ENOMEM || e == EPERM)
+                             ? "; check `ulimit -l` (locked memory)"
+                             : "");
             goto fail_handle;
         }
         mr->e.handle = mr->mr;
