@@ -1089,12 +1089,10 @@ static hcoll_status_t post_put(hc_ep_t *ep, const pend_put_t *pp)
     return HCOLL_SUCCESS;
 }
 
-/* Tell the peer how many receives we have reposted for it. */
-static hcoll_status_t post_credit(hc_ep_t *ep)
+/* Write val into the peer's credit word for us (inline: val may die once
+ * this returns); recorded in the send FIFO. Returns ibv_post_send's code. */
+static int credit_write(hc_ep_t *ep, uint64_t val)
 {
-    if (ep->reposted - ep->reported < IB_RQ_DEPTH / 4 || ep->fcount >= IB_SQ_DEPTH)
-        return HCOLL_SUCCESS;
-    uint64_t val = ep->reposted;
     struct ibv_sge sge = { (uintptr_t)&val, sizeof val, 0 };
     struct ibv_send_wr wr, *bad;
     memset(&wr, 0, sizeof wr);
@@ -1102,14 +1100,25 @@ static hcoll_status_t post_credit(hc_ep_t *ep)
     wr.sg_list = &sge;
     wr.num_sge = 1;
     wr.opcode = IBV_WR_RDMA_WRITE;
-    wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE; /* copied at post: val may die */
+    wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
     wr.wr.rdma.remote_addr = ep->peer_credit_addr;
     wr.wr.rdma.rkey = ep->peer_credit_rkey;
     int rc = ibv_post_send(ep->qp, &wr, &bad);
+    if (rc == 0)
+        fifo_push(ep, TX_CREDIT, 0, 0);
+    return rc;
+}
+
+/* Tell the peer how many receives we have reposted for it. */
+static hcoll_status_t post_credit(hc_ep_t *ep)
+{
+    if (ep->reposted - ep->reported < IB_RQ_DEPTH / 4 || ep->fcount >= IB_SQ_DEPTH)
+        return HCOLL_SUCCESS;
+    uint64_t val = ep->reposted;
+    int rc = credit_write(ep, val);
     if (rc != 0)
         return tr_fail(ep->tr, HCOLL_ERR_RDMA, "posting a credit update to rank %d failed: %s",
                        ep->peer, strerror(rc));
-    fifo_push(ep, TX_CREDIT, 0, 0);
     ep->reported = val;
     return HCOLL_SUCCESS;
 }
@@ -1365,27 +1374,10 @@ static void ib_destroy(hc_transport_t *tr, int graceful)
     if (!graceful) {
         /* An RC peer notices a vanished QP only when it next sends to it:
          * tell each one, as a TCP reset would (transport.h's contract). */
-        static const uint64_t reset = IB_CREDIT_RESET;
         int posted = 0;
-        for (int i = 0; i < tr->neps; i++) {
-            hc_ep_t *ep = tr->eps[i];
-            if (ep->fcount >= IB_SQ_DEPTH)
-                continue;
-            struct ibv_sge sge = { (uintptr_t)&reset, sizeof reset, 0 };
-            struct ibv_send_wr wr, *bad;
-            memset(&wr, 0, sizeof wr);
-            wr.wr_id = TX_CREDIT;
-            wr.sg_list = &sge;
-            wr.num_sge = 1;
-            wr.opcode = IBV_WR_RDMA_WRITE;
-            wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
-            wr.wr.rdma.remote_addr = ep->peer_credit_addr;
-            wr.wr.rdma.rkey = ep->peer_credit_rkey;
-            if (ibv_post_send(ep->qp, &wr, &bad) == 0) {
-                fifo_push(ep, TX_CREDIT, 0, 0);
+        for (int i = 0; i < tr->neps; i++)
+            if (tr->eps[i]->fcount < IB_SQ_DEPTH && credit_write(tr->eps[i], IB_CREDIT_RESET) == 0)
                 posted++;
-            }
-        }
         /* Until the writes are out (or failed), briefly: a QP destroyed
          * with them queued may never send them. */
         double deadline = hc_now_ms() + 100;
