@@ -350,12 +350,11 @@ HCOLL_API hcoll_status_t hcoll_allreduce(hcoll_comm_t comm, const void *sendbuf,
  * the order they were issued, and every rank must issue them in the same
  * order.
  * With a stream (device buffers) the GPU stages are enqueued before the
- * call returns, and the request completes when the library's host-side
- * stage is done: the inter-node stage has run and the stream has been
- * released to run the final intra-node all-gather. recvbuf holds the
- * result once the stream has passed that point; hcoll_wait never
- * synchronises the stream. Stage times of such a request count only the
- * host stage (inter_us, total_us); the stages on the GPU read 0.
+ * call returns, and the request completes when the whole all-reduce is
+ * done: the inter-node stage has run, and the stream has passed the final
+ * intra-node all-gather (hcoll's thread waits for an event of its own;
+ * hcoll_wait never synchronises the caller's stream, so work the stream
+ * queued behind the call need not have run).
  */
 HCOLL_API hcoll_status_t hcoll_allreduce_async(hcoll_comm_t comm, const void *sendbuf,
                                                void *recvbuf, size_t count,
@@ -390,10 +389,11 @@ HCOLL_API hcoll_status_t hcoll_request_free(hcoll_request_t req);
  * node: everything is inter_us). Where the intra-node stage runs as one
  * fused step (one node; vectors up to HCOLL_SMALL_BYTES), its time is split
  * evenly between intra_rs_us and intra_ag_us.
- * Device buffers: the intra-node stages run on the caller's stream and are
- * not timed, so intra_rs_us and intra_ag_us read -1 where the plan has
- * them; inter_us is the host stage (staging copies and ring), total_us its
- * span in hcoll's thread.
+ * Device buffers: the intra-node stages are timed with CUDA events on the
+ * caller's stream (the GPU's clock; -1 where an event could not be made);
+ * inter_us is the host stage (staging copies or the GPUDirect ring), and
+ * total_us runs in hcoll's thread from the start of that stage until the
+ * GPU has passed the last stage.
  */
 typedef struct hcoll_stage_times {
     double intra_rs_us;

@@ -7,7 +7,8 @@
 #     that skip elsewhere, run whole (with 2 emulated GPUs, so the 2 x 2
 #     NCCL intra-node case runs too);
 #   - hcoll_perf --mem device, 2 emulated nodes x 1, then 2 x 2 with
-#     --peer nccl: every #wrong is 0 and both implementations have rows.
+#     --peer nccl: every #wrong is 0, both implementations have rows, and
+#     -p shows the NCCL stages timed.
 # This checks hcoll's control flow (contexts, streams, the flag protocol,
 # staging, NCCL calls, errors), not a GPU: speed figures here mean nothing,
 # and scripts/gpu-check.sh is what runs on real hardware.
@@ -65,6 +66,9 @@ if perf_run "device 2x2 + nccl peer" -np 4 --ranks-per-node 2 --peer nccl -b 4K 
      -n 2 -w 1 -c 1 -p; then
   awk '$1 ~ /^[0-9]+$/ {print $5}' <<<"$out" | sort -u | tr '\n' ' ' | grep -q 'hcoll nccl' ||
     fail "device 2x2: want hcoll and nccl rows"
+  # -p: the NCCL stages of device calls are timed (columns rs, inter, ag).
+  untimed=$(awk '$1 ~ /^[0-9]+$/ && $5 == "hcoll" && ($16 !~ /^[0-9.]+$/ || $18 !~ /^[0-9.]+$/)' <<<"$out")
+  [ -z "$untimed" ] || fail "device 2x2: stage columns not timed: $untimed"
 fi
 # Refusals a user meets: --peer nccl with host buffers is a usage error.
 out=$("$bindir/hcoll_perf" --peer nccl --mem host 2>&1); rc=$?

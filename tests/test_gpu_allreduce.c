@@ -130,6 +130,51 @@ static int check_one(hcoll_comm_t comm, const hc_cu_api_t *cu, void *stream, int
     return 0;
 }
 
+/* A device request completes with the whole all-reduce: once hcoll_wait
+ * returns, the result is in device memory even for a stream that is not
+ * ordered after the call; and its stage times cover every stage the plan
+ * has (the NCCL ones from CUDA events). */
+static int check_request(hcoll_comm_t comm, const hc_cu_api_t *cu, void *stream, int nranks,
+                         int nccl_stages)
+{
+    const size_t n = 3000017; /* several segments */
+    float *h = malloc(n * sizeof *h);
+    HCT_REQUIRE(h, "no memory");
+    for (size_t i = 0; i < n; i++)
+        h[i] = (float)(i % 7);
+    hc_cu_dptr_t b;
+    GPU_OK(cu->mem_alloc(&b, n * sizeof *h));
+    GPU_OK(cu->memcpy_htod_async(b, h, n * sizeof *h, stream));
+    hcoll_request_t req;
+    HCT_OK(comm, hcoll_allreduce_async(comm, (void *)(uintptr_t)b, (void *)(uintptr_t)b, n,
+                                       HCOLL_FLOAT32, HCOLL_SUM, stream, &req));
+    HCT_OK(comm, hcoll_wait(req));
+    void *other;
+    GPU_OK(cu->stream_create(&other, HC_CU_STREAM_NON_BLOCKING));
+    GPU_OK(cu->memcpy_dtoh_async(h, b, n * sizeof *h, other));
+    GPU_OK(cu->stream_synchronize(other));
+    for (size_t i = 0; i < n; i++)
+        HCT_REQUIRE(h[i] == (float)(i % 7) * (float)nranks,
+                    "after hcoll_wait, element %zu = %g (the all-gather had not finished?)", i,
+                    h[i]);
+    hcoll_stage_times_t t;
+    HCT_OK(comm, hcoll_request_stage_times(req, &t));
+    HCT_REQUIRE(t.inter_us > 0 && t.total_us > 0, "inter %.1f us, total %.1f us", t.inter_us,
+                t.total_us);
+    if (nccl_stages)
+        HCT_REQUIRE(t.intra_rs_us >= 0 && t.intra_ag_us >= 0,
+                    "NCCL stages untimed: rs %.1f us, ag %.1f us", t.intra_rs_us, t.intra_ag_us);
+    else
+        HCT_REQUIRE(t.intra_rs_us == 0 && t.intra_ag_us == 0,
+                    "one rank per node has no intra stage: rs %.1f, ag %.1f", t.intra_rs_us,
+                    t.intra_ag_us);
+    HCT_OK(comm, hcoll_request_free(req));
+    GPU_OK(cu->stream_destroy(other));
+    GPU_OK(cu->mem_free(b));
+    free(h);
+    return 0;
+}
+
 static int rank_correctness(int rank, int nranks, void *arg)
 {
     job_t *j = arg;
@@ -152,6 +197,8 @@ static int rank_correctness(int rank, int nranks, void *arg)
         if (check_one(comm, cu, stream, rank, nranks, sizes[k], HCOLL_FLOAT32, HCOLL_SUM, 0) ||
             check_one(comm, cu, stream, rank, nranks, sizes[k], HCOLL_BFLOAT16, HCOLL_AVG, 1))
             return 1;
+    if (check_request(comm, cu, stream, nranks, j->rpn > 1))
+        return 1;
     HCT_OK(comm, hcoll_comm_destroy(comm));
     cu->stream_destroy(stream);
     return 0;

@@ -166,11 +166,19 @@ typedef struct hc_dev_seg {
     size_t count;
 } hc_dev_seg_t;
 
+/* Timing events on the caller's stream: [0] before the first RS, [1]
+ * after the last; [2+2k], [3+2k] around segment k's AG. One node: [0], [1]
+ * around the all-reduce (fused). NULL where one could not be made. */
+#define DEV_TEV (2 + 2 * DEV_SEGMENTS)
+
 struct hc_dev_op {
     hcoll_status_t status; /* an enqueue failure after the first stream wait */
     int nseg;              /* segments with a host stage and a flag number */
     hcoll_dtype_t dtype;
     hcoll_op_t op;
+    void *tev[DEV_TEV];
+    int ntev;              /* slots used */
+    int fused;             /* one NCCL all-reduce: its time is split RS/AG */
     hc_dev_seg_t seg[];    /* [nseg] (room for every segment of the call) */
 };
 
@@ -649,6 +657,40 @@ static size_t dev_segment_count(const hc_coll_dev_t *d, size_t count, size_t es)
     return seg < min ? min : seg;
 }
 
+/* Record timing event i of o on stream. Timing is best effort: an event
+ * that cannot be made leaves its stage untimed, never fails the call. */
+static void tev_mark(hc_coll_dev_t *d, hc_dev_op_t *o, int i, void *stream)
+{
+    void *e = NULL;
+    if (d->cu->event_create(&e, 0) != HC_CU_SUCCESS)
+        return;
+    if (d->cu->event_record(e, stream) != HC_CU_SUCCESS) {
+        d->cu->event_destroy(e);
+        return;
+    }
+    o->tev[i] = e;
+    if (i + 1 > o->ntev)
+        o->ntev = i + 1;
+}
+
+static void tev_free(hc_coll_dev_t *d, hc_dev_op_t *o)
+{
+    for (int i = 0; i < o->ntev; i++)
+        if (o->tev[i])
+            d->cu->event_destroy(o->tev[i]);
+    o->ntev = 0;
+}
+
+/* Microseconds between timing events a and b of o, or -1. */
+static double tev_us(hc_coll_dev_t *d, const hc_dev_op_t *o, int a, int b)
+{
+    float ms = 0;
+    if (a >= o->ntev || b >= o->ntev || !o->tev[a] || !o->tev[b] ||
+        d->cu->event_elapsed(&ms, o->tev[a], o->tev[b]) != HC_CU_SUCCESS)
+        return -1;
+    return ms * 1e3;
+}
+
 /*
  * The stream side of the ring plans: every segment's RS and ready event
  * first (three stages only), then per segment the wait for its flag number
@@ -667,6 +709,8 @@ static hcoll_status_t staged_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, const voi
     const int three = d->plan == HC_PLAN_3STAGE;
     hcoll_status_t st = HCOLL_SUCCESS;
     size_t made = 0; /* segments with a recorded ready event */
+    if (three)
+        tev_mark(d, o, 0, stream);
     for (; made < nseg; made++) {
         hc_dev_seg_t *g = &o->seg[made];
         size_t off = made * segc, n = count - off < segc ? count - off : segc;
@@ -693,6 +737,8 @@ static hcoll_status_t staged_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, const voi
             goto undo;
         }
     }
+    if (three)
+        tev_mark(d, o, 1, stream);
     for (size_t k = 0; k < nseg; k++) {
         pthread_mutex_lock(&d->lock);
         uint32_t seq = hc_devseq_issue(&d->seq);
@@ -713,12 +759,14 @@ static hcoll_status_t staged_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, const voi
         o->nseg = (int)k + 1;
         if (three) {
             size_t off = k * segc, n = count - off < segc ? count - off : segc;
+            tev_mark(d, o, 2 + 2 * (int)k, stream);
             st = d->nccl->ops->all_gather(d->nccl, (char *)recvbuf + off * es, n, o->dtype,
                                           stream);
             if (st != HCOLL_SUCCESS) {
                 o->status = st;
                 break;
             }
+            tev_mark(d, o, 3 + 2 * (int)k, stream);
         }
     }
     /* Ready events of segments that will not run. */
@@ -729,6 +777,7 @@ static hcoll_status_t staged_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, const voi
 undo:
     for (size_t k = 0; k < made; k++)
         cu->event_destroy(o->seg[k].ev_ready);
+    tev_free(d, o);
     return st;
 }
 
@@ -816,10 +865,13 @@ hcoll_status_t hc_coll_dev_enqueue(hc_coll_dev_t *d, const void *sendbuf, void *
         break;
     case HC_PLAN_INTRA: {
         const hc_intra_ops_t *iops = d->nccl->ops;
+        tev_mark(d, o, 0, stream);
+        o->fused = 1;
         HC_CHECK(iops->allreduce(d->nccl, sendbuf, recvbuf, count, dtype, op, stream), free_ev);
         if (op == HCOLL_AVG)
             CU_TRY(d, hc_gdr_kern_avg(d->kern, r, count, dtype, c->nranks, stream),
                    "launching the AVG kernel", free_ev);
+        tev_mark(d, o, 1, stream);
         break;
     }
     case HC_PLAN_RING:
@@ -838,6 +890,7 @@ hcoll_status_t hc_coll_dev_enqueue(hc_coll_dev_t *d, const void *sendbuf, void *
 
 free_ev:
     cu->event_destroy(ev_done);
+    tev_free(d, o);
 pop:
     cu->ctx_pop(&popped);
 free_op:
@@ -970,7 +1023,8 @@ hcoll_status_t hc_coll_dev_execute(hc_coll_dev_t *d, hc_dev_op_t *o, hcoll_statu
     /* Pushed, not set: without a worker thread this runs on the caller's
      * thread, whose current context is the application's. */
     void *popped;
-    if (o->nseg > 0)
+    const int gpu = o->nseg > 0 || o->ntev > 0;
+    if (gpu)
         d->cu->ctx_push(d->ctx);
     for (int k = 0; k < o->nseg; k++) {
         if (st == HCOLL_SUCCESS)
@@ -981,14 +1035,36 @@ hcoll_status_t hc_coll_dev_execute(hc_coll_dev_t *d, hc_dev_op_t *o, hcoll_statu
             st = rst;
         d->cu->event_destroy(o->seg[k].ev_ready);
     }
-    if (o->nseg > 0)
+    times->inter_us = ring_us;
+    /* The NCCL stages, from the timing events once the GPU has passed the
+     * last one (the request completes with the whole all-reduce); -1 where
+     * a stage could not be timed. */
+    if (plan_needs_nccl(d->plan))
+        times->intra_rs_us = times->intra_ag_us = -1;
+    void *last = NULL;
+    for (int i = o->ntev - 1; i >= 0 && !last; i--)
+        last = o->tev[i];
+    if (st == HCOLL_SUCCESS && last &&
+        event_wait(d, last, (int)d->c->params.timeout_ms, 1, "the GPU stages of the call") ==
+            HCOLL_SUCCESS) {
+        if (o->fused) {
+            double us = tev_us(d, o, 0, 1);
+            times->intra_rs_us = times->intra_ag_us = us >= 0 ? us / 2 : -1;
+        } else {
+            times->intra_rs_us = tev_us(d, o, 0, 1);
+            double ag = 0;
+            for (int k = 0; k < o->nseg && ag >= 0; k++) {
+                double us = tev_us(d, o, 2 + 2 * k, 3 + 2 * k);
+                ag = us >= 0 ? ag + us : -1;
+            }
+            times->intra_ag_us = o->nseg > 0 ? ag : -1;
+        }
+    }
+    tev_free(d, o);
+    if (gpu)
         d->cu->ctx_pop(&popped);
     free(o);
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    times->inter_us = ring_us;
-    /* NCCL's stages run on the caller's stream, untimed (hcoll.h). */
-    if (plan_needs_nccl(d->plan))
-        times->intra_rs_us = times->intra_ag_us = -1;
     times->total_us = (t1.tv_sec - t0.tv_sec) * 1e6 + (t1.tv_nsec - t0.tv_nsec) / 1e3;
     return st;
 }

@@ -86,6 +86,7 @@ static void cuda_load_api(void *h)
         E(event_query, "cuEventQuery"),
         E(event_synchronize, "cuEventSynchronize"),
         E(event_destroy, "cuEventDestroy_v2"),
+        E(event_elapsed, "cuEventElapsedTime"),
         E(mem_alloc, "cuMemAlloc_v2"),
         E(mem_free, "cuMemFree_v2"),
         E(mem_free_async, "cuMemFreeAsync"),

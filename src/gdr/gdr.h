@@ -132,6 +132,7 @@ typedef struct hc_cu_api {
     hc_cu_res_t (*event_query)(void *e);
     hc_cu_res_t (*event_synchronize)(void *e);
     hc_cu_res_t (*event_destroy)(void *e);
+    hc_cu_res_t (*event_elapsed)(float *ms, void *start, void *end);
     hc_cu_res_t (*mem_alloc)(hc_cu_dptr_t *p, size_t n);
     hc_cu_res_t (*mem_free)(hc_cu_dptr_t p);
     hc_cu_res_t (*mem_free_async)(hc_cu_dptr_t p, void *s);

@@ -196,6 +196,8 @@ typedef struct mevent {
     uint64_t rec;  /* records issued */
     uint64_t done; /* the latest record number that has completed */
     int captured;  /* last recorded into a capturing stream */
+    int timing;    /* created without CU_EVENT_DISABLE_TIMING */
+    double t_ms;   /* when the latest record completed (monotonic) */
     int refs;
     int destroyed;
 } mevent_t;
@@ -1417,6 +1419,7 @@ CUAPI int cuEventCreate(void **ph, unsigned flags)
             r = CUDA_ERROR_OUT_OF_MEMORY;
         } else {
             e->magic = MAGIC_EVENT;
+            e->timing = !(flags & 0x2);
             e->ctx = c;
             e->gen = c->gen;
             e->refs = 1;
@@ -1474,6 +1477,30 @@ CUAPI int cuEventQuery(void *he)
         r = CUDA_ERROR_CAPTURED_EVENT;
     if (r == CUDA_SUCCESS && e->done < e->rec)
         r = CUDA_ERROR_NOT_READY;
+    pthread_mutex_unlock(&g.lock);
+    return r;
+}
+
+/* Milliseconds between two completed records, as the real driver measures
+ * them (here: when each record ran on its stream's worker). Events made
+ * with CU_EVENT_DISABLE_TIMING, or never recorded, are invalid handles;
+ * records not yet completed are NOT_READY. */
+CUAPI int cuEventElapsedTime(float *ms, void *hstart, void *hend)
+{
+    CHECK_INIT();
+    if (!ms)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g.lock);
+    mevent_t *a = event_find(hstart), *b = event_find(hend);
+    int r = event_check(a);
+    if (r == CUDA_SUCCESS)
+        r = event_check(b);
+    if (r == CUDA_SUCCESS && (!a->timing || !b->timing || a->rec == 0 || b->rec == 0))
+        r = CUDA_ERROR_INVALID_HANDLE;
+    if (r == CUDA_SUCCESS && (a->done < a->rec || b->done < b->rec))
+        r = CUDA_ERROR_NOT_READY;
+    if (r == CUDA_SUCCESS)
+        *ms = (float)(b->t_ms - a->t_ms);
     pthread_mutex_unlock(&g.lock);
     return r;
 }
@@ -2471,8 +2498,12 @@ static int op_run(mstream_t *s, mop_t *op)
     }
     case OP_EVENT:
         pthread_mutex_lock(&g.lock);
-        if (op->target > op->ev->done)
+        if (op->target > op->ev->done) {
             op->ev->done = op->target;
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            op->ev->t_ms = ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+        }
         pthread_mutex_unlock(&g.lock);
         break;
     case OP_WAIT_EVENT:
