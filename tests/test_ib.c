@@ -128,7 +128,7 @@ START_TEST(create_fails_cleanly)
 {
     hc_errbuf_t eb;
     hc_errbuf_init(&eb);
-    hc_transport_params_t p = { 0, 2, "127.0.0.1", NULL, 0, 0, 1000, 1, 0, &eb, 0, -1 };
+    hc_transport_params_t p = { 0, 2, "127.0.0.1", NULL, 0, 0, 1000, 1, 0, &eb, 0, -1, NULL };
     hc_transport_t *tr = NULL;
     /* Real root on this host: no device. */
     hc_ib_config_t c = fixture_cfg("/", "");

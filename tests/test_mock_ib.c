@@ -765,7 +765,8 @@ static hc_errbuf_t eb; /* per forked rank */
 static hcoll_status_t seam_create(int rank, int n, hc_transport_t **tr_out)
 {
     hc_errbuf_init(&eb);
-    hc_transport_params_t p = { rank, n, "127.0.0.1", "lo", 0, rank, 10000, 1, 0, &eb, 0, -1 };
+    hc_transport_params_t p = { rank, n, "127.0.0.1", "lo", 0, rank, 10000, 1, 0, &eb, 0, -1,
+                                NULL };
     hc_ib_config_t cfg;
     char err[256];
     hcoll_status_t st = hc_ib_config_from_env(&cfg, err, sizeof err);
@@ -1036,7 +1037,7 @@ static int rank_seam_gdr(int rank, int n, void *argp)
         view[i] = rank == 0 ? pat(i) : 0xA5;
 
     hc_errbuf_init(&eb);
-    hc_transport_params_t p = { rank, n, "127.0.0.1", "lo", 0, rank, 10000, 1, 0, &eb, 1, 0 };
+    hc_transport_params_t p = { rank, n, "127.0.0.1", "lo", 0, rank, 10000, 1, 0, &eb, 1, 0, NULL };
     hc_ib_config_t cfg;
     char err[256];
     HCT_REQUIRE(hc_ib_config_from_env(&cfg, err, sizeof err) == HCOLL_SUCCESS, "%s", err);
@@ -1131,7 +1132,7 @@ static int rank_seam_gdr_stale_flush(int rank, int n, void *argp)
     const hc_cu_api_t *cu = gpu_open(0);
     HCT_REQUIRE(cu, "no GPU 0 from the mock CUDA driver");
     hc_errbuf_init(&eb);
-    hc_transport_params_t p = { rank, n, "127.0.0.1", "lo", 0, rank, 10000, 1, 0, &eb, 1, 0 };
+    hc_transport_params_t p = { rank, n, "127.0.0.1", "lo", 0, rank, 10000, 1, 0, &eb, 1, 0, NULL };
     hc_ib_config_t cfg;
     char err[256];
     HCT_REQUIRE(hc_ib_config_from_env(&cfg, err, sizeof err) == HCOLL_SUCCESS, "%s", err);

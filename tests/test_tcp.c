@@ -57,7 +57,7 @@ static hc_transport_params_t tparams(int rank, int n, int nsocks, int timeout_ms
     snprintf(addr[rank], sizeof addr[rank], "127.0.0.%d", rank + 1);
     hc_errbuf_init(&eb);
     hc_transport_params_t p = { rank, n, addr[rank], "lo", rank, rank, timeout_ms, nsocks, 0,
-                                &eb, 0, -1 };
+                                &eb, 0, -1, NULL };
     return p;
 }
 
@@ -416,7 +416,7 @@ START_TEST(test_bad_bind)
 {
     hc_errbuf_t e;
     hc_errbuf_init(&e);
-    hc_transport_params_t p = { 0, 2, "not-an-ip", "lo", 0, 0, 1000, 1, 0, &e, 0, -1 };
+    hc_transport_params_t p = { 0, 2, "not-an-ip", "lo", 0, 0, 1000, 1, 0, &e, 0, -1, NULL };
     hc_transport_t *tr = NULL;
     ck_assert_int_eq(hc_tcp_ops.create(&p, &tr), HCOLL_ERR_INVALID_ARG);
     ck_assert_ptr_null(tr);

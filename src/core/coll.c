@@ -890,6 +890,7 @@ static hcoll_status_t ring_setup(hc_coll_t *co, int nmembers, int position)
             .errbuf = &c->err,
             .has_gpu = c->gpu >= 0,
             .gpu = c->gpu,
+            .peer_ranks = co->ring_ag.members, /* position -> rank, for messages */
         },
         .chunk_bytes = c->params.chunk_bytes,
         .nslots = 0,

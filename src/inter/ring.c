@@ -201,8 +201,8 @@ hcoll_status_t hc_ring_create(const hc_ring_params_t *params, hc_ring_t **ring_o
     if (n < 1 || me < 0 || me >= n || !params->ops || !params->allgather ||
         params->chunk_bytes < 8 || params->nslots < 0 || params->nslots > HC_RING_MAX_SLOTS)
         return hc_err_set(eb, HC_NET, lr, HCOLL_ERR_INVALID_ARG,
-                          "ring: bad parameters (rank %d of %d, chunk %llu bytes, %d slots)", me,
-                          n, (unsigned long long)params->chunk_bytes, params->nslots);
+                          "ring: bad parameters (position %d of %d, chunk %llu bytes, %d slots)",
+                          me, n, (unsigned long long)params->chunk_bytes, params->nslots);
 
     hc_ring_t *r = calloc(1, sizeof *r);
     if (!r)
@@ -259,15 +259,17 @@ hcoll_status_t hc_ring_create(const hc_ring_params_t *params, hc_ring_t **ring_o
     for (int i = 0; i < n; i++) {
         if (all[i].magic != RING_MAGIC || all[i].rank != (uint32_t)i) {
             st = hc_err_set(eb, HC_NET, lr, HCOLL_ERR_INTERNAL,
-                            "ring: rank %d published no valid ring info", i);
+                            "ring: rank %d published no valid ring info",
+                            hc_tp_rank(&params->tp, i));
             goto fail_all;
         }
         if (all[i].nslots != mine.nslots || all[i].chunk_bytes != mine.chunk_bytes) {
             st = hc_err_set(eb, HC_NET, lr, HCOLL_ERR_MISMATCH,
                             "ring: rank %d uses %u slots of %llu bytes, rank %d %u of %llu "
                             "(HCOLL_CHUNK_BYTES must be equal everywhere)",
-                            i, all[i].nslots, (unsigned long long)all[i].chunk_bytes, me,
-                            mine.nslots, (unsigned long long)mine.chunk_bytes);
+                            hc_tp_rank(&params->tp, i), all[i].nslots,
+                            (unsigned long long)all[i].chunk_bytes, lr, mine.nslots,
+                            (unsigned long long)mine.chunk_bytes);
             goto fail_all;
         }
     }
@@ -275,8 +277,10 @@ hcoll_status_t hc_ring_create(const hc_ring_params_t *params, hc_ring_t **ring_o
     r->prev_ctrl = all[r->prev].ctrl_rkey;
     r->next_gbuf = all[r->next].gather_rkey;
     free(all);
-    HC_INFO(HC_NET, lr, "ring: rank %d of %d, next %d prev %d, %d slots of %zu bytes over %s",
-            me, n, r->next, r->prev, r->nslots, r->chunk_bytes, r->ops->name);
+    HC_INFO(HC_NET, lr,
+            "ring: position %d of %d, next rank %d, prev rank %d, %d slots of %zu bytes over %s",
+            me, n, hc_tp_rank(&r->p.tp, r->next), hc_tp_rank(&r->p.tp, r->prev), r->nslots,
+            r->chunk_bytes, r->ops->name);
     return HCOLL_SUCCESS;
 
 fail_all:
@@ -445,7 +449,7 @@ static hcoll_status_t on_gather(hc_ring_t *r, size_t s)
     if (s >= o->nmsg || o->rs_done[s])
         return ring_fail(r, hc_err_set(RING_ERRBUF(r), HC_NET, RING_LOGRANK(r), HCOLL_ERR_NETWORK,
                                        "ring: unexpected gather message %zu from rank %d", s,
-                                       r->prev));
+                                       hc_tp_rank(&r->p.tp, r->prev)));
     o->rs_done[s] = 1;
     if (++o->rs_nrecv < o->nmsg)
         return HCOLL_SUCCESS;
@@ -456,13 +460,13 @@ static hcoll_status_t on_gather(hc_ring_t *r, size_t s)
         gather_trailer_t got;
         memcpy(&got, v + (size_t)q * r->gvec + o->count * o->esize, sizeof got);
         if (got.seq != want.seq || got.sig != want.sig)
-            return ring_fail(r, hc_err_set(RING_ERRBUF(r), HC_NET, RING_LOGRANK(r),
-                                           HCOLL_ERR_MISMATCH,
-                                           "ring: the vector of ring rank %d in operation %llu "
-                                           "was not sent with this rank's count %zu, dtype %s "
-                                           "and op %s: every rank must pass the same",
-                                           q, (unsigned long long)r->seq, o->count,
-                                           hcoll_dtype_name(o->dtype), hcoll_op_name(o->op)));
+            return ring_fail(
+                r, hc_err_set(RING_ERRBUF(r), HC_NET, RING_LOGRANK(r), HCOLL_ERR_MISMATCH,
+                              "ring: the vector of rank %d in operation %llu "
+                              "was not sent with this rank's count %zu, dtype %s "
+                              "and op %s: every rank must pass the same",
+                              hc_tp_rank(&r->p.tp, q), (unsigned long long)r->seq, o->count,
+                              hcoll_dtype_name(o->dtype), hcoll_op_name(o->op)));
     }
     /* Order 0, 1, ..., N-1 on every rank; my own vector is read from the
      * half too, as recv may be send. */
@@ -484,15 +488,16 @@ static hcoll_status_t on_rs(hc_ring_t *r, uint32_t imm)
         return ring_fail(r, hc_err_set(RING_ERRBUF(r), HC_NET, RING_LOGRANK(r), HCOLL_ERR_NETWORK,
                                        "ring: unexpected reduce-scatter message %zu slot %d "
                                        "from rank %d",
-                                       m, slot, r->prev));
+                                       m, slot, hc_tp_rank(&r->p.tp, r->prev)));
     size_t s = m / o->C, c = m % o->C, off, cnt;
     chunk_of(o, mod_n(r, (long)r->rank - 1 - (long)s), c, &off, &cnt);
     /* One pass: partial from the chain ⊕ my own contribution → my output. */
     if (o->dev) {
         const hc_ring_devops_t *d = r->devops;
         char *dst = o->recv + off * o->esize;
-        hcoll_status_t st = d->reduce(d->ctx, dst, (char *)r->dslots + (size_t)slot * r->chunk_bytes,
-                                      o->send + off * o->esize, cnt, o->dtype, o->op);
+        const char *landed = (const char *)r->dslots + (size_t)slot * r->chunk_bytes;
+        hcoll_status_t st =
+            d->reduce(d->ctx, dst, landed, o->send + off * o->esize, cnt, o->dtype, o->op);
         if (st == HCOLL_SUCCESS && s == (size_t)r->n - 2 && o->op == HCOLL_AVG)
             st = d->avg(d->ctx, dst, cnt, o->dtype, o->op, o->avg_div);
         if (st != HCOLL_SUCCESS)
@@ -518,16 +523,15 @@ static hcoll_status_t on_desc(hc_ring_t *r)
         return ring_fail(r, hc_err_set(RING_ERRBUF(r), HC_NET, RING_LOGRANK(r), HCOLL_ERR_NETWORK,
                                        "ring: descriptor from rank %d is for operation %llu, "
                                        "expected %llu",
-                                       r->next, (unsigned long long)d.seq,
+                                       hc_tp_rank(&r->p.tp, r->next), (unsigned long long)d.seq,
                                        (unsigned long long)r->seq));
     uint64_t mine = op_sig(o->count, o->dtype, o->op);
     if (d.sig != mine)
-        return ring_fail(r, hc_err_set(RING_ERRBUF(r), HC_NET, RING_LOGRANK(r),
-                                       HCOLL_ERR_MISMATCH,
+        return ring_fail(r, hc_err_set(RING_ERRBUF(r), HC_NET, RING_LOGRANK(r), HCOLL_ERR_MISMATCH,
                                        "ring: rank %d called operation %llu with count %llu, "
                                        "dtype %s, op %s; this rank with count %zu, dtype %s, "
                                        "op %s: every rank must pass the same",
-                                       r->next, (unsigned long long)r->seq,
+                                       hc_tp_rank(&r->p.tp, r->next), (unsigned long long)r->seq,
                                        (unsigned long long)(d.sig >> 16),
                                        hcoll_dtype_name((hcoll_dtype_t)((d.sig >> 8) & 0xff)),
                                        hcoll_op_name((hcoll_op_t)(d.sig & 0xff)), o->count,
@@ -589,7 +593,8 @@ static hcoll_status_t on_comp(hc_ring_t *r, const hc_comp_t *c)
     return ring_fail(r, hc_err_set(RING_ERRBUF(r), HC_NET, RING_LOGRANK(r), HCOLL_ERR_NETWORK,
                                    "ring: unexpected message (kind %d, operation %u mod 16, "
                                    "message %zu) from rank %d during operation %llu",
-                                   kind, s4, IMM_MSG(imm), c->peer, (unsigned long long)r->seq));
+                                   kind, s4, IMM_MSG(imm), hc_tp_rank(&r->p.tp, c->peer),
+                                   (unsigned long long)r->seq));
 }
 
 /* ------------------------------------------------------------------------ */
@@ -844,7 +849,7 @@ hcoll_status_t hc_ring_enable_device(hc_ring_t *r, const hc_ring_devops_t *ops, 
             st = hc_err_set(eb, HC_NET, lr, HCOLL_ERR_UNSUPPORTED,
                             "ring: rank %d cannot take device buffers over %s (GPUDirect); "
                             "its log says why",
-                            i, r->ops->name);
+                            hc_tp_rank(&r->p.tp, i), r->ops->name);
             goto free_all;
         }
     r->next_dslots = all[r->next].dslots_rkey;
@@ -892,7 +897,8 @@ hcoll_status_t hc_ring_progress(hc_ring_t *r, int wait_ms, int *done_out)
                                 "%zu/%zu received from rank %d, all-gather %zu/%zu received, "
                                 "%d credit(s) owed by rank %d, %s)",
                                 r->p.tp.timeout_ms, (unsigned long long)r->seq, o->rs_nrecv,
-                                o->nmsg, r->prev, o->ag_nrecv, o->nmsg, r->nbusy, r->next,
+                                o->nmsg, hc_tp_rank(&r->p.tp, r->prev), o->ag_nrecv, o->nmsg,
+                                r->nbusy, hc_tp_rank(&r->p.tp, r->next),
                                 o->gather      ? "vectors gathered"
                                 : o->have_desc ? "descriptor received"
                                                : "no descriptor from next rank");

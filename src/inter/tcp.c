@@ -154,7 +154,7 @@ static hcoll_status_t tr_fail(hc_transport_t *tr, hcoll_status_t st, const char 
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     tr->err = st;
-    hc_err_set(tr->p.errbuf, HC_NET, tr->p.log_rank, st, "tcp rank %d (%s): %s", tr->p.rank,
+    hc_err_set(tr->p.errbuf, HC_NET, tr->p.log_rank, st, "tcp rank %d (%s): %s", tr->p.log_rank,
                tr->bind_addr, msg);
     return st;
 }
@@ -471,7 +471,7 @@ static hcoll_status_t tcp_connect(hc_transport_t *tr, const int *peers, int npee
         if (slot < 0) {
             HC_WARN(HC_NET, tr->p.log_rank,
                     "tcp rank %d: rejected a connection on %s:%d that is not an expected peer",
-                    me, tr->bind_addr, tr->port);
+                    tr->p.log_rank, tr->bind_addr, tr->port);
             close(fd);
             continue;
         }
@@ -500,8 +500,8 @@ static hcoll_status_t tcp_connect(hc_transport_t *tr, const int *peers, int npee
     for (int i = 0; i < npeers; i++) {
         tr->eps[tr->neps++] = eps[i];
         eps_out[i] = eps[i];
-        HC_TRACE(HC_NET, tr->p.log_rank, "tcp rank %d: connected to rank %d (%d socket(s))", me,
-                 peers[i], ns);
+        HC_TRACE(HC_NET, tr->p.log_rank, "tcp rank %d: connected to rank %d (%d socket(s))",
+                 tr->p.log_rank, hc_tp_rank(&tr->p, peers[i]), ns);
     }
     free(eps);
     free(all);
@@ -596,11 +596,11 @@ static hcoll_status_t sock_failed_io(tcp_sock_t *s, int err, const char *what)
     hc_transport_t *tr = ep->tr;
     sock_unwatch(tr, s);
     if (err == ETIMEDOUT)
-        return tr_fail(tr, HCOLL_ERR_TIMEOUT,
-                       "link to rank %d went silent for %d ms (%s: %s)", ep->peer,
-                       tr->p.timeout_ms, what, strerror(err));
-    return tr_fail(tr, HCOLL_ERR_PEER_FAILED, "connection to rank %d failed (%s: %s)%s", ep->peer,
-                   what, strerror(err), ep->bye ? " after it closed" : "");
+        return tr_fail(tr, HCOLL_ERR_TIMEOUT, "link to rank %d went silent for %d ms (%s: %s)",
+                       hc_tp_rank(&tr->p, ep->peer), tr->p.timeout_ms, what, strerror(err));
+    return tr_fail(tr, HCOLL_ERR_PEER_FAILED, "connection to rank %d failed (%s: %s)%s",
+                   hc_tp_rank(&tr->p, ep->peer), what, strerror(err),
+                   ep->bye ? " after it closed" : "");
 }
 
 static void sock_want_out(hc_transport_t *tr, tcp_sock_t *s, int on)
@@ -699,7 +699,7 @@ static hcoll_status_t tcp_put(hc_ep_t *ep, hc_mr_t *lmr, size_t loff, const hc_r
     if (len && (!lmr || loff > lmr->len || len > lmr->len - loff))
         return tr_fail(tr, HCOLL_ERR_INTERNAL,
                        "put to rank %d: local range %zu+%zu outside its region (%zu bytes)",
-                       ep->peer, loff, len, lmr ? lmr->len : 0);
+                       hc_tp_rank(&tr->p, ep->peer), loff, len, lmr ? lmr->len : 0);
     tx_entry_t e = { { HC_TCP_MAGIC_PUT, imm, rkey ? rkey->w[0] : 0, roff, len },
                      len ? lmr->base + loff : NULL, len, 0, wr_id, 1 };
     switch (ep->corrupt) {
@@ -713,7 +713,7 @@ static hcoll_status_t tcp_put(hc_ep_t *ep, hc_mr_t *lmr, size_t loff, const hc_r
     tcp_sock_t *s = &ep->socks[ep->rr++ % (unsigned)ep->nsocks];
     if (s->fd < 0 || !s->in_epoll)
         return tr_fail(tr, HCOLL_ERR_PEER_FAILED, "put to rank %d: connection is closed",
-                       ep->peer);
+                       hc_tp_rank(&tr->p, ep->peer));
     hcoll_status_t st = sock_enqueue(s, &e);
     if (st != HCOLL_SUCCESS)
         return st;
@@ -759,7 +759,8 @@ static hcoll_status_t parse_frames(tcp_sock_t *s)
         if (h.magic != HC_TCP_MAGIC_PUT) {
             sock_unwatch(tr, s);
             return tr_fail(tr, HCOLL_ERR_NETWORK,
-                           "bad frame from rank %d: magic 0x%08x is not a put", ep->peer, h.magic);
+                           "bad frame from rank %d: magic 0x%08x is not a put",
+                           hc_tp_rank(&tr->p, ep->peer), h.magic);
         }
         char *dst = NULL;
         if (h.key != 0 || h.len != 0) {
@@ -768,15 +769,15 @@ static hcoll_status_t parse_frames(tcp_sock_t *s)
                 sock_unwatch(tr, s);
                 return tr_fail(tr, HCOLL_ERR_NETWORK,
                                "bad frame from rank %d: key %llu names no registered region",
-                               ep->peer, (unsigned long long)h.key);
+                               hc_tp_rank(&tr->p, ep->peer), (unsigned long long)h.key);
             }
             if (h.off > mr->len || h.len > mr->len - h.off) {
                 sock_unwatch(tr, s);
                 return tr_fail(tr, HCOLL_ERR_NETWORK,
                                "bad frame from rank %d: %llu bytes at offset %llu overflow the "
                                "%zu-byte region %llu",
-                               ep->peer, (unsigned long long)h.len, (unsigned long long)h.off,
-                               mr->len, (unsigned long long)h.key);
+                               hc_tp_rank(&tr->p, ep->peer), (unsigned long long)h.len,
+                               (unsigned long long)h.off, mr->len, (unsigned long long)h.key);
             }
             dst = mr->base + h.off;
         }
@@ -824,7 +825,7 @@ static hcoll_status_t sock_read(tcp_sock_t *s)
             return tr_fail(tr, HCOLL_ERR_PEER_FAILED,
                            "rank %d closed the connection without saying goodbye (process "
                            "exited or was killed)",
-                           ep->peer);
+                           hc_tp_rank(&tr->p, ep->peer));
         }
         if (n < 0) {
             if (errno == EINTR)

@@ -68,7 +68,15 @@ typedef struct hc_transport_params {
     hc_errbuf_t *errbuf;     /* where error messages go (NULL: thread's) */
     int has_gpu;             /* verbs: gpu below is this rank's GPU: it orders */
     int gpu;                 /* the NICs by PCI distance and decides GPUDirect */
+    const int *peer_ranks;   /* [nranks] communicator rank at each position, for
+                              * messages; NULL: positions are the ranks */
 } hc_transport_params_t;
+
+/* The rank to name in a message about the peer at position pos. */
+static inline int hc_tp_rank(const hc_transport_params_t *p, int pos)
+{
+    return p->peer_ranks && pos >= 0 && pos < p->nranks ? p->peer_ranks[pos] : pos;
+}
 
 enum hc_comp_kind {
     HC_COMP_PUT = 1, /* a local put finished: wr_id is valid */

@@ -384,7 +384,7 @@ static hcoll_status_t tr_fail(hc_transport_t *tr, hcoll_status_t st, const char 
     va_end(ap);
     tr->err = st;
     hc_err_set(tr->p.errbuf, HC_NET, tr->p.log_rank, st, "NET/IB rank %d (%s:%d): %s",
-               tr->p.rank, tr->choice.port.dev, tr->choice.port.port, msg);
+               tr->p.log_rank, tr->choice.port.dev, tr->choice.port.port, msg);
     return st;
 }
 
@@ -751,11 +751,12 @@ static hcoll_status_t ib_connect(hc_transport_t *tr, const int *peers, int npeer
         eps[i]->peer = p;
         if (qp_create(tr, &eps[i]->cq, &eps[i]->qp) != 0) {
             st = tr_fail(tr, HCOLL_ERR_RDMA, "creating the RC QP for rank %d failed (errno %d)",
-                         p, errno);
+                         hc_tp_rank(&tr->p, p), errno);
             goto out_eps;
         }
         if (post_recvs(eps[i], IB_RQ_DEPTH) != 0) {
-            st = tr_fail(tr, HCOLL_ERR_RDMA, "posting receives for rank %d failed", p);
+            st = tr_fail(tr, HCOLL_ERR_RDMA, "posting receives for rank %d failed",
+                         hc_tp_rank(&tr->p, p));
             goto out_eps;
         }
         qpns[p] = eps[i]->qp->qp_num;
@@ -768,17 +769,18 @@ static hcoll_status_t ib_connect(hc_transport_t *tr, const int *peers, int npeer
             pa->nranks != (uint32_t)n) {
             st = tr_fail(tr, HCOLL_ERR_MISMATCH,
                          "rank %d published no verbs address (is it using HCOLL_NET=tcp?)",
-                         peers[i]);
+                         hc_tp_rank(&tr->p, peers[i]));
             goto out_eps;
         }
         if (pq[me] == 0) {
             st = tr_fail(tr, HCOLL_ERR_MISMATCH, "rank %d created no queue pair for rank %d",
-                         peers[i], me);
+                         hc_tp_rank(&tr->p, peers[i]), tr->p.log_rank);
             goto out_eps;
         }
         if (pa->link_layer != tr->pattr.link_layer) {
             st = tr_fail(tr, HCOLL_ERR_RDMA,
-                         "rank %d's NIC is %s, this one is %s: they cannot talk RC", peers[i],
+                         "rank %d's NIC is %s, this one is %s: they cannot talk RC",
+                         hc_tp_rank(&tr->p, peers[i]),
                          pa->link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand",
                          tr->roce ? "RoCE" : "InfiniBand");
             goto out_eps;
@@ -790,7 +792,7 @@ static hcoll_status_t ib_connect(hc_transport_t *tr, const int *peers, int npeer
             st = tr_fail(tr, HCOLL_ERR_RDMA,
                          "moving the QP to rank %d to RTR/RTS failed (errno %d: %s); remote "
                          "QPN %u LID %u GID %s, local GID index %d, TC %d, SL %d",
-                         peers[i], errno, strerror(errno), pq[me], pa->lid, g,
+                         hc_tp_rank(&tr->p, peers[i]), errno, strerror(errno), pq[me], pa->lid, g,
                          tr->choice.gid_index, tr->cfg.tc, tr->cfg.sl);
             goto out_eps;
         }
@@ -799,8 +801,9 @@ static hcoll_status_t ib_connect(hc_transport_t *tr, const int *peers, int npeer
         eps[i]->peer_credit_rkey = pa->credit_rkey;
         HC_INFO(HC_NET, tr->p.log_rank,
                 "NET/IB: rank %d -> rank %d via %s:%d/%s%s QPN %u -> %u, MTU %d", tr->p.log_rank,
-                peers[i], tr->choice.port.dev, tr->choice.port.port, tr->roce ? "RoCE" : "IB",
-                tr->gdr ? "/GDRDMA" : "", eps[i]->qp->qp_num, pq[me], mtu);
+                hc_tp_rank(&tr->p, peers[i]), tr->choice.port.dev, tr->choice.port.port,
+                tr->roce ? "RoCE" : "IB", tr->gdr ? "/GDRDMA" : "", eps[i]->qp->qp_num, pq[me],
+                mtu);
     }
     /* Barrier: every QP is ready to receive before anyone sends. */
     uint64_t tag = IB_ADDR_MAGIC, *tags = calloc((size_t)n, sizeof *tags);
@@ -1083,7 +1086,7 @@ static hcoll_status_t post_put(hc_ep_t *ep, const pend_put_t *pp)
     int rc = ibv_post_send(ep->qp, &wr, &bad);
     if (rc != 0)
         return tr_fail(tr, HCOLL_ERR_RDMA, "ibv_post_send of a %zu-byte put to rank %d failed: %s",
-                       pp->len, ep->peer, strerror(rc));
+                       pp->len, hc_tp_rank(&tr->p, ep->peer), strerror(rc));
     fifo_push(ep, TX_PUT, pp->wr_id, pp->imm);
     ep->imm_sent++;
     return HCOLL_SUCCESS;
@@ -1118,7 +1121,7 @@ static hcoll_status_t post_credit(hc_ep_t *ep)
     int rc = credit_write(ep, val);
     if (rc != 0)
         return tr_fail(ep->tr, HCOLL_ERR_RDMA, "posting a credit update to rank %d failed: %s",
-                       ep->peer, strerror(rc));
+                       hc_tp_rank(&ep->tr->p, ep->peer), strerror(rc));
     ep->reported = val;
     return HCOLL_SUCCESS;
 }
@@ -1163,7 +1166,7 @@ static hcoll_status_t ib_put(hc_ep_t *ep, hc_mr_t *lmr, size_t loff, const hc_rk
     if (len && (!lmr || loff > lmr->len || len > lmr->len - loff || len > UINT32_MAX))
         return tr_fail(tr, HCOLL_ERR_INTERNAL,
                        "put to rank %d: local range %zu+%zu outside its region (%zu bytes)",
-                       ep->peer, loff, len, lmr ? lmr->len : 0);
+                       hc_tp_rank(&tr->p, ep->peer), loff, len, lmr ? lmr->len : 0);
     pend_put_t pp = { lmr, loff, len, { { 0, 0 } }, rkey != NULL, roff, imm, wr_id };
     if (rkey)
         pp.rkey = *rkey;
@@ -1185,9 +1188,9 @@ static hcoll_status_t wc_failed(hc_transport_t *tr, const char *what, int peer,
     hcoll_status_t st = wc->status == IBV_WC_RETRY_EXC_ERR || wc->status == IBV_WC_RNR_RETRY_EXC_ERR
                             ? HCOLL_ERR_PEER_FAILED
                             : HCOLL_ERR_RDMA;
-    return tr_fail(tr, st, "%s rank %d failed: status %d, %s (vendor error 0x%x)", what, peer,
-                   (int)wc->status, hc_ib_wc_status_text((int)wc->status, tr->roce),
-                   wc->vendor_err);
+    return tr_fail(tr, st, "%s rank %d failed: status %d, %s (vendor error 0x%x)", what,
+                   hc_tp_rank(&tr->p, peer), (int)wc->status,
+                   hc_ib_wc_status_text((int)wc->status, tr->roce), wc->vendor_err);
 }
 
 static hcoll_status_t flush_start(hc_transport_t *tr)
@@ -1251,7 +1254,8 @@ static hcoll_status_t ep_progress(hc_ep_t *ep)
     struct ibv_wc wc[32];
     int n = ibv_poll_cq(ep->cq, 32, wc);
     if (n < 0)
-        return tr_fail(tr, HCOLL_ERR_RDMA, "ibv_poll_cq failed for rank %d", ep->peer);
+        return tr_fail(tr, HCOLL_ERR_RDMA, "ibv_poll_cq failed for rank %d",
+                       hc_tp_rank(&tr->p, ep->peer));
     int reposts = 0;
     for (int i = 0; i < n; i++) {
         if (wc[i].status != IBV_WC_SUCCESS) {
@@ -1271,7 +1275,7 @@ static hcoll_status_t ep_progress(hc_ep_t *ep)
         }
         if (wc[i].opcode & IBV_WC_RECV)
             return tr_fail(tr, HCOLL_ERR_NETWORK, "unexpected receive (opcode %d) from rank %d",
-                           (int)wc[i].opcode, ep->peer);
+                           (int)wc[i].opcode, hc_tp_rank(&tr->p, ep->peer));
         if (ep->fcount == 0)
             return tr_fail(tr, HCOLL_ERR_INTERNAL, "send completion with nothing posted");
         tx_rec_t r = ep->fifo[ep->fhead];
@@ -1285,7 +1289,8 @@ static hcoll_status_t ep_progress(hc_ep_t *ep)
     }
     if (reposts) {
         if (post_recvs(ep, reposts) != 0)
-            return tr_fail(tr, HCOLL_ERR_RDMA, "reposting receives for rank %d failed", ep->peer);
+            return tr_fail(tr, HCOLL_ERR_RDMA, "reposting receives for rank %d failed",
+                           hc_tp_rank(&tr->p, ep->peer));
         ep->reposted += (uint64_t)reposts;
     }
     hcoll_status_t st = post_credit(ep);
@@ -1303,7 +1308,7 @@ static hcoll_status_t progress(hc_transport_t *tr)
         if (tr->credits[tr->eps[i]->peer] == IB_CREDIT_RESET)
             return tr_fail(tr, HCOLL_ERR_PEER_FAILED,
                            "rank %d reset its connection (it failed or aborted)",
-                           tr->eps[i]->peer);
+                           hc_tp_rank(&tr->p, tr->eps[i]->peer));
         if ((st = ep_progress(tr->eps[i])) != HCOLL_SUCCESS)
             return st;
     }
