@@ -425,12 +425,44 @@ START_TEST(test_bad_bind)
 }
 END_TEST
 
+/* The completion FIFO both transports report through: order kept across
+ * growth while the contents wrap around the buffer's end. */
+START_TEST(test_compq_fifo)
+{
+    hc_compq_t q = { 0 };
+    hc_comp_t out[8];
+    uint64_t next_in = 0, next_out = 0;
+    /* Push 5, pop 3 at a time, so the head walks round while it grows. */
+    for (int round = 0; round < 400; round++) {
+        for (int k = 0; k < 5; k++) {
+            hc_comp_t c = { HC_COMP_PUT, 0, 0, next_in++ };
+            ck_assert_int_eq(hc_compq_push(&q, &c), 0);
+        }
+        int n = hc_compq_pop(&q, out, 3);
+        ck_assert_int_eq(n, 3);
+        for (int k = 0; k < n; k++)
+            ck_assert_uint_eq(out[k].wr_id, next_out++);
+    }
+    ck_assert_uint_eq(q.count, next_in - next_out);
+    ck_assert_uint_ge(q.cap, q.count);
+    int n;
+    while ((n = hc_compq_pop(&q, out, 8)) > 0)
+        for (int k = 0; k < n; k++)
+            ck_assert_uint_eq(out[k].wr_id, next_out++);
+    ck_assert_uint_eq(next_out, next_in);
+    ck_assert_int_eq(hc_compq_pop(&q, out, 8), 0);
+    hc_compq_free(&q);
+    ck_assert_ptr_null(q.buf);
+}
+END_TEST
+
 static Suite *tcp_suite(void)
 {
     Suite *s = suite_create("tcp");
     TCase *tc = tcase_create("tcp");
     tcase_set_timeout(tc, TEST_TIMEOUT_S);
     tcase_add_test(tc, test_select);
+    tcase_add_test(tc, test_compq_fifo);
     tcase_add_test(tc, test_bad_bind);
     tcase_add_loop_test(tc, test_puts, 0, 2);
     tcase_add_test(tc, test_corrupt_frames);

@@ -130,8 +130,7 @@ struct hc_transport {
     uint64_t next_mr_id;
     hc_ep_t **eps;
     int neps;
-    hc_comp_t *cq; /* circular */
-    size_t cqcap, cqhead, cqcount;
+    hc_compq_t cq; /* found, not yet reported */
     hcoll_status_t err; /* sticky: the first failure */
 };
 
@@ -285,12 +284,6 @@ static hcoll_status_t tcp_create(const hc_transport_params_t *params, hc_transpo
         st = tr_fail(tr, HCOLL_ERR_SYSTEM, "epoll_create1: %s", strerror(errno));
         goto fail_listen;
     }
-    tr->cqcap = 256;
-    tr->cq = malloc(tr->cqcap * sizeof *tr->cq);
-    if (!tr->cq) {
-        st = tr_fail(tr, HCOLL_ERR_NO_MEMORY, "out of memory for the completion queue");
-        goto fail_epoll;
-    }
     HC_INFO(HC_NET, tr->p.log_rank,
             "rank %d -> rail %d %s %s (tcp port %d, ring position %d, %d socket%s per peer)",
             tr->p.log_rank, tr->p.rail, tr->ifname, tr->bind_addr, tr->port, tr->p.rank,
@@ -298,8 +291,6 @@ static hcoll_status_t tcp_create(const hc_transport_params_t *params, hc_transpo
     *tr_out = tr;
     return HCOLL_SUCCESS;
 
-fail_epoll:
-    close(tr->epfd);
 fail_listen:
     close(tr->listen_fd);
 fail_free:
@@ -569,21 +560,7 @@ static hc_mr_t *mr_find(hc_transport_t *tr, uint64_t id)
 
 static int cq_push(hc_transport_t *tr, const hc_comp_t *c)
 {
-    if (tr->cqcount == tr->cqcap) {
-        size_t ncap = tr->cqcap * 2;
-        hc_comp_t *n = malloc(ncap * sizeof *n);
-        if (!n)
-            return -1;
-        for (size_t i = 0; i < tr->cqcount; i++)
-            n[i] = tr->cq[(tr->cqhead + i) % tr->cqcap];
-        free(tr->cq);
-        tr->cq = n;
-        tr->cqcap = ncap;
-        tr->cqhead = 0;
-    }
-    tr->cq[(tr->cqhead + tr->cqcount) % tr->cqcap] = *c;
-    tr->cqcount++;
-    return 0;
+    return hc_compq_push(&tr->cq, c);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -872,7 +849,7 @@ static hcoll_status_t progress(hc_transport_t *tr, int wait_ms)
                 return st;
         }
     }
-    if (tr->cqcount)
+    if (tr->cq.count)
         wait_ms = 0;
     struct epoll_event evs[32];
     int n = epoll_wait(tr->epfd, evs, 32, wait_ms);
@@ -901,17 +878,11 @@ static hcoll_status_t tcp_poll(hc_transport_t *tr, hc_comp_t *comps, int max, in
     if (tr->err)
         return tr->err;
     hcoll_status_t st = progress(tr, 0);
-    if (st == HCOLL_SUCCESS && tr->cqcount == 0 && wait_ms > 0)
+    if (st == HCOLL_SUCCESS && tr->cq.count == 0 && wait_ms > 0)
         st = progress(tr, wait_ms);
     if (st != HCOLL_SUCCESS)
         return st;
-    int k = 0;
-    while (k < max && tr->cqcount) {
-        comps[k++] = tr->cq[tr->cqhead];
-        tr->cqhead = (tr->cqhead + 1) % tr->cqcap;
-        tr->cqcount--;
-    }
-    *n_out = k;
+    *n_out = hc_compq_pop(&tr->cq, comps, max);
     return HCOLL_SUCCESS;
 }
 
@@ -971,7 +942,7 @@ static void tcp_destroy(hc_transport_t *tr, int graceful)
     free(tr->eps);
     while (tr->mrs)
         tcp_mr_dereg(tr, tr->mrs);
-    free(tr->cq);
+    hc_compq_free(&tr->cq);
     close(tr->epfd);
     close(tr->listen_fd);
     free(tr);

@@ -12,6 +12,7 @@
 #include "inter/transport.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/config.h"
@@ -50,4 +51,40 @@ hcoll_status_t hc_transport_select(int net, hc_errbuf_t *eb, int log_rank,
     HC_INFO(HC_NET, log_rank, "NET: %s, using TCP", why);
     *ops_out = &hc_tcp_ops;
     return HCOLL_SUCCESS;
+}
+
+int hc_compq_push(hc_compq_t *q, const hc_comp_t *c)
+{
+    if (q->count == q->cap) {
+        size_t ncap = q->cap ? q->cap * 2 : 256;
+        hc_comp_t *n = malloc(ncap * sizeof *n);
+        if (!n)
+            return -1;
+        for (size_t i = 0; i < q->count; i++)
+            n[i] = q->buf[(q->head + i) % q->cap];
+        free(q->buf);
+        q->buf = n;
+        q->cap = ncap;
+        q->head = 0;
+    }
+    q->buf[(q->head + q->count) % q->cap] = *c;
+    q->count++;
+    return 0;
+}
+
+int hc_compq_pop(hc_compq_t *q, hc_comp_t *out, int max)
+{
+    int k = 0;
+    while (k < max && q->count) {
+        out[k++] = q->buf[q->head];
+        q->head = (q->head + 1) % q->cap;
+        q->count--;
+    }
+    return k;
+}
+
+void hc_compq_free(hc_compq_t *q)
+{
+    free(q->buf);
+    memset(q, 0, sizeof *q);
 }

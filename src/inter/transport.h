@@ -90,6 +90,19 @@ typedef struct hc_comp {
     uint64_t wr_id;
 } hc_comp_t;
 
+/* The completions a transport has found and not yet reported through
+ * poll: a FIFO that grows as needed (shared by the transports). */
+typedef struct hc_compq {
+    hc_comp_t *buf; /* circular */
+    size_t cap, head, count;
+} hc_compq_t;
+
+/* 0, or -1 when out of memory (q unchanged). */
+int hc_compq_push(hc_compq_t *q, const hc_comp_t *c);
+/* Up to max completions, oldest first, into out; returns how many. */
+int hc_compq_pop(hc_compq_t *q, hc_comp_t *out, int max);
+void hc_compq_free(hc_compq_t *q);
+
 typedef struct hc_transport_ops {
     const char *name;
 

@@ -364,8 +364,7 @@ struct hc_transport {
     /* endpoints and reported completions */
     hc_ep_t **eps;
     int neps;
-    hc_comp_t *cq;
-    size_t cqcap, cqhead, cqcount;
+    hc_compq_t cq; /* found, not yet reported */
     hcoll_status_t err;
 };
 
@@ -390,21 +389,7 @@ static hcoll_status_t tr_fail(hc_transport_t *tr, hcoll_status_t st, const char 
 
 static int cq_push(hc_transport_t *tr, const hc_comp_t *c)
 {
-    if (tr->cqcount == tr->cqcap) {
-        size_t ncap = tr->cqcap ? tr->cqcap * 2 : 256;
-        hc_comp_t *n = malloc(ncap * sizeof *n);
-        if (!n)
-            return -1;
-        for (size_t i = 0; i < tr->cqcount; i++)
-            n[i] = tr->cq[(tr->cqhead + i) % tr->cqcap];
-        free(tr->cq);
-        tr->cq = n;
-        tr->cqcap = ncap;
-        tr->cqhead = 0;
-    }
-    tr->cq[(tr->cqhead + tr->cqcount) % tr->cqcap] = *c;
-    tr->cqcount++;
-    return 0;
+    return hc_compq_push(&tr->cq, c);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1334,11 +1319,11 @@ static hcoll_status_t ib_poll(hc_transport_t *tr, hc_comp_t *comps, int max, int
     if (tr->err)
         return tr->err;
     hcoll_status_t st = progress(tr);
-    if (st == HCOLL_SUCCESS && tr->cqcount == 0 && wait_ms > 0) {
+    if (st == HCOLL_SUCCESS && tr->cq.count == 0 && wait_ms > 0) {
         /* Busy-poll as RDMA libraries do, yielding the core between
          * sweeps so that the reduction on the same core is not starved. */
         const double deadline = hc_now_ms() + wait_ms;
-        while (st == HCOLL_SUCCESS && tr->cqcount == 0 && hc_now_ms() < deadline) {
+        while (st == HCOLL_SUCCESS && tr->cq.count == 0 && hc_now_ms() < deadline) {
             struct timespec ts = { 0, 20000 };
             nanosleep(&ts, NULL);
             st = progress(tr);
@@ -1346,13 +1331,7 @@ static hcoll_status_t ib_poll(hc_transport_t *tr, hc_comp_t *comps, int max, int
     }
     if (st != HCOLL_SUCCESS)
         return st;
-    int k = 0;
-    while (k < max && tr->cqcount) {
-        comps[k++] = tr->cq[tr->cqhead];
-        tr->cqhead = (tr->cqhead + 1) % tr->cqcap;
-        tr->cqcount--;
-    }
-    *n_out = k;
+    *n_out = hc_compq_pop(&tr->cq, comps, max);
     return HCOLL_SUCCESS;
 }
 
@@ -1418,7 +1397,7 @@ static void ib_destroy(hc_transport_t *tr, int graceful)
     if (tr->ctx)
         tr->v->close_device(tr->ctx);
     free(tr->held);
-    free(tr->cq);
+    hc_compq_free(&tr->cq);
     free(tr);
 }
 
