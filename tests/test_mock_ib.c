@@ -40,6 +40,7 @@
 #include <arpa/inet.h>
 
 #include "common/ranks.h"
+#include "common/seam.h"
 #include "gpu/gpuhelp.h"
 #include "core/config.h"
 #include "core/err.h"
@@ -776,30 +777,6 @@ static hcoll_status_t seam_create(int rank, int n, hc_transport_t **tr_out)
     return hc_ib_create(&p, &cfg, tr_out);
 }
 
-static int seam_wait(hc_transport_t *tr, int kind, int want, uint32_t *imms, int ms,
-                     hcoll_status_t *st_out)
-{
-    int got = 0;
-    double deadline = hct_now_ms() + ms;
-    *st_out = HCOLL_SUCCESS;
-    while (got < want && hct_now_ms() < deadline) {
-        hc_comp_t c[16];
-        int n;
-        hcoll_status_t st = hc_ib_ops.poll(tr, c, 16, 20, &n);
-        if (st != HCOLL_SUCCESS) {
-            *st_out = st;
-            return got;
-        }
-        for (int i = 0; i < n; i++)
-            if (c[i].kind == kind) {
-                if (imms)
-                    imms[got] = c[i].imm;
-                got++;
-            }
-    }
-    return got;
-}
-
 /* No RNR, no overrun, no drop, no retries: the credit scheme held. */
 static int mock_clean(const char *who, int need_writes)
 {
@@ -878,11 +855,11 @@ static int rank_seam_puts(int rank, int n, void *arg)
                                           round < 100 ? 0 : puts_tab[k].len,
                                           1000u + (unsigned)k, (uint64_t)total) == HCOLL_SUCCESS,
                             "put %d: %s", k, eb.msg);
-        int got = seam_wait(tr, HC_COMP_PUT, total, NULL, 20000, &st);
+        int got = hct_wait_comps(&hc_ib_ops, tr, HC_COMP_PUT, total, NULL, 20000, &st);
         HCT_REQUIRE(st == HCOLL_SUCCESS && got == total, "local completions %d/%d: %s", got,
                     total, eb.msg);
         uint32_t imm = 0;
-        got = seam_wait(tr, HC_COMP_IMM, 1, &imm, 20000, &st);
+        got = hct_wait_comps(&hc_ib_ops, tr, HC_COMP_IMM, 1, &imm, 20000, &st);
         HCT_REQUIRE(st == HCOLL_SUCCESS && got == 1 && imm == 4242u, "notify: %d %s", got,
                     eb.msg);
         /* Once rank 1 has its notify completion (else it could be flushed). */
@@ -891,13 +868,13 @@ static int rank_seam_puts(int rank, int n, void *arg)
         /* Past the end of the peer's region: the NIC refuses. */
         HCT_REQUIRE(hc_ib_ops.put(ep, mr, 0, &rks[1], REGION - 8, 64, 1, 7) == HCOLL_SUCCESS,
                     "bad put: %s", eb.msg);
-        seam_wait(tr, HC_COMP_PUT, 1, NULL, 5000, &st);
+        hct_wait_comps(&hc_ib_ops, tr, HC_COMP_PUT, 1, NULL, 5000, &st);
         HCT_REQUIRE(st == HCOLL_ERR_RDMA && strstr(eb.msg, "remote access error"),
                     "put past the region: %s: %s", hcoll_status_name(st), eb.msg);
     } else {
         const int total = 120 * NPUTS;
         uint32_t *imms = malloc((size_t)total * sizeof *imms);
-        int got = seam_wait(tr, HC_COMP_IMM, total, imms, 20000, &st);
+        int got = hct_wait_comps(&hc_ib_ops, tr, HC_COMP_IMM, total, imms, 20000, &st);
         HCT_REQUIRE(st == HCOLL_SUCCESS && got == total, "immediates %d/%d: %s", got, total,
                     eb.msg);
         int seen[NPUTS] = { 0 };
@@ -917,12 +894,12 @@ static int rank_seam_puts(int rank, int n, void *arg)
         free(want);
         HCT_REQUIRE(mock_clean("seam rank 1", 1) == 0, "mock counters");
         HCT_REQUIRE(hc_ib_ops.put(ep, NULL, 0, NULL, 0, 0, 4242u, 99) == HCOLL_SUCCESS, "notify");
-        got = seam_wait(tr, HC_COMP_PUT, 1, NULL, 10000, &st);
+        got = hct_wait_comps(&hc_ib_ops, tr, HC_COMP_PUT, 1, NULL, 10000, &st);
         HCT_REQUIRE(got == 1, "notify completion: %s", eb.msg);
         hc_rkey_t scratch[2];
         HCT_REQUIRE(shm_allgather(&ag, &rk, scratch, sizeof rk) == HCOLL_SUCCESS, "barrier");
         /* Rank 0's bad put kills this QP too: pending receives flush. */
-        seam_wait(tr, HC_COMP_IMM, 1, NULL, 5000, &st);
+        hct_wait_comps(&hc_ib_ops, tr, HC_COMP_IMM, 1, NULL, 5000, &st);
         HCT_REQUIRE(st == HCOLL_ERR_RDMA && strstr(eb.msg, "flushed"),
                     "after the peer's bad put: %s: %s", hcoll_status_name(st), eb.msg);
     }
@@ -1064,12 +1041,12 @@ static int rank_seam_gdr(int rank, int n, void *argp)
             HCT_REQUIRE(hc_ib_ops.put(ep, mr, (size_t)k * piece, &rks[1], (size_t)k * piece,
                                       piece, 500u + (unsigned)k, (uint64_t)k) == HCOLL_SUCCESS,
                         "put: %s", eb.msg);
-        int got = seam_wait(tr, HC_COMP_PUT, nput, NULL, 10000, &st);
+        int got = hct_wait_comps(&hc_ib_ops, tr, HC_COMP_PUT, nput, NULL, 10000, &st);
         HCT_REQUIRE(st == HCOLL_SUCCESS && got == nput, "completions %d/%d: %s", got, nput,
                     eb.msg);
     } else {
         uint32_t imms[16];
-        int got = seam_wait(tr, HC_COMP_IMM, nput, imms, 10000, &st);
+        int got = hct_wait_comps(&hc_ib_ops, tr, HC_COMP_IMM, nput, imms, 10000, &st);
         HCT_REQUIRE(st == HCOLL_SUCCESS && got == nput, "immediates %d/%d: %s", got, nput,
                     eb.msg);
         for (size_t i = 0; i < GDR_BYTES; i++)
@@ -1162,10 +1139,10 @@ static int rank_seam_gdr_stale_flush(int rank, int n, void *argp)
     hcoll_status_t st;
     if (rank == 0) {
         HCT_REQUIRE(hc_ib_ops.put(ep, mr, 0, &rks[1], 0, 4096, 7, 7) == HCOLL_SUCCESS, "put");
-        int got = seam_wait(tr, HC_COMP_PUT, 1, NULL, 5000, &st);
+        int got = hct_wait_comps(&hc_ib_ops, tr, HC_COMP_PUT, 1, NULL, 5000, &st);
         HCT_REQUIRE(got == 1, "completion: %s", eb.msg);
     } else {
-        int got = seam_wait(tr, HC_COMP_IMM, 1, NULL, 5000, &st);
+        int got = hct_wait_comps(&hc_ib_ops, tr, HC_COMP_IMM, 1, NULL, 5000, &st);
         HCT_REQUIRE(st == HCOLL_SUCCESS && got == 1,
                     "a put into live buffer B failed because buffer A was freed: %s", eb.msg);
     }

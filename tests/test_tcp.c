@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "common/ranks.h"
+#include "common/seam.h"
 #include "core/config.h"
 #include "core/err.h"
 #include "inter/tcp.h"
@@ -59,30 +60,6 @@ static hc_transport_params_t tparams(int rank, int n, int nsocks, int timeout_ms
     hc_transport_params_t p = { rank, n, addr[rank], "lo", rank, rank, timeout_ms, nsocks, 0,
                                 &eb, 0, -1, NULL };
     return p;
-}
-
-static int wait_comps(hc_transport_t *tr, int kind, int want, uint32_t *imms, int timeout_ms,
-                      hcoll_status_t *st_out)
-{
-    int got = 0;
-    double deadline = hct_now_ms() + timeout_ms;
-    while (got < want && hct_now_ms() < deadline) {
-        hc_comp_t c[16];
-        int n;
-        hcoll_status_t st = hc_tcp_ops.poll(tr, c, 16, 50, &n);
-        if (st != HCOLL_SUCCESS) {
-            *st_out = st;
-            return got;
-        }
-        for (int i = 0; i < n; i++)
-            if (c[i].kind == kind) {
-                if (imms)
-                    imms[got] = c[i].imm;
-                got++;
-            }
-    }
-    *st_out = HCOLL_SUCCESS;
-    return got;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -152,16 +129,16 @@ static int rank_puts(int rank, int n, void *arg)
                                        puts_tab[k].len, 1000u + (unsigned)k, (uint64_t)k) ==
                             HCOLL_SUCCESS,
                         "put %d: %s", k, eb.msg);
-        int got = wait_comps(tr, HC_COMP_PUT, NPUTS, NULL, 10000, &st);
+        int got = hct_wait_comps(&hc_tcp_ops, tr, HC_COMP_PUT, NPUTS, NULL, 10000, &st);
         HCT_REQUIRE(st == HCOLL_SUCCESS && got == NPUTS, "local completions %d/%d %s", got, NPUTS,
                     eb.msg);
         /* The peer's "all checked" notification. */
         uint32_t imm = 0;
-        got = wait_comps(tr, HC_COMP_IMM, 1, &imm, 10000, &st);
+        got = hct_wait_comps(&hc_tcp_ops, tr, HC_COMP_IMM, 1, &imm, 10000, &st);
         HCT_REQUIRE(st == HCOLL_SUCCESS && got == 1 && imm == 4242u, "notify: %d %s", got, eb.msg);
     } else {
         uint32_t imms[NPUTS];
-        int got = wait_comps(tr, HC_COMP_IMM, NPUTS, imms, 10000, &st);
+        int got = hct_wait_comps(&hc_tcp_ops, tr, HC_COMP_IMM, NPUTS, imms, 10000, &st);
         HCT_REQUIRE(st == HCOLL_SUCCESS && got == NPUTS, "immediates %d/%d %s", got, NPUTS, eb.msg);
         unsigned seen = 0;
         for (int k = 0; k < NPUTS; k++) {
@@ -180,7 +157,7 @@ static int rank_puts(int rank, int n, void *arg)
             HCT_REQUIRE(buf[i] == 0xA5 && buf[GUARD + REGION + i] == 0xA5, "guard %d", i);
         free(want);
         HCT_REQUIRE(hc_tcp_ops.put(ep, NULL, 0, NULL, 0, 0, 4242u, 99) == HCOLL_SUCCESS, "notify");
-        got = wait_comps(tr, HC_COMP_PUT, 1, NULL, 10000, &st);
+        got = hct_wait_comps(&hc_tcp_ops, tr, HC_COMP_PUT, 1, NULL, 10000, &st);
         HCT_REQUIRE(got == 1, "notify completion");
     }
     /* An orderly close: the survivor sees no failure. */
@@ -190,7 +167,7 @@ static int rank_puts(int rank, int n, void *arg)
         tr = NULL;
     } else {
         uint32_t imm;
-        wait_comps(tr, HC_COMP_IMM, 1, &imm, 300, &st);
+        hct_wait_comps(&hc_tcp_ops, tr, HC_COMP_IMM, 1, &imm, 300, &st);
         HCT_REQUIRE(st == HCOLL_SUCCESS, "peer's goodbye taken as a failure: %s", eb.msg);
         hc_tcp_ops.destroy(tr, 1);
     }
@@ -241,9 +218,9 @@ static int rank_corrupt(int rank, int n, void *arg)
             hc_tcp_ep_corrupt_next(ep, mode);
             HCT_REQUIRE(hc_tcp_ops.put(ep, mr, 0, &rks[1], 100, 4096, 7, 0) == HCOLL_SUCCESS,
                         "put");
-            wait_comps(tr, HC_COMP_PUT, 1, NULL, 5000, &st);
+            hct_wait_comps(&hc_tcp_ops, tr, HC_COMP_PUT, 1, NULL, 5000, &st);
         } else {
-            wait_comps(tr, HC_COMP_IMM, 1, NULL, 5000, &st);
+            hct_wait_comps(&hc_tcp_ops, tr, HC_COMP_IMM, 1, NULL, 5000, &st);
             HCT_REQUIRE(st == HCOLL_ERR_NETWORK, "mode %d: got %s (%s)", mode,
                         hcoll_status_name(st), eb.msg);
             HCT_REQUIRE(strstr(eb.msg, "bad frame"), "message: %s", eb.msg);
@@ -290,7 +267,7 @@ static int rank_death(int rank, int n, void *arg)
         _exit(0);
     double t0 = hct_now_ms();
     hcoll_status_t st;
-    wait_comps(tr, HC_COMP_IMM, 1, NULL, 10000, &st);
+    hct_wait_comps(&hc_tcp_ops, tr, HC_COMP_IMM, 1, NULL, 10000, &st);
     HCT_REQUIRE(st == HCOLL_ERR_PEER_FAILED, "got %s (%s)", hcoll_status_name(st), eb.msg);
     HCT_REQUIRE(hct_now_ms() - t0 < 5000, "took %.0f ms", hct_now_ms() - t0);
     char buf[8];
@@ -354,10 +331,10 @@ static int rank_stranger(int rank, int n, void *arg)
     hcoll_status_t st;
     if (rank == 0) {
         HCT_REQUIRE(hc_tcp_ops.put(ep, NULL, 0, NULL, 0, 0, 77, 0) == HCOLL_SUCCESS, "put");
-        wait_comps(tr, HC_COMP_PUT, 1, NULL, 5000, &st);
+        hct_wait_comps(&hc_tcp_ops, tr, HC_COMP_PUT, 1, NULL, 5000, &st);
     } else {
         uint32_t imm = 0;
-        int got = wait_comps(tr, HC_COMP_IMM, 1, &imm, 5000, &st);
+        int got = hct_wait_comps(&hc_tcp_ops, tr, HC_COMP_IMM, 1, &imm, 5000, &st);
         HCT_REQUIRE(got == 1 && imm == 77, "notification over the real connection");
     }
     HCT_REQUIRE(st == HCOLL_SUCCESS, "%s", eb.msg);
