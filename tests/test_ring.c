@@ -611,6 +611,174 @@ START_TEST(test_corrupt_frame)
 }
 END_TEST
 
+/* ------------------------------------------------------------------------ */
+/* Device mode (GPUDirect), with host memory standing in for the device       */
+/* ------------------------------------------------------------------------ */
+
+/* The ring's device operations done on host memory, counted, so that the
+ * device-mode logic (device slots, devops reductions, no gather mode) runs
+ * over TCP. fail_alloc: this rank cannot get device slots. */
+typedef struct fakedev {
+    int fail_alloc;
+    int allocs, frees, reduces, avgs, copies;
+} fakedev_t;
+
+static hcoll_status_t fd_alloc(void *ctx, size_t bytes, void **out)
+{
+    fakedev_t *f = ctx;
+    if (f->fail_alloc)
+        return HCOLL_ERR_NO_MEMORY;
+    *out = malloc(bytes);
+    if (!*out)
+        return HCOLL_ERR_NO_MEMORY;
+    f->allocs++;
+    return HCOLL_SUCCESS;
+}
+
+static void fd_free(void *ctx, void *p)
+{
+    fakedev_t *f = ctx;
+    f->frees++;
+    free(p);
+}
+
+static hcoll_status_t fd_reduce(void *ctx, void *dst, const void *a, const void *b, size_t count,
+                                hcoll_dtype_t dtype, hcoll_op_t op)
+{
+    ((fakedev_t *)ctx)->reduces++;
+    hc_reduce(dst, a, b, count, dtype, op);
+    return HCOLL_SUCCESS;
+}
+
+static hcoll_status_t fd_avg(void *ctx, void *buf, size_t count, hcoll_dtype_t dtype,
+                             hcoll_op_t op, int div)
+{
+    ((fakedev_t *)ctx)->avgs++;
+    hc_reduce_avg_finish(buf, count, dtype, op, div);
+    return HCOLL_SUCCESS;
+}
+
+static hcoll_status_t fd_copy(void *ctx, void *dst, const void *src, size_t bytes)
+{
+    ((fakedev_t *)ctx)->copies++;
+    memcpy(dst, src, bytes);
+    return HCOLL_SUCCESS;
+}
+
+static hcoll_status_t ring_run_device(hc_ring_t *ring, const void *s, void *r, size_t count,
+                                      hcoll_dtype_t dt, hcoll_op_t op)
+{
+    int done = 0;
+    hcoll_status_t st = hc_ring_start_device(ring, s, r, count, dt, op, 0);
+    while (st == HCOLL_SUCCESS && !done)
+        st = hc_ring_progress(ring, 20, &done);
+    return st;
+}
+
+static int rank_device(int rank, int n, void *arg)
+{
+    shm_t *shm = arg;
+    ag_ctx_t ag = { shm, rank };
+    hc_ring_t *ring;
+    HCT_REQUIRE(ring_up(rank, n, &ag, 4096, 0, 1, 20000, &ring) == HCOLL_SUCCESS, "create: %s",
+                eb.msg);
+    fakedev_t f = { 0 };
+    const hc_ring_devops_t ops = { &f, fd_alloc, fd_free, fd_reduce, fd_avg, fd_copy };
+    /* Before enabling, device operations are refused. */
+    float x[4] = { 0 };
+    HCT_REQUIRE(hc_ring_start_device(ring, x, x, 4, HCOLL_FLOAT32, HCOLL_SUM, 0) ==
+                    HCOLL_ERR_INVALID_ARG,
+                "device start before enable was not refused");
+    HCT_REQUIRE(hc_ring_enable_device(ring, &ops) == HCOLL_SUCCESS, "enable: %s", eb.msg);
+    HCT_REQUIRE(f.allocs == 1, "%d slot allocations", f.allocs);
+    /* Counts that take gather mode on host buffers, several chunks, uneven
+     * blocks; AVG; in and out of place. */
+    static const size_t counts[] = { 1, 7, 1000, 3001, 20011 };
+    for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
+        const size_t cnt = counts[k];
+        for (int pass = 0; pass < 2; pass++) {
+            const hcoll_op_t op = pass ? HCOLL_AVG : HCOLL_SUM;
+            float *in = malloc(cnt * 4), *out = malloc(cnt * 4);
+            HCT_REQUIRE(in && out, "malloc");
+            for (size_t i = 0; i < cnt; i++)
+                in[i] = (float)((int)(i % 13) + rank * 4);
+            float *dst = pass ? in : out; /* AVG in place */
+            int before = f.reduces;
+            HCT_REQUIRE(ring_run_device(ring, in, dst, cnt, HCOLL_FLOAT32, op) == HCOLL_SUCCESS,
+                        "%zu %s: %s", cnt, hcoll_op_name(op), eb.msg);
+            HCT_REQUIRE(f.reduces > before, "%zu: no device reduction ran", cnt);
+            for (size_t i = 0; i < cnt; i++) {
+                float sum = (float)(n * (int)(i % 13) + 4 * n * (n - 1) / 2);
+                float want = pass ? sum / (float)n : sum;
+                HCT_REQUIRE(dst[i] == want, "%zu %s elem %zu: %g != %g", cnt, hcoll_op_name(op),
+                            i, dst[i], want);
+            }
+            free(in);
+            free(out);
+        }
+    }
+    HCT_REQUIRE(f.avgs > 0, "AVG never divided through the device operations");
+    /* Host buffers still take the host path on the same ring. */
+    int before = f.reduces;
+    float h[5] = { 1, 2, 3, 4, 5 }, hr[5];
+    HCT_REQUIRE(hc_ring_allreduce(ring, h, hr, 5, HCOLL_FLOAT32, HCOLL_SUM) == HCOLL_SUCCESS,
+                "host after device: %s", eb.msg);
+    HCT_REQUIRE(hr[4] == 5.0f * (float)n && f.reduces == before, "host call: %g, %d reduces",
+                hr[4], f.reduces - before);
+    hc_ring_disable_device(ring);
+    HCT_REQUIRE(f.frees == f.allocs, "%d of %d slot allocations freed", f.frees, f.allocs);
+    hc_ring_destroy(ring);
+    return 0;
+}
+
+START_TEST(test_device_mode)
+{
+    shm_t *shm = shm_new(3);
+    hct_opts_t o = { .nranks = 3, .ranks_per_node = 1, .timeout_ms = 60000 };
+    hct_result_t res[MAXR];
+    ck_assert_int_eq(hct_run(&o, rank_device, shm, res), 0);
+    hct_shared_free(shm, sizeof *shm);
+}
+END_TEST
+
+/* One rank cannot get device slots: every rank's enable fails alike, and
+ * the ring keeps working for host buffers. */
+static int rank_device_refused(int rank, int n, void *arg)
+{
+    shm_t *shm = arg;
+    ag_ctx_t ag = { shm, rank };
+    hc_ring_t *ring;
+    HCT_REQUIRE(ring_up(rank, n, &ag, 4096, 0, 1, 20000, &ring) == HCOLL_SUCCESS, "create: %s",
+                eb.msg);
+    fakedev_t f = { .fail_alloc = rank == 1 };
+    const hc_ring_devops_t ops = { &f, fd_alloc, fd_free, fd_reduce, fd_avg, fd_copy };
+    hcoll_status_t st = hc_ring_enable_device(ring, &ops);
+    HCT_REQUIRE(st == HCOLL_ERR_UNSUPPORTED && strstr(eb.msg, "rank 1 cannot take device"),
+                "enable with rank 1 failing: %s: %s", hcoll_status_name(st), eb.msg);
+    HCT_REQUIRE(f.frees == f.allocs, "slots of a failed enable not freed (%d of %d)", f.frees,
+                f.allocs);
+    float x[3] = { 1, 1, 1 };
+    HCT_REQUIRE(hc_ring_start_device(ring, x, x, 3, HCOLL_FLOAT32, HCOLL_SUM, 0) ==
+                    HCOLL_ERR_INVALID_ARG,
+                "device start after a failed enable was not refused");
+    float h[3] = { 1, 2, 3 }, hr[3];
+    HCT_REQUIRE(hc_ring_allreduce(ring, h, hr, 3, HCOLL_FLOAT32, HCOLL_SUM) == HCOLL_SUCCESS,
+                "host call after a failed enable: %s", eb.msg);
+    HCT_REQUIRE(hr[2] == 3.0f * (float)n, "host result %g", hr[2]);
+    hc_ring_destroy(ring);
+    return 0;
+}
+
+START_TEST(test_device_refused_together)
+{
+    shm_t *shm = shm_new(3);
+    hct_opts_t o = { .nranks = 3, .ranks_per_node = 1, .timeout_ms = 60000 };
+    hct_result_t res[MAXR];
+    ck_assert_int_eq(hct_run(&o, rank_device_refused, shm, res), 0);
+    hct_shared_free(shm, sizeof *shm);
+}
+END_TEST
+
 static Suite *ring_suite(void)
 {
     Suite *s = suite_create("ring");
@@ -621,6 +789,8 @@ static Suite *ring_suite(void)
     tcase_add_loop_test(tc, test_large, 0, (int)(sizeof large_cases / sizeof large_cases[0]));
     tcase_add_test(tc, test_chain_order);
     tcase_add_test(tc, test_many_small);
+    tcase_add_test(tc, test_device_mode);
+    tcase_add_test(tc, test_device_refused_together);
     suite_add_tcase(s, tc);
     tc = tcase_create("faults");
     tcase_set_timeout(tc, TEST_TIMEOUT_S);

@@ -526,7 +526,7 @@ static hcoll_status_t dev_setup(hc_coll_dev_t *d, int dev)
                                         devop_copy };
         void *popped;
         d->cu->ctx_push(d->ctx);
-        hcoll_status_t gst = hc_ring_enable_device(d->ring, &d->devops, 1);
+        hcoll_status_t gst = hc_ring_enable_device(d->ring, &d->devops);
         d->cu->ctx_pop(&popped);
         d->gdr = gst == HCOLL_SUCCESS;
         if (!d->gdr)

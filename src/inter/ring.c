@@ -808,7 +808,7 @@ typedef struct ring_dev_info {
     hc_rkey_t dslots_rkey;
 } ring_dev_info_t;
 
-hcoll_status_t hc_ring_enable_device(hc_ring_t *r, const hc_ring_devops_t *ops, int ok)
+hcoll_status_t hc_ring_enable_device(hc_ring_t *r, const hc_ring_devops_t *ops)
 {
     hcoll_status_t st = HCOLL_SUCCESS;
     hc_errbuf_t *eb = RING_ERRBUF(r);
@@ -818,9 +818,6 @@ hcoll_status_t hc_ring_enable_device(hc_ring_t *r, const hc_ring_devops_t *ops, 
     if (r->devops)
         return HCOLL_SUCCESS;
     if (r->n == 1) {
-        if (!ok)
-            return hc_err_set(eb, HC_NET, lr, HCOLL_ERR_UNSUPPORTED,
-                              "ring: device buffers refused on this rank");
         r->devops = ops;
         return HCOLL_SUCCESS;
     }
@@ -830,7 +827,7 @@ hcoll_status_t hc_ring_enable_device(hc_ring_t *r, const hc_ring_devops_t *ops, 
     void *slots = NULL;
     hc_mr_t *mr = NULL;
     const size_t bytes = (size_t)r->nslots * r->chunk_bytes;
-    if (ok && ops->alloc(ops->ctx, bytes, &slots) == HCOLL_SUCCESS) {
+    if (ops->alloc(ops->ctx, bytes, &slots) == HCOLL_SUCCESS) {
         if (r->ops->mr_reg(r->tr, slots, bytes, &mr, &mine.dslots_rkey) == HCOLL_SUCCESS)
             mine.ok = 1;
         else

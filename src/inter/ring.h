@@ -83,11 +83,10 @@ int hc_ring_gdr_capable(const hc_ring_t *ring);
 
 /* Device staging slots, allocated with ops, registered and exchanged:
  * collective over the ring (every rank calls it, in the same place of the
- * set-up sequence). ok = 0 on a rank that cannot (its own reason already
- * recorded): it still takes part, and every rank then fails with
- * HCOLL_ERR_UNSUPPORTED, so the ring stays usable for host buffers. ops
- * must outlive the ring. */
-hcoll_status_t hc_ring_enable_device(hc_ring_t *ring, const hc_ring_devops_t *ops, int ok);
+ * set-up sequence). Where a rank cannot allocate or register them, every
+ * rank fails with HCOLL_ERR_UNSUPPORTED and the ring stays usable for host
+ * buffers. ops must outlive the ring (or hc_ring_disable_device). */
+hcoll_status_t hc_ring_enable_device(hc_ring_t *ring, const hc_ring_devops_t *ops);
 
 /* Deregister and free the device slots, while the GPU context still
  * lives; the ring keeps working on host buffers. Local. */
