@@ -8,7 +8,8 @@
 #     NCCL intra-node case runs too);
 #   - hcoll_perf --mem device, 2 emulated nodes x 1, then 2 x 2 with
 #     --peer nccl: every #wrong is 0, both implementations have rows, and
-#     -p shows the NCCL stages timed.
+#     -p shows the NCCL stages timed; two ranks on one GPU stop with
+#     NCCL's refusal on every rank.
 # This checks hcoll's control flow (contexts, streams, the flag protocol,
 # staging, NCCL calls, errors), not a GPU: speed figures here mean nothing,
 # and scripts/gpu-check.sh is what runs on real hardware.
@@ -70,6 +71,13 @@ if perf_run "device 2x2 + nccl peer" -np 4 --ranks-per-node 2 --peer nccl -b 4K 
   untimed=$(awk '$1 ~ /^[0-9]+$/ && $5 == "hcoll" && ($16 !~ /^[0-9.]+$/ || $18 !~ /^[0-9.]+$/)' <<<"$out")
   [ -z "$untimed" ] || fail "device 2x2: stage columns not timed: $untimed"
 fi
+# Two ranks of one node on one GPU: NCCL refuses the peer communicator, and
+# every rank stops with that reason instead of hanging.
+out=$(HCMOCK_NDEV=1 timeout 120 "$bindir/hcoll_perf" -np 2 --ranks-per-node 2 --peer nccl \
+        -b 4K -e 4K -n 1 --deadline 100 2>&1); rc=$?
+[ $rc -ne 0 ] && [ $rc -ne 124 ] &&
+  [ "$(grep -c -- '--peer nccl: ncclCommInitRankConfig' <<<"$out")" -eq 2 ] ||
+  fail "--peer nccl on a shared GPU: rc $rc: $out"
 # Refusals a user meets: --peer nccl with host buffers is a usage error.
 out=$("$bindir/hcoll_perf" --peer nccl --mem host 2>&1); rc=$?
 [ $rc -eq 2 ] && grep -q -- '--peer nccl needs --mem device' <<<"$out" ||
