@@ -145,16 +145,12 @@ static hcoll_status_t tr_fail(hc_transport_t *tr, hcoll_status_t st, const char 
  * first) only return the sticky status. */
 static hcoll_status_t tr_fail(hc_transport_t *tr, hcoll_status_t st, const char *fmt, ...)
 {
-    if (tr->err != HCOLL_SUCCESS)
-        return tr->err;
-    char msg[400];
+    char who[96];
+    snprintf(who, sizeof who, "tcp rank %d (%s)", tr->p.log_rank, tr->bind_addr);
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    st = hc_tp_failv(&tr->p, &tr->err, st, who, fmt, ap);
     va_end(ap);
-    tr->err = st;
-    hc_err_set(tr->p.errbuf, HC_NET, tr->p.log_rank, st, "tcp rank %d (%s): %s", tr->p.log_rank,
-               tr->bind_addr, msg);
     return st;
 }
 

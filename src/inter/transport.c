@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "core/config.h"
+#include "core/err.h"
 #include "core/log.h"
 #include "inter/ib/ib.h"
 
@@ -87,4 +88,16 @@ void hc_compq_free(hc_compq_t *q)
 {
     free(q->buf);
     memset(q, 0, sizeof *q);
+}
+
+hcoll_status_t hc_tp_failv(const hc_transport_params_t *p, hcoll_status_t *err, hcoll_status_t st,
+                           const char *who, const char *fmt, va_list ap)
+{
+    if (*err != HCOLL_SUCCESS)
+        return *err;
+    char msg[400];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    *err = st;
+    hc_err_set(p->errbuf, HC_NET, p->log_rank, st, "%s: %s", who, msg);
+    return st;
 }

@@ -35,6 +35,7 @@
 #ifndef HC_INTER_TRANSPORT_H
 #define HC_INTER_TRANSPORT_H
 
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -71,6 +72,11 @@ typedef struct hc_transport_params {
     const int *peer_ranks;   /* [nranks] communicator rank at each position, for
                               * messages; NULL: positions are the ranks */
 } hc_transport_params_t;
+
+/* A transport's failure: the first one is recorded in *err and logged as
+ * "<who>: <message>"; later ones (cascades of the first) only return *err. */
+hcoll_status_t hc_tp_failv(const hc_transport_params_t *p, hcoll_status_t *err, hcoll_status_t st,
+                           const char *who, const char *fmt, va_list ap);
 
 /* The rank to name in a message about the peer at position pos. */
 static inline int hc_tp_rank(const hc_transport_params_t *p, int pos)

@@ -374,16 +374,13 @@ static hcoll_status_t tr_fail(hc_transport_t *tr, hcoll_status_t st, const char 
 /* The first failure is recorded and logged; later ones return it. */
 static hcoll_status_t tr_fail(hc_transport_t *tr, hcoll_status_t st, const char *fmt, ...)
 {
-    if (tr->err != HCOLL_SUCCESS)
-        return tr->err;
-    char msg[400];
+    char who[96];
+    snprintf(who, sizeof who, "NET/IB rank %d (%s:%d)", tr->p.log_rank, tr->choice.port.dev,
+             tr->choice.port.port);
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    st = hc_tp_failv(&tr->p, &tr->err, st, who, fmt, ap);
     va_end(ap);
-    tr->err = st;
-    hc_err_set(tr->p.errbuf, HC_NET, tr->p.log_rank, st, "NET/IB rank %d (%s:%d): %s",
-               tr->p.log_rank, tr->choice.port.dev, tr->choice.port.port, msg);
     return st;
 }
 
