@@ -23,7 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/reduce.h"
+#include "base/reduce.h"
 
 #define BENCH_DEFAULT_BYTES (64ull << 20)
 #define BENCH_DEFAULT_ITERS 10

@@ -32,9 +32,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/config.h"
-#include "core/err.h"
-#include "core/reduce.h"
+#include "base/config.h"
+#include "base/err.h"
+#include "base/reduce.h"
 #include "inter/ring.h"
 #include "inter/tcp.h"
 

@@ -21,7 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/reduce.h"
+#include "base/reduce.h"
 #include "intra/intra.h"
 
 #define BENCH_MAXL 16

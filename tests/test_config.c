@@ -8,9 +8,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "core/config.h"
-#include "core/err.h"
-#include "core/log.h"
+#include "base/config.h"
+#include "base/err.h"
+#include "base/log.h"
 #include "hcoll.h"
 #include "sys/envlist.h"
 

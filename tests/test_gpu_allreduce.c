@@ -25,7 +25,7 @@
 #include <string.h>
 
 #include "common/ranks.h"
-#include "core/reduce.h"
+#include "base/reduce.h"
 #include "gpu/gpuhelp.h"
 
 #define TIMEOUT_MS 120000

@@ -1,5 +1,5 @@
 /*
- * GPU reduction kernels against the host kernels (core/reduce.h) on the
+ * GPU reduction kernels against the host kernels (base/reduce.h) on the
  * same inputs: every dtype x op, sizes from 1 element to 256 MiB, aligned
  * and misaligned, in place and not, with NaN, infinities, signed zeros,
  * subnormals and overflowing values among the floats. Results must be bit
@@ -20,7 +20,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "core/reduce.h"
+#include "base/reduce.h"
 #include "common/ranks.h"
 #include "gpu/gpuhelp.h"
 #include "hc_build.h"

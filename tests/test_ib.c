@@ -15,8 +15,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "core/config.h"
-#include "core/err.h"
+#include "base/config.h"
+#include "base/err.h"
 #include "inter/ib/ib.h"
 #include "inter/transport.h"
 

@@ -10,7 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "core/reduce.h"
+#include "base/reduce.h"
 #include "hcoll.h"
 #include "lib/perf.h"
 

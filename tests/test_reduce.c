@@ -1,5 +1,5 @@
 /*
- * Unit tests for the host reduction kernels (src/core/reduce.c).
+ * Unit tests for the host reduction kernels (src/base/reduce.c).
  *
  * Every kernel result is compared with a plain scalar reference written
  * here, independently of the library: half types are decoded with ldexp and
@@ -20,7 +20,7 @@
 #include <immintrin.h>
 #endif
 
-#include "core/reduce.h"
+#include "base/reduce.h"
 
 #define TEST_TIMEOUT_S 60
 

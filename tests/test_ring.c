@@ -18,8 +18,8 @@
 #include <unistd.h>
 
 #include "common/ranks.h"
-#include "core/err.h"
-#include "core/reduce.h"
+#include "base/err.h"
+#include "base/reduce.h"
 #include "inter/ring.h"
 #include "inter/tcp.h"
 #include "inter/transport.h"

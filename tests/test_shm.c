@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 #include "common/ranks.h"
-#include "core/reduce.h"
+#include "base/reduce.h"
 #include "intra/intra.h"
 
 #define TSHM_MAXL 8

@@ -16,8 +16,8 @@
 
 #include "common/ranks.h"
 #include "common/seam.h"
-#include "core/config.h"
-#include "core/err.h"
+#include "base/config.h"
+#include "base/err.h"
 #include "inter/tcp.h"
 #include "inter/transport.h"
 

@@ -11,8 +11,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/config.h"
-#include "core/reduce.h"
+#include "base/config.h"
+#include "base/reduce.h"
 #include "gdr/gdr.h"
 #include "inter/ib/ib.h"
 #include "sys/envlist.h"

@@ -15,7 +15,7 @@
  * slow or hostile connection never stalls the others.
  */
 #include "boot/boot.h"
-#include "core/clock.h"
+#include "base/clock.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -33,7 +33,7 @@
 #include <unistd.h>
 
 #include "boot/hmac.h"
-#include "core/log.h"
+#include "base/log.h"
 
 #define WIRE_MAGIC 0x48434254u /* "HCBT" */
 #define WIRE_VERSION 1u

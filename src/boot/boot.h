@@ -56,8 +56,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/err.h"
-#include "core/exchange.h"
+#include "base/err.h"
+#include "base/exchange.h"
 #include "hcoll.h"
 #include "sys/ifaces.h"
 
@@ -71,7 +71,7 @@
 
 typedef struct hc_boot hc_boot_t;
 
-/* hc_boot_allgather has the hc_allgather_fn shape (core/exchange.h), with
+/* hc_boot_allgather has the hc_allgather_fn shape (base/exchange.h), with
  * the hc_boot_t as ctx. */
 
 typedef struct hc_boot_args {

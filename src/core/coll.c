@@ -40,7 +40,7 @@
  * died, so the only way forward is a new communicator.
  */
 #include "core/coll.h"
-#include "core/clock.h"
+#include "base/clock.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -54,9 +54,9 @@
 
 #include "core/coll_dev.h" /* device buffers (coll_dev.c) */
 #include "core/comm.h"
-#include "core/err.h"
-#include "core/log.h"
-#include "core/reduce.h"
+#include "base/err.h"
+#include "base/log.h"
+#include "base/reduce.h"
 #include "inter/ib/ib.h"
 #include "inter/ring.h"
 #include "intra/intra.h"

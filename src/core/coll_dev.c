@@ -43,7 +43,7 @@
  * communicator's life.
  */
 #include "core/coll_dev.h"
-#include "core/clock.h"
+#include "base/clock.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -54,9 +54,9 @@
 
 #include "core/coll.h"
 #include "core/comm.h"
-#include "core/err.h"
-#include "core/log.h"
-#include "core/reduce.h"
+#include "base/err.h"
+#include "base/log.h"
+#include "base/reduce.h"
 #include "gdr/gdr.h"
 #include "inter/ring.h"
 #include "intra/intra.h"

@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/exchange.h"
+#include "base/exchange.h"
 #include "hcoll.h"
 
 struct hcoll_comm;

@@ -28,7 +28,7 @@
 
 #include "boot/hmac.h"
 #include "boot/uid.h"
-#include "core/log.h"
+#include "base/log.h"
 #include "gdr/gdr.h"
 #include "sys/host.h"
 

@@ -22,8 +22,8 @@
 #include <stdint.h>
 
 #include "boot/boot.h"
-#include "core/config.h"
-#include "core/err.h"
+#include "base/config.h"
+#include "base/err.h"
 #include "hcoll.h"
 #include "sys/ifaces.h"
 

@@ -168,7 +168,7 @@ int hc_gdr_cuda_in_process(void);
 
 /*
  * dst = a op b and buf /= nranks on the GPU, with the host kernels'
- * semantics (core/reduce.h) bit for bit on non-NaN results. The kernels
+ * semantics (base/reduce.h) bit for bit on non-NaN results. The kernels
  * are compiled into a fatbin embedded in libhcoll (sm_80, sm_90 SASS and
  * compute_90 PTX), loaded into the current context with cuModuleLoadData.
  */

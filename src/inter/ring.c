@@ -51,14 +51,14 @@
  * kept until it starts.
  */
 #include "inter/ring.h"
-#include "core/clock.h"
+#include "base/clock.h"
 
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "core/log.h"
-#include "core/reduce.h"
+#include "base/log.h"
+#include "base/reduce.h"
 
 enum { IMM_RS = 0, IMM_AG = 1, IMM_CREDIT = 2, IMM_DESC = 3 };
 #define IMM(kind, seq, slot, m) \

@@ -31,7 +31,7 @@
  * registered region.
  */
 #include "inter/tcp.h"
-#include "core/clock.h"
+#include "base/clock.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -49,7 +49,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/log.h"
+#include "base/log.h"
 
 #define HC_TCP_ADDR_MAGIC  0x48434144u /* "HCAD" */
 #define HC_TCP_HELLO_MAGIC 0x4843484cu /* "HCHL" */

@@ -15,9 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/config.h"
-#include "core/err.h"
-#include "core/log.h"
+#include "base/config.h"
+#include "base/err.h"
+#include "base/log.h"
 #include "inter/ib/ib.h"
 
 hcoll_status_t hc_transport_select(int net, hc_errbuf_t *eb, int log_rank,

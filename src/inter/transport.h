@@ -39,12 +39,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/err.h"
-#include "core/exchange.h"
+#include "base/err.h"
+#include "base/exchange.h"
 #include "hcoll.h"
 
 /* Endpoint addresses are exchanged with the set-up exchange of
- * core/exchange.h, over the transport's ranks. */
+ * base/exchange.h, over the transport's ranks. */
 
 typedef struct hc_transport hc_transport_t; /* one instance per ring */
 typedef struct hc_ep hc_ep_t;               /* a connection to one peer */

@@ -46,14 +46,14 @@
 
 #include <stddef.h>
 
-#include "core/err.h"
-#include "core/exchange.h"
+#include "base/err.h"
+#include "base/exchange.h"
 #include "hcoll.h"
 
 typedef struct hc_intra hc_intra_t;
 typedef struct hc_intra_ops hc_intra_ops_t;
 
-/* The set-up exchange (core/exchange.h) is over the node's local ranks
+/* The set-up exchange (base/exchange.h) is over the node's local ranks
  * only: member q is local rank q. */
 
 typedef struct hc_intra_params {

@@ -40,8 +40,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "core/log.h"
-#include "core/clock.h"
+#include "base/log.h"
+#include "base/clock.h"
 #include "intra/intra.h"
 #include "intra/nccl_api.h"
 

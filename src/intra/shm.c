@@ -70,7 +70,7 @@
  * through the slots, which works under any ptrace policy.
  */
 #include "intra/intra.h"
-#include "core/clock.h"
+#include "base/clock.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -90,9 +90,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/err.h"
-#include "core/log.h"
-#include "core/reduce.h"
+#include "base/err.h"
+#include "base/log.h"
+#include "base/reduce.h"
 
 #define HC_SHM_MAGIC     0x6d6873686c6f6368ull /* "hcollshm" */
 #define HC_SHM_VERSION   1u

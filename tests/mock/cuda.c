@@ -76,7 +76,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/reduce.h"
+#include "base/reduce.h"
 #include "hcmock.h"
 
 #define CUAPI HCMOCK_API

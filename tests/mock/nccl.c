@@ -102,7 +102,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/reduce.h"
+#include "base/reduce.h"
 #include "hcmock.h"
 
 /* ------------------------------------------------------------------------ */

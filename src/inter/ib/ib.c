@@ -41,7 +41,7 @@
  * None of this has run on an RDMA NIC yet: see the README.
  */
 #include "inter/ib/ib.h"
-#include "core/clock.h"
+#include "base/clock.h"
 
 #include <arpa/inet.h>
 #include <dlfcn.h>
@@ -55,8 +55,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/config.h"
-#include "core/log.h"
+#include "base/config.h"
+#include "base/log.h"
 #include "gdr/gdr.h"
 #include "hc_build.h"
 #include "sys/pci.h"

@@ -1,9 +1,9 @@
-#include "core/err.h"
+#include "base/err.h"
 
 #include <stdio.h>
 #include <string.h>
 
-#include "core/log.h"
+#include "base/log.h"
 
 void hc_errbuf_init(hc_errbuf_t *eb)
 {

@@ -3,7 +3,7 @@
  * the library reads it per communicator), a row here, and the code that
  * uses it; hcoll_info --env and the README's table follow from this row.
  */
-#include "core/config.h"
+#include "base/config.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -13,7 +13,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "core/log.h"
+#include "base/log.h"
 #include "sys/envlist.h"
 
 static const char *const net_choices[] = { "auto", "ib", "tcp", NULL };
@@ -24,7 +24,7 @@ static const char *const level_choices[] = { "NONE", "WARN", "INFO", "TRACE", NU
 #define NS HC_KNOB_NOT_STORED
 
 static const hc_knob_t knobs[] = {
-    /* Logging: read once per process by core/log.c; validated here too. */
+    /* Logging: read once per process by base/log.c; validated here too. */
     { "HCOLL_DEBUG", HC_KNOB_ENUM, "WARN", 0, 0, level_choices, 0, 0, NS,
       "Log level: NONE, WARN, INFO or TRACE (VERSION is taken as WARN)." },
     { "HCOLL_DEBUG_SUBSYS", HC_KNOB_STR, "ALL", 0, 0, NULL, 0, 0, NS,

@@ -30,7 +30,7 @@
  * before storing, and all memory goes through memcpy on byte pointers, so
  * exact aliasing is correct and pointers need no alignment.
  */
-#include "core/reduce.h"
+#include "base/reduce.h"
 
 #include <pthread.h>
 #include <string.h>

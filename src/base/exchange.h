@@ -9,8 +9,8 @@
  * over shared memory. Backends take it as a callback so that they never
  * depend on the bootstrap or the communicator.
  */
-#ifndef HC_CORE_EXCHANGE_H
-#define HC_CORE_EXCHANGE_H
+#ifndef HC_BASE_EXCHANGE_H
+#define HC_BASE_EXCHANGE_H
 
 #include <stddef.h>
 
