@@ -77,6 +77,9 @@ TOOLS      := $(patsubst %.c,$(BINOUT)/%,$(notdir $(TOOL_SRCS)))
 # Peer programs built with mpicc, only where Open MPI is installed.
 MPI_SRCS   := $(if $(filter 1,$(HAVE_MPI)),$(sort $(wildcard bench/mpi/*.c)))
 TOOLS      += $(patsubst %.c,$(BINOUT)/%,$(notdir $(MPI_SRCS)))
+# What `make install` puts in BINDIR: the user tools. Micro-benchmarks
+# (bench/) stay in the build tree.
+USER_TOOLS := $(BINOUT)/hcoll_perf $(BINOUT)/hcoll_plan $(BINOUT)/hcoll_info
 # Code shared by tools, benchmarks and tests (argument parsing, bandwidth
 # arithmetic...): a static library of its own, never part of libhcoll.
 TOOLLIB_SRCS := $(sort $(wildcard tools/lib/*.c))
@@ -251,7 +254,7 @@ test-cluster: deps
 	$(Q)tests/cluster/cluster-test.sh
 
 # ---------------------------------------------------------------------------
-install: lib tools
+install: lib $(USER_TOOLS)
 	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(PKGCONFIGDIR) $(DESTDIR)$(BINDIR)
 	install -m 644 include/hcoll.h $(DESTDIR)$(INCLUDEDIR)/hcoll.h
 	install -m 755 $(SHARED_REAL) $(DESTDIR)$(LIBDIR)/
@@ -261,12 +264,12 @@ install: lib tools
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR@|$(LIBDIR)|' \
 	    -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|' -e 's|@VERSION@|$(VERSION)|' \
 	    hcoll.pc.in > $(DESTDIR)$(PKGCONFIGDIR)/hcoll.pc
-	install -m 755 $(TOOLS) $(DESTDIR)$(BINDIR)/
+	install -m 755 $(USER_TOOLS) $(DESTDIR)$(BINDIR)/
 
 uninstall:
 	rm -f $(DESTDIR)$(INCLUDEDIR)/hcoll.h $(DESTDIR)$(LIBDIR)/libhcoll.so* \
 	      $(DESTDIR)$(LIBDIR)/libhcoll.a $(DESTDIR)$(PKGCONFIGDIR)/hcoll.pc \
-	      $(addprefix $(DESTDIR)$(BINDIR)/,$(notdir $(TOOLS)))
+	      $(addprefix $(DESTDIR)$(BINDIR)/,$(notdir $(USER_TOOLS)))
 
 clean:
 	rm -rf build build-asan lib bin

@@ -8,9 +8,13 @@ trap 'rm -rf "$tmp"' EXIT
 prefix=$tmp/prefix
 
 make --no-print-directory -s install PREFIX="$prefix" >/dev/null
-for f in include/hcoll.h lib/libhcoll.so lib/libhcoll.so.0 lib/libhcoll.a lib/pkgconfig/hcoll.pc bin/hcoll_info; do
+for f in include/hcoll.h lib/libhcoll.so lib/libhcoll.so.0 lib/libhcoll.a lib/pkgconfig/hcoll.pc \
+         bin/hcoll_info bin/hcoll_perf bin/hcoll_plan; do
   [ -e "$prefix/$f" ] || { echo "FAIL: install did not create $f"; exit 1; }
 done
+# The user tools and nothing else: micro-benchmarks stay in the build tree.
+extra=$(ls "$prefix/bin" | grep -vxE 'hcoll_info|hcoll_perf|hcoll_plan' || true)
+[ -z "$extra" ] || { echo "FAIL: install put more than the user tools in bin/: $extra"; exit 1; }
 
 cat >"$tmp/user.c" <<'C'
 #include <hcoll.h>
