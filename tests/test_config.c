@@ -293,38 +293,38 @@ START_TEST(list_syntax)
     hc_list_t l;
     char err[200];
 
-    ck_assert_int_eq(hc_list_parse(NULL, &l, err, sizeof err), 0);
+    ck_assert_int_eq(hc_list_parse(NULL, &l, err, sizeof err), HCOLL_SUCCESS);
     ck_assert(hc_list_match(&l, "anything", -1));
-    ck_assert_int_eq(hc_list_parse("", &l, err, sizeof err), 0);
+    ck_assert_int_eq(hc_list_parse("", &l, err, sizeof err), HCOLL_SUCCESS);
     ck_assert(hc_list_match(&l, "eth0", 1));
 
-    ck_assert_int_eq(hc_list_parse("eth,ib", &l, err, sizeof err), 0);
+    ck_assert_int_eq(hc_list_parse("eth,ib", &l, err, sizeof err), HCOLL_SUCCESS);
     ck_assert_int_eq(l.count, 2);
     ck_assert(hc_list_match(&l, "eth0", -1));
     ck_assert(hc_list_match(&l, "ib1", -1));
     ck_assert(!hc_list_match(&l, "lo", -1));
     ck_assert(hc_list_names(&l, "eth3"));
 
-    ck_assert_int_eq(hc_list_parse("=eth0,eth1", &l, err, sizeof err), 0);
+    ck_assert_int_eq(hc_list_parse("=eth0,eth1", &l, err, sizeof err), HCOLL_SUCCESS);
     ck_assert(l.exact && !l.exclude);
     ck_assert(hc_list_match(&l, "eth0", -1));
     ck_assert(!hc_list_match(&l, "eth01", -1));
     ck_assert(!hc_list_match(&l, "eth2", -1));
 
-    ck_assert_int_eq(hc_list_parse("^docker,lo", &l, err, sizeof err), 0);
+    ck_assert_int_eq(hc_list_parse("^docker,lo", &l, err, sizeof err), HCOLL_SUCCESS);
     ck_assert(l.exclude && !l.exact);
     ck_assert(!hc_list_match(&l, "docker0", -1));
     ck_assert(!hc_list_match(&l, "lo", -1));
     ck_assert(hc_list_match(&l, "eth0", -1));
     ck_assert(!hc_list_names(&l, "eth0"));
 
-    ck_assert_int_eq(hc_list_parse("^=mlx5_1", &l, err, sizeof err), 0);
+    ck_assert_int_eq(hc_list_parse("^=mlx5_1", &l, err, sizeof err), HCOLL_SUCCESS);
     ck_assert(l.exclude && l.exact);
     ck_assert(!hc_list_match(&l, "mlx5_1", 1));
     ck_assert(hc_list_match(&l, "mlx5_10", 1));
     ck_assert(hc_list_match(&l, "mlx5_0", 1));
 
-    ck_assert_int_eq(hc_list_parse("mlx5_0:1,mlx5_bond", &l, err, sizeof err), 0);
+    ck_assert_int_eq(hc_list_parse("mlx5_0:1,mlx5_bond", &l, err, sizeof err), HCOLL_SUCCESS);
     ck_assert_int_eq(l.entries[0].port, 1);
     ck_assert_int_eq(l.entries[1].port, -1);
     ck_assert(hc_list_match(&l, "mlx5_0", 1));
@@ -335,16 +335,17 @@ START_TEST(list_syntax)
     static const char *const bad[] = { "a,,b", ",a", "a,", "^", "=", "^=", ":1", "a:", "a:x",
                                        "a:300", "a:-1", "a:1:2" };
     for (size_t i = 0; i < HC_ARRAY_LEN(bad); i++)
-        ck_assert_msg(hc_list_parse(bad[i], &l, err, sizeof err) == -1, "'%s' accepted", bad[i]);
+        ck_assert_msg(hc_list_parse(bad[i], &l, err, sizeof err) == HCOLL_ERR_INVALID_ARG,
+                      "'%s' accepted", bad[i]);
 
     char longname[100];
     memset(longname, 'x', sizeof longname - 1);
     longname[sizeof longname - 1] = '\0';
-    ck_assert_int_eq(hc_list_parse(longname, &l, err, sizeof err), -1);
+    ck_assert_int_eq(hc_list_parse(longname, &l, err, sizeof err), HCOLL_ERR_INVALID_ARG);
     char many[200] = "";
     for (int i = 0; i < HC_LIST_MAX_ENTRIES + 1; i++)
         strcat(many, i ? ",e" : "e");
-    ck_assert_int_eq(hc_list_parse(many, &l, err, sizeof err), -1);
+    ck_assert_int_eq(hc_list_parse(many, &l, err, sizeof err), HCOLL_ERR_INVALID_ARG);
     ck_assert_ptr_nonnull(strstr(err, "more than"));
 }
 END_TEST
