@@ -203,11 +203,20 @@ START_TEST(config_struct_rules)
     /* A bad explicit field is an error that says it came from the config. */
     cfg.timeout_ms = -5;
     ck_assert_int_eq(hc_params_load(&p, &cfg, err, sizeof err), HCOLL_ERR_INVALID_ARG);
-    ck_assert_ptr_nonnull(strstr(err, "config field"));
+    ck_assert_ptr_nonnull(strstr(err, "config field timeout_ms"));
+    ck_assert_msg(strstr(err, "HCOLL_TIMEOUT_MS='-5': out of range (expected 1..86400000)"), "%s",
+                  err);
     cfg.timeout_ms = 777;
     cfg.net = "carrier-pigeon";
     ck_assert_int_eq(hc_params_load(&p, &cfg, err, sizeof err), HCOLL_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(err, "config field net"));
     ck_assert_ptr_nonnull(strstr(err, "HCOLL_NET"));
+    cfg.net = "tcp";
+    cfg.socket_ifname = "eth0,";
+    ck_assert_int_eq(hc_params_load(&p, &cfg, err, sizeof err), HCOLL_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(err, "config field socket_ifname"));
+    ck_assert_ptr_nonnull(strstr(err, "HCOLL_SOCKET_IFNAME"));
+    cfg.socket_ifname = NULL;
 
     /* A config that did not come from the initializer. */
     hcoll_config_t raw;
@@ -237,24 +246,98 @@ START_TEST(config_struct_rules)
 }
 END_TEST
 
+/* The typed fields of hcoll_config_t are checked as numbers against the
+ * bounds of their variable: each bound is accepted, one past it refused
+ * with a message naming the field, the variable and the rule. */
+static const struct {
+    int is_timeout;
+    long long value;
+    int ok;
+} field_bounds[] = {
+    { 1, 1, 1 },
+    { 1, 86400000, 1 },
+    { 1, 0, 0 },
+    { 1, 86400001, 0 },
+    { 1, -1, 0 },
+    { 1, 2147483647, 0 },
+    { 0, 4096, 1 },
+    { 0, 1ll << 30, 1 },
+    { 0, 4095, 0 },
+    { 0, (1ll << 30) + 1, 0 },
+    { 0, 1, 0 },
+};
+
+START_TEST(config_field_bounds)
+{
+    clear_env();
+    hcoll_config_t cfg = HCOLL_CONFIG_INITIALIZER;
+    hc_params_t p;
+    char err[256] = "";
+    const int timeout = field_bounds[_i].is_timeout;
+    const long long v = field_bounds[_i].value;
+    if (timeout)
+        cfg.timeout_ms = (int)v;
+    else
+        cfg.chunk_bytes = (size_t)v;
+    hcoll_status_t st = hc_params_load(&p, &cfg, err, sizeof err);
+    if (field_bounds[_i].ok) {
+        ck_assert_msg(st == HCOLL_SUCCESS, "%lld: %s", v, err);
+        if (timeout)
+            ck_assert_int_eq(p.timeout_ms, v);
+        else
+            ck_assert_uint_eq(p.chunk_bytes, (uint64_t)v);
+        return;
+    }
+    ck_assert_int_eq(st, HCOLL_ERR_INVALID_ARG);
+    char want[160];
+    if (timeout)
+        snprintf(want, sizeof want,
+                 "config field timeout_ms (same rules as the variable): HCOLL_TIMEOUT_MS='%lld': "
+                 "out of range (expected 1..86400000)",
+                 v);
+    else
+        snprintf(want, sizeof want,
+                 "config field chunk_bytes (same rules as the variable): HCOLL_CHUNK_BYTES='%lld': "
+                 "out of range (expected 4096..1073741824 bytes)",
+                 v);
+    ck_assert_msg(strcmp(err, want) == 0, "got '%s', want '%s'", err, want);
+}
+END_TEST
+
+/* An explicit field does not hide a malformed variable of the same knob:
+ * every variable in the environment is checked. */
+START_TEST(config_field_over_bad_env)
+{
+    clear_env();
+    setenv("HCOLL_TIMEOUT_MS", "soon", 1);
+    hcoll_config_t cfg = HCOLL_CONFIG_INITIALIZER;
+    cfg.timeout_ms = 1000;
+    hc_params_t p;
+    char err[256] = "";
+    ck_assert_int_eq(hc_params_load(&p, &cfg, err, sizeof err), HCOLL_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(err, "HCOLL_TIMEOUT_MS='soon'"));
+    clear_env();
+}
+END_TEST
+
 START_TEST(size_parser)
 {
     uint64_t v;
-    ck_assert_int_eq(hc_parse_size("0", &v), 0);
+    ck_assert_int_eq(hc_parse_size("0", &v), HCOLL_SUCCESS);
     ck_assert_uint_eq(v, 0);
-    ck_assert_int_eq(hc_parse_size("4096", &v), 0);
+    ck_assert_int_eq(hc_parse_size("4096", &v), HCOLL_SUCCESS);
     ck_assert_uint_eq(v, 4096);
-    ck_assert_int_eq(hc_parse_size("64k", &v), 0);
+    ck_assert_int_eq(hc_parse_size("64k", &v), HCOLL_SUCCESS);
     ck_assert_uint_eq(v, 65536);
-    ck_assert_int_eq(hc_parse_size("2MB", &v), 0);
+    ck_assert_int_eq(hc_parse_size("2MB", &v), HCOLL_SUCCESS);
     ck_assert_uint_eq(v, 2u << 20);
-    ck_assert_int_eq(hc_parse_size("1GiB", &v), 0);
+    ck_assert_int_eq(hc_parse_size("1GiB", &v), HCOLL_SUCCESS);
     ck_assert_uint_eq(v, 1u << 30);
-    ck_assert_int_eq(hc_parse_size("", &v), -1);
-    ck_assert_int_eq(hc_parse_size("M", &v), -1);
-    ck_assert_int_eq(hc_parse_size("1.5M", &v), -1);
-    ck_assert_int_eq(hc_parse_size("99999999999999999999T", &v), -1);
-    ck_assert_int_eq(hc_parse_size("20000000000T", &v), -1);
+    ck_assert_int_eq(hc_parse_size("", &v), HCOLL_ERR_INVALID_ARG);
+    ck_assert_int_eq(hc_parse_size("M", &v), HCOLL_ERR_INVALID_ARG);
+    ck_assert_int_eq(hc_parse_size("1.5M", &v), HCOLL_ERR_INVALID_ARG);
+    ck_assert_int_eq(hc_parse_size("99999999999999999999T", &v), HCOLL_ERR_INVALID_ARG);
+    ck_assert_int_eq(hc_parse_size("20000000000T", &v), HCOLL_ERR_INVALID_ARG);
 }
 END_TEST
 
@@ -270,7 +353,8 @@ START_TEST(table_is_documented)
         /* Every default parses. */
         char err[256];
         if (k[i].defval[0])
-            ck_assert_msg(hc_knob_parse(&k[i], k[i].defval, NULL, err, sizeof err) == 0,
+            ck_assert_msg(hc_knob_parse(&k[i], k[i].defval, NULL, err, sizeof err) ==
+                              HCOLL_SUCCESS,
                           "default of %s: %s", k[i].name, err);
     }
     /* Every knob of DESIGN.md is in the table. */
@@ -494,6 +578,8 @@ static Suite *config_suite(void)
     tcase_add_test(tc, env_values_parse);
     tcase_add_loop_test(tc, malformed_values_rejected, 0, (int)HC_ARRAY_LEN(bad_values));
     tcase_add_test(tc, config_struct_rules);
+    tcase_add_loop_test(tc, config_field_bounds, 0, (int)HC_ARRAY_LEN(field_bounds));
+    tcase_add_test(tc, config_field_over_bad_env);
     tcase_add_test(tc, size_parser);
     tcase_add_test(tc, table_is_documented);
     suite_add_tcase(s, tc);

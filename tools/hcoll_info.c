@@ -45,6 +45,7 @@ static const char *kind_name(hc_knob_kind_t k)
     case HC_KNOB_ENUM: return "choice";
     case HC_KNOB_STR: return "string";
     case HC_KNOB_LIST: return "list";
+    case HC_KNOB_SUBSYS: return "list";
     }
     return "?";
 }
@@ -60,7 +61,7 @@ static int print_env(void)
         int from_env;
         const char *v = hc_knob_current(&k[i], &from_env);
         char err[256] = "";
-        int ok = !from_env || hc_knob_parse(&k[i], v, NULL, err, sizeof err) == 0;
+        int ok = !from_env || hc_knob_parse(&k[i], v, NULL, err, sizeof err) == HCOLL_SUCCESS;
         const char *shown = k[i].secret && from_env ? "(set, hidden)" : (v[0] ? v : "(unset)");
         printf("  %-22s = %-16s %s [%s, default %s]\n", k[i].name, shown,
                from_env ? "(env)    " : "(default)", kind_name(k[i].kind),
