@@ -436,22 +436,55 @@ END_TEST
 
 /* ---- logging ---------------------------------------------------------- */
 
+/* Logging's variables go through the table's parser like every other. */
+static hcoll_status_t log_value(const char *name, const char *text, hc_knob_value_t *v,
+                                char *err, size_t errlen)
+{
+    return hc_knob_value(hc_knob_find(name), text, v, err, errlen);
+}
+
 START_TEST(log_levels_and_subsys)
 {
-    ck_assert_int_eq(hc_log_level_parse("info"), HC_LOG_INFO);
-    ck_assert_int_eq(hc_log_level_parse("TRACE"), HC_LOG_TRACE);
-    ck_assert_int_eq(hc_log_level_parse("version"), HC_LOG_WARN);
-    ck_assert_int_eq(hc_log_level_parse("loud"), -1);
-    unsigned m;
+    hc_knob_value_t v;
     char err[200];
-    ck_assert_int_eq(hc_log_subsys_parse("INIT,net", &m, err, sizeof err), 0);
-    ck_assert_uint_eq(m, HC_INIT | HC_NET);
-    ck_assert_int_eq(hc_log_subsys_parse("^NET", &m, err, sizeof err), 0);
-    ck_assert_uint_eq(m, HC_ALL & ~HC_NET);
-    ck_assert_int_eq(hc_log_subsys_parse("ALL", &m, err, sizeof err), 0);
-    ck_assert_uint_eq(m, HC_ALL);
-    ck_assert_int_eq(hc_log_subsys_parse("NET,FOO", &m, err, sizeof err), -1);
+    ck_assert_int_eq(log_value("HCOLL_DEBUG", "info", &v, err, sizeof err), HCOLL_SUCCESS);
+    ck_assert_int_eq(v.choice, HC_LOG_INFO);
+    ck_assert_int_eq(log_value("HCOLL_DEBUG", "TRACE", &v, err, sizeof err), HCOLL_SUCCESS);
+    ck_assert_int_eq(v.choice, HC_LOG_TRACE);
+    ck_assert_int_eq(log_value("HCOLL_DEBUG", "NONE", &v, err, sizeof err), HCOLL_SUCCESS);
+    ck_assert_int_eq(v.choice, HC_LOG_NONE);
+    ck_assert_int_eq(log_value("HCOLL_DEBUG", "version", &v, err, sizeof err), HCOLL_SUCCESS);
+    ck_assert_int_eq(v.choice, HC_LOG_WARN);
+    ck_assert_int_eq(log_value("HCOLL_DEBUG", "loud", &v, err, sizeof err),
+                     HCOLL_ERR_INVALID_ARG);
+    ck_assert_msg(strstr(err, "HCOLL_DEBUG='loud'"), "%s", err);
+
+    ck_assert_int_eq(log_value("HCOLL_DEBUG_SUBSYS", "INIT,net", &v, err, sizeof err),
+                     HCOLL_SUCCESS);
+    ck_assert_uint_eq(v.mask, HC_INIT | HC_NET);
+    ck_assert_int_eq(log_value("HCOLL_DEBUG_SUBSYS", "^NET", &v, err, sizeof err),
+                     HCOLL_SUCCESS);
+    ck_assert_uint_eq(v.mask, HC_ALL & ~HC_NET);
+    ck_assert_int_eq(log_value("HCOLL_DEBUG_SUBSYS", "ALL", &v, err, sizeof err), HCOLL_SUCCESS);
+    ck_assert_uint_eq(v.mask, HC_ALL);
+    ck_assert_int_eq(log_value("HCOLL_DEBUG_SUBSYS", "NET,FOO", &v, err, sizeof err),
+                     HCOLL_ERR_INVALID_ARG);
     ck_assert_ptr_nonnull(strstr(err, "FOO"));
+    ck_assert_ptr_nonnull(strstr(err, "HCOLL_DEBUG_SUBSYS"));
+
+    ck_assert_int_eq(log_value("HCOLL_DEBUG_FILE", "/tmp/x.%p", &v, err, sizeof err),
+                     HCOLL_SUCCESS);
+    ck_assert_str_eq(v.str, "/tmp/x.%p");
+
+    /* hc_knob_env reads the variable in force, else the default. */
+    unsetenv("HCOLL_DEBUG_SUBSYS");
+    ck_assert_int_eq(hc_knob_env("HCOLL_DEBUG_SUBSYS", &v, err, sizeof err), HCOLL_SUCCESS);
+    ck_assert_uint_eq(v.mask, HC_ALL);
+    setenv("HCOLL_DEBUG_SUBSYS", "GDR", 1);
+    ck_assert_int_eq(hc_knob_env("HCOLL_DEBUG_SUBSYS", &v, err, sizeof err), HCOLL_SUCCESS);
+    ck_assert_uint_eq(v.mask, HC_GDR);
+    unsetenv("HCOLL_DEBUG_SUBSYS");
+    ck_assert_int_eq(hc_knob_env("HCOLL_NOPE", &v, err, sizeof err), HCOLL_ERR_INTERNAL);
 }
 END_TEST
 
@@ -540,6 +573,113 @@ START_TEST(log_file_and_filtering)
 }
 END_TEST
 
+/* Logging has no caller to fail, so a malformed setting leaves that
+ * setting at the table's default and the others as given. */
+START_TEST(log_malformed_keeps_default)
+{
+    char path[512];
+    char *out = log_in_child("LOUD", "NET", "loud.log", path, sizeof path);
+    ck_assert_ptr_nonnull(out);
+    ck_assert_msg(strstr(out, "[-] BOOT WARN boot warning"), "got: %s", out);
+    ck_assert_msg(!strstr(out, "info"), "INFO shown at the default level: %s", out);
+
+    out = log_in_child("INFO", "INIT,BOGUS", "bogus.log", path, sizeof path);
+    ck_assert_ptr_nonnull(out);
+    ck_assert_msg(strstr(out, "NET INFO net info 42"), "subsystems not ALL: %s", out);
+    ck_assert_msg(strstr(out, "INIT INFO init info"), "subsystems not ALL: %s", out);
+    ck_assert_msg(!strstr(out, "net trace"), "TRACE shown at INFO: %s", out);
+}
+END_TEST
+
+/* Runs fn in a child (logging is set once per process); the child exits 0
+ * when every check there passed, else 1 after printing the one that failed. */
+static void in_child(void (*fn)(void))
+{
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        fn();
+        _exit(0);
+    }
+    int status;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                  "child failed a check (its message is above)");
+}
+
+#define CHILD_CHECK(cond)                                                     \
+    do {                                                                      \
+        if (!(cond)) {                                                        \
+            fprintf(stderr, "child: %s:%d: %s\n", __FILE__, __LINE__, #cond); \
+            _exit(1);                                                         \
+        }                                                                     \
+    } while (0)
+
+/* A malformed HCOLL_DEBUG or HCOLL_DEBUG_SUBSYS fails the calls that
+ * start a communicator, naming the variable, although logging itself went
+ * on at its default. */
+static void child_bad_debug(void)
+{
+    hcoll_unique_id_t id;
+    hcoll_comm_t comm = NULL;
+    clear_env();
+    setenv("HCOLL_SOCKET_IFNAME", "lo", 1);
+    setenv("HCOLL_DEBUG", "LOUD", 1);
+    HC_INFO(HC_INIT, -1, "logging starts before any communicator");
+    CHILD_CHECK(hcoll_get_unique_id(&id) == HCOLL_ERR_INVALID_ARG);
+    CHILD_CHECK(strstr(hcoll_comm_last_error(NULL), "HCOLL_DEBUG='LOUD'") != NULL);
+
+    unsetenv("HCOLL_DEBUG");
+    CHILD_CHECK(hcoll_get_unique_id(&id) == HCOLL_SUCCESS);
+    setenv("HCOLL_DEBUG_SUBSYS", "INIT,BOGUS", 1);
+    CHILD_CHECK(hcoll_comm_init(&comm, 1, 0, &id, NULL) == HCOLL_ERR_INVALID_ARG);
+    CHILD_CHECK(comm == NULL);
+    CHILD_CHECK(strstr(hcoll_comm_last_error(NULL), "HCOLL_DEBUG_SUBSYS='INIT,BOGUS'") != NULL);
+}
+
+START_TEST(init_rejects_malformed_debug)
+{
+    in_child(child_bad_debug);
+}
+END_TEST
+
+/* Valid settings are honoured by a process that starts a communicator. */
+static char good_log[256];
+
+static void child_good_debug(void)
+{
+    hcoll_unique_id_t id;
+    hcoll_comm_t comm = NULL;
+    clear_env();
+    setenv("HCOLL_SOCKET_IFNAME", "lo", 1);
+    setenv("HCOLL_DEBUG", "info", 1);
+    setenv("HCOLL_DEBUG_SUBSYS", "INIT", 1);
+    setenv("HCOLL_DEBUG_FILE", good_log, 1);
+    CHILD_CHECK(hcoll_get_unique_id(&id) == HCOLL_SUCCESS);
+    CHILD_CHECK(hcoll_comm_init(&comm, 1, 0, &id, NULL) == HCOLL_SUCCESS);
+    HC_INFO(HC_NET, 0, "filtered out");
+    CHILD_CHECK(hcoll_comm_destroy(comm) == HCOLL_SUCCESS);
+}
+
+START_TEST(init_honours_valid_debug)
+{
+    char dir[] = "/tmp/hcoll-log-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(good_log, sizeof good_log, "%s/init.log", dir);
+    in_child(child_good_debug);
+    static char buf[16384];
+    memset(buf, 0, sizeof buf);
+    int fd = open(good_log, O_RDONLY);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_ge(read(fd, buf, sizeof buf - 1), 0);
+    close(fd);
+    unlink(good_log);
+    rmdir(dir);
+    ck_assert_msg(strstr(buf, " INIT INFO "), "no INIT INFO line: %s", buf);
+    ck_assert_msg(!strstr(buf, "filtered out"), "NET not filtered: %s", buf);
+}
+END_TEST
+
 START_TEST(thread_error_buffer)
 {
     hc_errbuf_t eb;
@@ -591,6 +731,9 @@ static Suite *config_suite(void)
     tc = tcase_create("log");
     tcase_add_test(tc, log_levels_and_subsys);
     tcase_add_test(tc, log_file_and_filtering);
+    tcase_add_test(tc, log_malformed_keeps_default);
+    tcase_add_test(tc, init_rejects_malformed_debug);
+    tcase_add_test(tc, init_honours_valid_debug);
     tcase_add_test(tc, thread_error_buffer);
     tcase_add_test(tc, null_handles_are_noops);
     suite_add_tcase(s, tc);
