@@ -245,7 +245,7 @@ int main(int argc, char **argv)
         switch (opt) {
         case 'n': ns = optarg; break;
         case 'b':
-            if (hc_parse_size(optarg, &bytes) != 0) {
+            if (hc_parse_size(optarg, &bytes) != HCOLL_SUCCESS) {
                 fprintf(stderr, "bad size %s\n", optarg);
                 return 2;
             }

@@ -2,7 +2,8 @@
 # hcoll_info --rdma on sysfs fixture trees (tests/fixtures) and on this host:
 # devices, states, link layers, rates, the GID table with the chosen entry,
 # the NIC per local rank, GPUDirect availability; "none found" and exit 0
-# on a host without RDMA devices.
+# on a host without RDMA devices. hcoll_info --env: every knob of the table
+# in src/base/config.c, malformed values flagged, the secret hidden.
 set -u
 cd "$(dirname "$0")/.."
 build=${HCOLL_TEST_BUILD:-build}
@@ -60,5 +61,28 @@ expect host "$out" '^Environment'
 if [ ! -e /sys/class/infiniband ]; then
   expect host "$out" '^  none found'
 fi
-[ $fail -eq 0 ] && echo "hcoll_info --rdma: all checks passed"
+# --env prints every row of the table, each with its help line.
+knobs=$(grep -oE '^ +\{ "HCOLL_[A-Z0-9_]+"' src/base/config.c | grep -oE 'HCOLL_[A-Z0-9_]+')
+[ "$(wc -l <<<"$knobs")" -gt 15 ] || { echo "FAIL: env: cannot read the table"; fail=1; }
+clean_env=(env)
+for k in $knobs; do clean_env+=(-u "$k"); done
+out=$("${clean_env[@]}" "$info" --env) || { echo "FAIL: env: exit status $?"; fail=1; }
+for k in $knobs; do
+  expect env "$out" "^  $k +="
+done
+expect_not env "$out" 'ERROR'
+
+# A malformed value is flagged, naming the variable, and the exit status
+# says so; a secret is never printed.
+out=$("${clean_env[@]}" HCOLL_DEBUG=LOUD HCOLL_DEBUG_SUBSYS=INIT,BOGUS HCOLL_SECRET=hush \
+      "$info" --env)
+rc=$?
+[ $rc -eq 1 ] || { echo "FAIL: env: malformed values gave exit status $rc"; fail=1; }
+expect env-bad "$out" "ERROR: HCOLL_DEBUG='LOUD': expected one of NONE, WARN, INFO, TRACE"
+expect env-bad "$out" "ERROR: HCOLL_DEBUG_SUBSYS='INIT,BOGUS': unknown subsystem 'BOGUS'"
+expect env-bad "$out" '2 variable\(s\) above are malformed'
+expect env-bad "$out" '^  HCOLL_SECRET +=.*\(set, hidden\)'
+expect_not env-bad "$out" 'hush'
+
+[ $fail -eq 0 ] && echo "hcoll_info --rdma and --env: all checks passed"
 exit $fail

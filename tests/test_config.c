@@ -203,11 +203,20 @@ START_TEST(config_struct_rules)
     /* A bad explicit field is an error that says it came from the config. */
     cfg.timeout_ms = -5;
     ck_assert_int_eq(hc_params_load(&p, &cfg, err, sizeof err), HCOLL_ERR_INVALID_ARG);
-    ck_assert_ptr_nonnull(strstr(err, "config field"));
+    ck_assert_ptr_nonnull(strstr(err, "config field timeout_ms"));
+    ck_assert_msg(strstr(err, "HCOLL_TIMEOUT_MS='-5': out of range (expected 1..86400000)"), "%s",
+                  err);
     cfg.timeout_ms = 777;
     cfg.net = "carrier-pigeon";
     ck_assert_int_eq(hc_params_load(&p, &cfg, err, sizeof err), HCOLL_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(err, "config field net"));
     ck_assert_ptr_nonnull(strstr(err, "HCOLL_NET"));
+    cfg.net = "tcp";
+    cfg.socket_ifname = "eth0,";
+    ck_assert_int_eq(hc_params_load(&p, &cfg, err, sizeof err), HCOLL_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(err, "config field socket_ifname"));
+    ck_assert_ptr_nonnull(strstr(err, "HCOLL_SOCKET_IFNAME"));
+    cfg.socket_ifname = NULL;
 
     /* A config that did not come from the initializer. */
     hcoll_config_t raw;
@@ -237,24 +246,98 @@ START_TEST(config_struct_rules)
 }
 END_TEST
 
+/* The typed fields of hcoll_config_t are checked as numbers against the
+ * bounds of their variable: each bound is accepted, one past it refused
+ * with a message naming the field, the variable and the rule. */
+static const struct {
+    int is_timeout;
+    long long value;
+    int ok;
+} field_bounds[] = {
+    { 1, 1, 1 },
+    { 1, 86400000, 1 },
+    { 1, 0, 0 },
+    { 1, 86400001, 0 },
+    { 1, -1, 0 },
+    { 1, 2147483647, 0 },
+    { 0, 4096, 1 },
+    { 0, 1ll << 30, 1 },
+    { 0, 4095, 0 },
+    { 0, (1ll << 30) + 1, 0 },
+    { 0, 1, 0 },
+};
+
+START_TEST(config_field_bounds)
+{
+    clear_env();
+    hcoll_config_t cfg = HCOLL_CONFIG_INITIALIZER;
+    hc_params_t p;
+    char err[256] = "";
+    const int timeout = field_bounds[_i].is_timeout;
+    const long long v = field_bounds[_i].value;
+    if (timeout)
+        cfg.timeout_ms = (int)v;
+    else
+        cfg.chunk_bytes = (size_t)v;
+    hcoll_status_t st = hc_params_load(&p, &cfg, err, sizeof err);
+    if (field_bounds[_i].ok) {
+        ck_assert_msg(st == HCOLL_SUCCESS, "%lld: %s", v, err);
+        if (timeout)
+            ck_assert_int_eq(p.timeout_ms, v);
+        else
+            ck_assert_uint_eq(p.chunk_bytes, (uint64_t)v);
+        return;
+    }
+    ck_assert_int_eq(st, HCOLL_ERR_INVALID_ARG);
+    char want[160];
+    if (timeout)
+        snprintf(want, sizeof want,
+                 "config field timeout_ms (same rules as the variable): HCOLL_TIMEOUT_MS='%lld': "
+                 "out of range (expected 1..86400000)",
+                 v);
+    else
+        snprintf(want, sizeof want,
+                 "config field chunk_bytes (same rules as the variable): HCOLL_CHUNK_BYTES='%lld': "
+                 "out of range (expected 4096..1073741824 bytes)",
+                 v);
+    ck_assert_msg(strcmp(err, want) == 0, "got '%s', want '%s'", err, want);
+}
+END_TEST
+
+/* An explicit field does not hide a malformed variable of the same knob:
+ * every variable in the environment is checked. */
+START_TEST(config_field_over_bad_env)
+{
+    clear_env();
+    setenv("HCOLL_TIMEOUT_MS", "soon", 1);
+    hcoll_config_t cfg = HCOLL_CONFIG_INITIALIZER;
+    cfg.timeout_ms = 1000;
+    hc_params_t p;
+    char err[256] = "";
+    ck_assert_int_eq(hc_params_load(&p, &cfg, err, sizeof err), HCOLL_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(err, "HCOLL_TIMEOUT_MS='soon'"));
+    clear_env();
+}
+END_TEST
+
 START_TEST(size_parser)
 {
     uint64_t v;
-    ck_assert_int_eq(hc_parse_size("0", &v), 0);
+    ck_assert_int_eq(hc_parse_size("0", &v), HCOLL_SUCCESS);
     ck_assert_uint_eq(v, 0);
-    ck_assert_int_eq(hc_parse_size("4096", &v), 0);
+    ck_assert_int_eq(hc_parse_size("4096", &v), HCOLL_SUCCESS);
     ck_assert_uint_eq(v, 4096);
-    ck_assert_int_eq(hc_parse_size("64k", &v), 0);
+    ck_assert_int_eq(hc_parse_size("64k", &v), HCOLL_SUCCESS);
     ck_assert_uint_eq(v, 65536);
-    ck_assert_int_eq(hc_parse_size("2MB", &v), 0);
+    ck_assert_int_eq(hc_parse_size("2MB", &v), HCOLL_SUCCESS);
     ck_assert_uint_eq(v, 2u << 20);
-    ck_assert_int_eq(hc_parse_size("1GiB", &v), 0);
+    ck_assert_int_eq(hc_parse_size("1GiB", &v), HCOLL_SUCCESS);
     ck_assert_uint_eq(v, 1u << 30);
-    ck_assert_int_eq(hc_parse_size("", &v), -1);
-    ck_assert_int_eq(hc_parse_size("M", &v), -1);
-    ck_assert_int_eq(hc_parse_size("1.5M", &v), -1);
-    ck_assert_int_eq(hc_parse_size("99999999999999999999T", &v), -1);
-    ck_assert_int_eq(hc_parse_size("20000000000T", &v), -1);
+    ck_assert_int_eq(hc_parse_size("", &v), HCOLL_ERR_INVALID_ARG);
+    ck_assert_int_eq(hc_parse_size("M", &v), HCOLL_ERR_INVALID_ARG);
+    ck_assert_int_eq(hc_parse_size("1.5M", &v), HCOLL_ERR_INVALID_ARG);
+    ck_assert_int_eq(hc_parse_size("99999999999999999999T", &v), HCOLL_ERR_INVALID_ARG);
+    ck_assert_int_eq(hc_parse_size("20000000000T", &v), HCOLL_ERR_INVALID_ARG);
 }
 END_TEST
 
@@ -270,7 +353,8 @@ START_TEST(table_is_documented)
         /* Every default parses. */
         char err[256];
         if (k[i].defval[0])
-            ck_assert_msg(hc_knob_parse(&k[i], k[i].defval, NULL, err, sizeof err) == 0,
+            ck_assert_msg(hc_knob_parse(&k[i], k[i].defval, NULL, err, sizeof err) ==
+                              HCOLL_SUCCESS,
                           "default of %s: %s", k[i].name, err);
     }
     /* Every knob of DESIGN.md is in the table. */
@@ -293,38 +377,38 @@ START_TEST(list_syntax)
     hc_list_t l;
     char err[200];
 
-    ck_assert_int_eq(hc_list_parse(NULL, &l, err, sizeof err), 0);
+    ck_assert_int_eq(hc_list_parse(NULL, &l, err, sizeof err), HCOLL_SUCCESS);
     ck_assert(hc_list_match(&l, "anything", -1));
-    ck_assert_int_eq(hc_list_parse("", &l, err, sizeof err), 0);
+    ck_assert_int_eq(hc_list_parse("", &l, err, sizeof err), HCOLL_SUCCESS);
     ck_assert(hc_list_match(&l, "eth0", 1));
 
-    ck_assert_int_eq(hc_list_parse("eth,ib", &l, err, sizeof err), 0);
+    ck_assert_int_eq(hc_list_parse("eth,ib", &l, err, sizeof err), HCOLL_SUCCESS);
     ck_assert_int_eq(l.count, 2);
     ck_assert(hc_list_match(&l, "eth0", -1));
     ck_assert(hc_list_match(&l, "ib1", -1));
     ck_assert(!hc_list_match(&l, "lo", -1));
     ck_assert(hc_list_names(&l, "eth3"));
 
-    ck_assert_int_eq(hc_list_parse("=eth0,eth1", &l, err, sizeof err), 0);
+    ck_assert_int_eq(hc_list_parse("=eth0,eth1", &l, err, sizeof err), HCOLL_SUCCESS);
     ck_assert(l.exact && !l.exclude);
     ck_assert(hc_list_match(&l, "eth0", -1));
     ck_assert(!hc_list_match(&l, "eth01", -1));
     ck_assert(!hc_list_match(&l, "eth2", -1));
 
-    ck_assert_int_eq(hc_list_parse("^docker,lo", &l, err, sizeof err), 0);
+    ck_assert_int_eq(hc_list_parse("^docker,lo", &l, err, sizeof err), HCOLL_SUCCESS);
     ck_assert(l.exclude && !l.exact);
     ck_assert(!hc_list_match(&l, "docker0", -1));
     ck_assert(!hc_list_match(&l, "lo", -1));
     ck_assert(hc_list_match(&l, "eth0", -1));
     ck_assert(!hc_list_names(&l, "eth0"));
 
-    ck_assert_int_eq(hc_list_parse("^=mlx5_1", &l, err, sizeof err), 0);
+    ck_assert_int_eq(hc_list_parse("^=mlx5_1", &l, err, sizeof err), HCOLL_SUCCESS);
     ck_assert(l.exclude && l.exact);
     ck_assert(!hc_list_match(&l, "mlx5_1", 1));
     ck_assert(hc_list_match(&l, "mlx5_10", 1));
     ck_assert(hc_list_match(&l, "mlx5_0", 1));
 
-    ck_assert_int_eq(hc_list_parse("mlx5_0:1,mlx5_bond", &l, err, sizeof err), 0);
+    ck_assert_int_eq(hc_list_parse("mlx5_0:1,mlx5_bond", &l, err, sizeof err), HCOLL_SUCCESS);
     ck_assert_int_eq(l.entries[0].port, 1);
     ck_assert_int_eq(l.entries[1].port, -1);
     ck_assert(hc_list_match(&l, "mlx5_0", 1));
@@ -335,38 +419,72 @@ START_TEST(list_syntax)
     static const char *const bad[] = { "a,,b", ",a", "a,", "^", "=", "^=", ":1", "a:", "a:x",
                                        "a:300", "a:-1", "a:1:2" };
     for (size_t i = 0; i < HC_ARRAY_LEN(bad); i++)
-        ck_assert_msg(hc_list_parse(bad[i], &l, err, sizeof err) == -1, "'%s' accepted", bad[i]);
+        ck_assert_msg(hc_list_parse(bad[i], &l, err, sizeof err) == HCOLL_ERR_INVALID_ARG,
+                      "'%s' accepted", bad[i]);
 
     char longname[100];
     memset(longname, 'x', sizeof longname - 1);
     longname[sizeof longname - 1] = '\0';
-    ck_assert_int_eq(hc_list_parse(longname, &l, err, sizeof err), -1);
+    ck_assert_int_eq(hc_list_parse(longname, &l, err, sizeof err), HCOLL_ERR_INVALID_ARG);
     char many[200] = "";
     for (int i = 0; i < HC_LIST_MAX_ENTRIES + 1; i++)
         strcat(many, i ? ",e" : "e");
-    ck_assert_int_eq(hc_list_parse(many, &l, err, sizeof err), -1);
+    ck_assert_int_eq(hc_list_parse(many, &l, err, sizeof err), HCOLL_ERR_INVALID_ARG);
     ck_assert_ptr_nonnull(strstr(err, "more than"));
 }
 END_TEST
 
 /* ---- logging ---------------------------------------------------------- */
 
+/* Logging's variables go through the table's parser like every other. */
+static hcoll_status_t log_value(const char *name, const char *text, hc_knob_value_t *v,
+                                char *err, size_t errlen)
+{
+    return hc_knob_value(hc_knob_find(name), text, v, err, errlen);
+}
+
 START_TEST(log_levels_and_subsys)
 {
-    ck_assert_int_eq(hc_log_level_parse("info"), HC_LOG_INFO);
-    ck_assert_int_eq(hc_log_level_parse("TRACE"), HC_LOG_TRACE);
-    ck_assert_int_eq(hc_log_level_parse("version"), HC_LOG_WARN);
-    ck_assert_int_eq(hc_log_level_parse("loud"), -1);
-    unsigned m;
+    hc_knob_value_t v;
     char err[200];
-    ck_assert_int_eq(hc_log_subsys_parse("INIT,net", &m, err, sizeof err), 0);
-    ck_assert_uint_eq(m, HC_INIT | HC_NET);
-    ck_assert_int_eq(hc_log_subsys_parse("^NET", &m, err, sizeof err), 0);
-    ck_assert_uint_eq(m, HC_ALL & ~HC_NET);
-    ck_assert_int_eq(hc_log_subsys_parse("ALL", &m, err, sizeof err), 0);
-    ck_assert_uint_eq(m, HC_ALL);
-    ck_assert_int_eq(hc_log_subsys_parse("NET,FOO", &m, err, sizeof err), -1);
+    ck_assert_int_eq(log_value("HCOLL_DEBUG", "info", &v, err, sizeof err), HCOLL_SUCCESS);
+    ck_assert_int_eq(v.choice, HC_LOG_INFO);
+    ck_assert_int_eq(log_value("HCOLL_DEBUG", "TRACE", &v, err, sizeof err), HCOLL_SUCCESS);
+    ck_assert_int_eq(v.choice, HC_LOG_TRACE);
+    ck_assert_int_eq(log_value("HCOLL_DEBUG", "NONE", &v, err, sizeof err), HCOLL_SUCCESS);
+    ck_assert_int_eq(v.choice, HC_LOG_NONE);
+    ck_assert_int_eq(log_value("HCOLL_DEBUG", "version", &v, err, sizeof err), HCOLL_SUCCESS);
+    ck_assert_int_eq(v.choice, HC_LOG_WARN);
+    ck_assert_int_eq(log_value("HCOLL_DEBUG", "loud", &v, err, sizeof err),
+                     HCOLL_ERR_INVALID_ARG);
+    ck_assert_msg(strstr(err, "HCOLL_DEBUG='loud'"), "%s", err);
+
+    ck_assert_int_eq(log_value("HCOLL_DEBUG_SUBSYS", "INIT,net", &v, err, sizeof err),
+                     HCOLL_SUCCESS);
+    ck_assert_uint_eq(v.mask, HC_INIT | HC_NET);
+    ck_assert_int_eq(log_value("HCOLL_DEBUG_SUBSYS", "^NET", &v, err, sizeof err),
+                     HCOLL_SUCCESS);
+    ck_assert_uint_eq(v.mask, HC_ALL & ~HC_NET);
+    ck_assert_int_eq(log_value("HCOLL_DEBUG_SUBSYS", "ALL", &v, err, sizeof err), HCOLL_SUCCESS);
+    ck_assert_uint_eq(v.mask, HC_ALL);
+    ck_assert_int_eq(log_value("HCOLL_DEBUG_SUBSYS", "NET,FOO", &v, err, sizeof err),
+                     HCOLL_ERR_INVALID_ARG);
     ck_assert_ptr_nonnull(strstr(err, "FOO"));
+    ck_assert_ptr_nonnull(strstr(err, "HCOLL_DEBUG_SUBSYS"));
+
+    ck_assert_int_eq(log_value("HCOLL_DEBUG_FILE", "/tmp/x.%p", &v, err, sizeof err),
+                     HCOLL_SUCCESS);
+    ck_assert_str_eq(v.str, "/tmp/x.%p");
+
+    /* hc_knob_env reads the variable in force, else the default. */
+    unsetenv("HCOLL_DEBUG_SUBSYS");
+    ck_assert_int_eq(hc_knob_env("HCOLL_DEBUG_SUBSYS", &v, err, sizeof err), HCOLL_SUCCESS);
+    ck_assert_uint_eq(v.mask, HC_ALL);
+    setenv("HCOLL_DEBUG_SUBSYS", "GDR", 1);
+    ck_assert_int_eq(hc_knob_env("HCOLL_DEBUG_SUBSYS", &v, err, sizeof err), HCOLL_SUCCESS);
+    ck_assert_uint_eq(v.mask, HC_GDR);
+    unsetenv("HCOLL_DEBUG_SUBSYS");
+    ck_assert_int_eq(hc_knob_env("HCOLL_NOPE", &v, err, sizeof err), HCOLL_ERR_INTERNAL);
 }
 END_TEST
 
@@ -455,6 +573,113 @@ START_TEST(log_file_and_filtering)
 }
 END_TEST
 
+/* Logging has no caller to fail, so a malformed setting leaves that
+ * setting at the table's default and the others as given. */
+START_TEST(log_malformed_keeps_default)
+{
+    char path[512];
+    char *out = log_in_child("LOUD", "NET", "loud.log", path, sizeof path);
+    ck_assert_ptr_nonnull(out);
+    ck_assert_msg(strstr(out, "[-] BOOT WARN boot warning"), "got: %s", out);
+    ck_assert_msg(!strstr(out, "info"), "INFO shown at the default level: %s", out);
+
+    out = log_in_child("INFO", "INIT,BOGUS", "bogus.log", path, sizeof path);
+    ck_assert_ptr_nonnull(out);
+    ck_assert_msg(strstr(out, "NET INFO net info 42"), "subsystems not ALL: %s", out);
+    ck_assert_msg(strstr(out, "INIT INFO init info"), "subsystems not ALL: %s", out);
+    ck_assert_msg(!strstr(out, "net trace"), "TRACE shown at INFO: %s", out);
+}
+END_TEST
+
+/* Runs fn in a child (logging is set once per process); the child exits 0
+ * when every check there passed, else 1 after printing the one that failed. */
+static void in_child(void (*fn)(void))
+{
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        fn();
+        _exit(0);
+    }
+    int status;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                  "child failed a check (its message is above)");
+}
+
+#define CHILD_CHECK(cond)                                                     \
+    do {                                                                      \
+        if (!(cond)) {                                                        \
+            fprintf(stderr, "child: %s:%d: %s\n", __FILE__, __LINE__, #cond); \
+            _exit(1);                                                         \
+        }                                                                     \
+    } while (0)
+
+/* A malformed HCOLL_DEBUG or HCOLL_DEBUG_SUBSYS fails the calls that
+ * start a communicator, naming the variable, although logging itself went
+ * on at its default. */
+static void child_bad_debug(void)
+{
+    hcoll_unique_id_t id;
+    hcoll_comm_t comm = NULL;
+    clear_env();
+    setenv("HCOLL_SOCKET_IFNAME", "lo", 1);
+    setenv("HCOLL_DEBUG", "LOUD", 1);
+    HC_INFO(HC_INIT, -1, "logging starts before any communicator");
+    CHILD_CHECK(hcoll_get_unique_id(&id) == HCOLL_ERR_INVALID_ARG);
+    CHILD_CHECK(strstr(hcoll_comm_last_error(NULL), "HCOLL_DEBUG='LOUD'") != NULL);
+
+    unsetenv("HCOLL_DEBUG");
+    CHILD_CHECK(hcoll_get_unique_id(&id) == HCOLL_SUCCESS);
+    setenv("HCOLL_DEBUG_SUBSYS", "INIT,BOGUS", 1);
+    CHILD_CHECK(hcoll_comm_init(&comm, 1, 0, &id, NULL) == HCOLL_ERR_INVALID_ARG);
+    CHILD_CHECK(comm == NULL);
+    CHILD_CHECK(strstr(hcoll_comm_last_error(NULL), "HCOLL_DEBUG_SUBSYS='INIT,BOGUS'") != NULL);
+}
+
+START_TEST(init_rejects_malformed_debug)
+{
+    in_child(child_bad_debug);
+}
+END_TEST
+
+/* Valid settings are honoured by a process that starts a communicator. */
+static char good_log[256];
+
+static void child_good_debug(void)
+{
+    hcoll_unique_id_t id;
+    hcoll_comm_t comm = NULL;
+    clear_env();
+    setenv("HCOLL_SOCKET_IFNAME", "lo", 1);
+    setenv("HCOLL_DEBUG", "info", 1);
+    setenv("HCOLL_DEBUG_SUBSYS", "INIT", 1);
+    setenv("HCOLL_DEBUG_FILE", good_log, 1);
+    CHILD_CHECK(hcoll_get_unique_id(&id) == HCOLL_SUCCESS);
+    CHILD_CHECK(hcoll_comm_init(&comm, 1, 0, &id, NULL) == HCOLL_SUCCESS);
+    HC_INFO(HC_NET, 0, "filtered out");
+    CHILD_CHECK(hcoll_comm_destroy(comm) == HCOLL_SUCCESS);
+}
+
+START_TEST(init_honours_valid_debug)
+{
+    char dir[] = "/tmp/hcoll-log-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(good_log, sizeof good_log, "%s/init.log", dir);
+    in_child(child_good_debug);
+    static char buf[16384];
+    memset(buf, 0, sizeof buf);
+    int fd = open(good_log, O_RDONLY);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_ge(read(fd, buf, sizeof buf - 1), 0);
+    close(fd);
+    unlink(good_log);
+    rmdir(dir);
+    ck_assert_msg(strstr(buf, " INIT INFO "), "no INIT INFO line: %s", buf);
+    ck_assert_msg(!strstr(buf, "filtered out"), "NET not filtered: %s", buf);
+}
+END_TEST
+
 START_TEST(thread_error_buffer)
 {
     hc_errbuf_t eb;
@@ -493,6 +718,8 @@ static Suite *config_suite(void)
     tcase_add_test(tc, env_values_parse);
     tcase_add_loop_test(tc, malformed_values_rejected, 0, (int)HC_ARRAY_LEN(bad_values));
     tcase_add_test(tc, config_struct_rules);
+    tcase_add_loop_test(tc, config_field_bounds, 0, (int)HC_ARRAY_LEN(field_bounds));
+    tcase_add_test(tc, config_field_over_bad_env);
     tcase_add_test(tc, size_parser);
     tcase_add_test(tc, table_is_documented);
     suite_add_tcase(s, tc);
@@ -504,6 +731,9 @@ static Suite *config_suite(void)
     tc = tcase_create("log");
     tcase_add_test(tc, log_levels_and_subsys);
     tcase_add_test(tc, log_file_and_filtering);
+    tcase_add_test(tc, log_malformed_keeps_default);
+    tcase_add_test(tc, init_rejects_malformed_debug);
+    tcase_add_test(tc, init_honours_valid_debug);
     tcase_add_test(tc, thread_error_buffer);
     tcase_add_test(tc, null_handles_are_noops);
     suite_add_tcase(s, tc);

@@ -73,8 +73,10 @@ static void expect_sel(const char *root, const char *spec, const char *want)
 {
     hc_ibport_t p[HC_IBDEV_MAX_PORTS];
     char err[200] = "", got[HC_IBDEV_MAX_PORTS * 48] = "";
-    int n = hc_ibdev_select(root, spec, NULL, p, HC_IBDEV_MAX_PORTS, err, sizeof err);
-    ck_assert_msg(n >= 0, "spec '%s': %s", spec ? spec : "(null)", err);
+    int n = -1;
+    ck_assert_msg(hc_ibdev_select(root, spec, NULL, p, HC_IBDEV_MAX_PORTS, &n, err, sizeof err) ==
+                      HCOLL_SUCCESS,
+                  "spec '%s': %s", spec ? spec : "(null)", err);
     for (int i = 0; i < n; i++)
         snprintf(got + strlen(got), sizeof got - strlen(got), "%s%.32s:%d", i ? "," : "",
                  p[i].dev, p[i].port);
@@ -98,8 +100,11 @@ START_TEST(hca_filter)
 
     hc_ibport_t p[4];
     char err[200] = "";
-    ck_assert_int_eq(hc_ibdev_select(IB, "mlx5_0:x", NULL, p, 4, err, sizeof err), -1);
+    int n = -1;
+    ck_assert_int_eq(hc_ibdev_select(IB, "mlx5_0:x", NULL, p, 4, &n, err, sizeof err),
+                     HCOLL_ERR_INVALID_ARG);
     ck_assert_msg(err[0], "a malformed list says why");
+    ck_assert_int_eq(n, -1); /* outputs only on success */
 }
 END_TEST
 
@@ -109,14 +114,16 @@ START_TEST(nic_per_rank_by_name)
     char err[256];
     const char *want[] = { "mlx5_0", "mlx5_1", "mlx5_2", "mlx5_10", "mlx5_0" };
     for (int r = 0; r < 5; r++) {
-        ck_assert_msg(hc_ibdev_for_rank(IB, NULL, r, NULL, -1, 0, &c, err, sizeof err) == 0, "%s",
-                      err);
+        ck_assert_msg(hc_ibdev_for_rank(IB, NULL, r, NULL, -1, 0, &c, err, sizeof err) ==
+                          HCOLL_SUCCESS,
+                      "%s", err);
         ck_assert_str_eq(c.port.dev, want[r]);
         ck_assert_int_eq(c.index, r % 4);
         ck_assert_int_eq(c.nselected, 4);
         ck_assert_int_eq(c.gid_index, 0); /* InfiniBand */
     }
-    ck_assert_int_eq(hc_ibdev_for_rank(IB, "^=mlx5_0", 0, NULL, -1, 0, &c, err, sizeof err), 0);
+    ck_assert_int_eq(hc_ibdev_for_rank(IB, "^=mlx5_0", 0, NULL, -1, 0, &c, err, sizeof err),
+                     HCOLL_SUCCESS);
     ck_assert_str_eq(c.port.dev, "mlx5_1");
 }
 END_TEST
@@ -134,8 +141,9 @@ START_TEST(nic_per_rank_by_gpu)
         ck_assert_int_eq(hc_pci_bdf_path(ROCE, tab[i].gpu, gpu, sizeof gpu), 0);
         hc_ib_choice_t c;
         /* Explicit GID index: bond_2 has no automatic RoCE v2 GID. */
-        int rc = hc_ibdev_for_rank(ROCE, "mlx5_bond", (int)i, gpu, 1, 0, &c, err, sizeof err);
-        ck_assert_msg(rc == 0, "%s: %s", tab[i].gpu, err);
+        hcoll_status_t st =
+            hc_ibdev_for_rank(ROCE, "mlx5_bond", (int)i, gpu, 1, 0, &c, err, sizeof err);
+        ck_assert_msg(st == HCOLL_SUCCESS, "%s: %s", tab[i].gpu, err);
         ck_assert_msg(strcmp(c.port.dev, tab[i].nic) == 0, "GPU %s: got %s want %s", tab[i].gpu,
                       c.port.dev, tab[i].nic);
         ck_assert_int_eq(c.port.pci_dist, tab[i].dist);
@@ -147,21 +155,31 @@ START_TEST(nic_errors_say_what_was_found)
 {
     hc_ib_choice_t c;
     char err[256] = "";
-    ck_assert_int_eq(hc_ibdev_for_rank(NONE, NULL, 0, NULL, -1, 0, &c, err, sizeof err), -1);
+    ck_assert_int_eq(hc_ibdev_for_rank(NONE, NULL, 0, NULL, -1, 0, &c, err, sizeof err),
+                     HCOLL_ERR_RDMA);
     ck_assert_msg(strstr(err, "no RDMA device found"), "%s", err);
-    ck_assert_int_eq(hc_ibdev_for_rank(IB, "=mlx4_0", 0, NULL, -1, 0, &c, err, sizeof err), -1);
+    ck_assert_int_eq(hc_ibdev_for_rank(IB, "=mlx4_0", 0, NULL, -1, 0, &c, err, sizeof err),
+                     HCOLL_ERR_RDMA);
     ck_assert_msg(strstr(err, "no ACTIVE port matching HCOLL_IB_HCA==mlx4_0"), "%s", err);
     ck_assert_int_eq(hc_ibdev_for_rank(ROCE, "=mlx5_bond_2", 0, NULL, -1, 0, &c, err, sizeof err),
-                     -1);
+                     HCOLL_ERR_RDMA);
     ck_assert_msg(strstr(err, "no usable RoCE v2 GID") && strstr(err, "HCOLL_IB_GID_INDEX"), "%s",
                   err);
+    /* A malformed list and an empty forced GID index are the caller's
+     * arguments. */
+    ck_assert_int_eq(hc_ibdev_for_rank(IB, "mlx5_0:x", 0, NULL, -1, 0, &c, err, sizeof err),
+                     HCOLL_ERR_INVALID_ARG);
+    ck_assert_int_eq(hc_ibdev_for_rank(ROCE, "=mlx5_bond_0", 0, NULL, 77, 0, &c, err, sizeof err),
+                     HCOLL_ERR_INVALID_ARG);
+    ck_assert_msg(strstr(err, "HCOLL_IB_GID_INDEX=77"), "%s", err);
 }
 END_TEST
 
 static int choose(const char *dev, long forced, uint32_t ip, hc_gid_entry_t *g, char *why)
 {
     int idx = -1;
-    return hc_ibdev_gid_choose(ROCE, dev, 1, HC_IB_LINK_ETH, forced, ip, &idx, g, why, 200) == 0
+    return hc_ibdev_gid_choose(ROCE, dev, 1, HC_IB_LINK_ETH, forced, ip, &idx, g, why, 200) ==
+                   HCOLL_SUCCESS
                ? idx
                : -1;
 }
@@ -198,7 +216,7 @@ START_TEST(gid_choice)
     int idx = -1;
     ck_assert_int_eq(hc_ibdev_gid_choose(IB, "mlx5_0", 1, HC_IB_LINK_IB, -1, 0, &idx, &g, why,
                                          sizeof why),
-                     0);
+                     HCOLL_SUCCESS);
     ck_assert_int_eq(idx, 0);
     /* The table lists non-zero entries only. */
     hc_gid_entry_t tab[16];

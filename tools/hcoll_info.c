@@ -45,6 +45,7 @@ static const char *kind_name(hc_knob_kind_t k)
     case HC_KNOB_ENUM: return "choice";
     case HC_KNOB_STR: return "string";
     case HC_KNOB_LIST: return "list";
+    case HC_KNOB_SUBSYS: return "list";
     }
     return "?";
 }
@@ -60,7 +61,7 @@ static int print_env(void)
         int from_env;
         const char *v = hc_knob_current(&k[i], &from_env);
         char err[256] = "";
-        int ok = !from_env || hc_knob_parse(&k[i], v, NULL, err, sizeof err) == 0;
+        int ok = !from_env || hc_knob_parse(&k[i], v, NULL, err, sizeof err) == HCOLL_SUCCESS;
         const char *shown = k[i].secret && from_env ? "(set, hidden)" : (v[0] ? v : "(unset)");
         printf("  %-22s = %-16s %s [%s, default %s]\n", k[i].name, shown,
                from_env ? "(env)    " : "(default)", kind_name(k[i].kind),
@@ -93,7 +94,7 @@ static void print_rdma(const char *root)
         printf("  none found (no ports under sys/class/infiniband)\n");
     double node_gbps = 0;
     hc_list_t list;
-    int have_list = hc_list_parse(p.ib_hca, &list, err, sizeof err) == 0;
+    int have_list = hc_list_parse(p.ib_hca, &list, err, sizeof err) == HCOLL_SUCCESS;
     for (int i = 0; i < n; i++) {
         const hc_ibport_t *q = &ports[i];
         char pci[HC_PCI_PATH_MAX] = "";
@@ -112,7 +113,7 @@ static void print_rdma(const char *root)
         hc_gid_entry_t chosen;
         char gwhy[300] = "";
         int ok = hc_ibdev_gid_choose(root, q->dev, q->port, q->link_layer, (long)p.ib_gid_index,
-                                     0, &idx, &chosen, gwhy, sizeof gwhy) == 0;
+                                     0, &idx, &chosen, gwhy, sizeof gwhy) == HCOLL_SUCCESS;
         for (int k = 0; k < ng; k++) {
             char t[64];
             hc_gid_format(g[k].raw, t, sizeof t);
@@ -126,7 +127,7 @@ static void print_rdma(const char *root)
     for (int r = 0; r < 2 && n; r++) {
         hc_ib_choice_t c;
         if (hc_ibdev_for_rank(root, p.ib_hca, r, NULL, (long)p.ib_gid_index, 0, &c, err,
-                              sizeof err) == 0)
+                              sizeof err) == HCOLL_SUCCESS)
             printf("  local rank %d -> [%d]%s:%d/%s (%d selected)\n", r, c.index, c.port.dev,
                    c.port.port, hc_ib_link_name(c.port.link_layer), c.nselected);
         else
@@ -157,7 +158,7 @@ static void print_rdma(const char *root)
         hc_ib_choice_t c;
         int have_path = hc_pci_bdf_path(root, bdf, gpath, sizeof gpath) == 0;
         if (hc_ibdev_for_rank(root, p.ib_hca, d, have_path ? gpath : NULL, (long)p.ib_gid_index, 0,
-                              &c, err, sizeof err) != 0) {
+                              &c, err, sizeof err) != HCOLL_SUCCESS) {
             printf("  GPU %d (%s): %s\n", d, bdf, err);
             continue;
         }

@@ -18,16 +18,20 @@
 
 static const char *const net_choices[] = { "auto", "ib", "tcp", NULL };
 static const char *const gdr_choices[] = { "LOC", "PIX", "PXB", "PHB", "SYS", NULL };
-static const char *const level_choices[] = { "NONE", "WARN", "INFO", "TRACE", NULL };
+/* Indexed by hc_log_level_t: the ENUM's index is the level. */
+static const char *const level_choices[] = {
+    [HC_LOG_NONE] = "NONE", [HC_LOG_WARN] = "WARN", [HC_LOG_INFO] = "INFO",
+    [HC_LOG_TRACE] = "TRACE", NULL,
+};
 
 #define OFF(field) offsetof(hc_params_t, field)
 #define NS HC_KNOB_NOT_STORED
 
 static const hc_knob_t knobs[] = {
-    /* Logging: read once per process by base/log.c; validated here too. */
+    /* Logging: process-wide, read once by base/log.c through hc_knob_env. */
     { "HCOLL_DEBUG", HC_KNOB_ENUM, "WARN", 0, 0, level_choices, 0, 0, NS,
       "Log level: NONE, WARN, INFO or TRACE (VERSION is taken as WARN)." },
-    { "HCOLL_DEBUG_SUBSYS", HC_KNOB_STR, "ALL", 0, 0, NULL, 0, 0, NS,
+    { "HCOLL_DEBUG_SUBSYS", HC_KNOB_SUBSYS, "ALL", 0, 0, NULL, 0, 0, NS,
       "Subsystems logged at INFO/TRACE: comma list of INIT,BOOT,NET,ENV,COLL,SHM,GDR,TUNE,ALL; "
       "a leading ^ excludes." },
     { "HCOLL_DEBUG_FILE", HC_KNOB_STR, "", 0, 0, NULL, 0, 0, NS,
@@ -113,18 +117,18 @@ const hc_knob_t *hc_knob_find(const char *name)
     return NULL;
 }
 
-int hc_parse_size(const char *s, uint64_t *out)
+hcoll_status_t hc_parse_size(const char *s, uint64_t *out)
 {
     const char *p = s;
     while (isspace((unsigned char)*p))
         p++;
     if (!isdigit((unsigned char)*p))
-        return -1;
+        return HCOLL_ERR_INVALID_ARG;
     errno = 0;
     char *end;
     unsigned long long v = strtoull(p, &end, 10);
     if (errno)
-        return -1;
+        return HCOLL_ERR_INVALID_ARG;
     uint64_t mult = 1;
     if (*end) {
         switch (toupper((unsigned char)*end)) {
@@ -132,117 +136,210 @@ int hc_parse_size(const char *s, uint64_t *out)
         case 'M': mult = 1ull << 20; break;
         case 'G': mult = 1ull << 30; break;
         case 'T': mult = 1ull << 40; break;
-        default: return -1;
+        default: return HCOLL_ERR_INVALID_ARG;
         }
         end++;
         if (strcasecmp(end, "") != 0 && strcasecmp(end, "B") != 0 && strcasecmp(end, "iB") != 0)
-            return -1;
+            return HCOLL_ERR_INVALID_ARG;
     }
     if (v > UINT64_MAX / mult)
-        return -1;
+        return HCOLL_ERR_INVALID_ARG;
     *out = v * mult;
-    return 0;
+    return HCOLL_SUCCESS;
 }
 
-static void store_str(hc_params_t *p, const hc_knob_t *k, const char *value)
+/* ------------------------------------------------------------------------ */
+/* One parser per kind. The range checks take typed values, so that the     */
+/* explicit hcoll_config_t fields go through them without text; text is the */
+/* value as the user wrote it, for the message (NULL: print the number).    */
+/* ------------------------------------------------------------------------ */
+
+static hcoll_status_t int_check(const hc_knob_t *k, int64_t v, const char *text, char *err,
+                                size_t errlen)
 {
-    if (p && k->offset != HC_KNOB_NOT_STORED)
-        snprintf((char *)p + k->offset, HC_PARAM_STR_MAX, "%s", value);
+    if (v >= k->min && v <= k->max)
+        return HCOLL_SUCCESS;
+    char num[24];
+    if (!text) {
+        snprintf(num, sizeof num, "%" PRId64, v);
+        text = num;
+    }
+    snprintf(err, errlen, "%s='%s': out of range (expected %" PRId64 "..%" PRId64 ")", k->name,
+             text, k->min, k->max);
+    return HCOLL_ERR_INVALID_ARG;
 }
 
-int hc_knob_parse(const hc_knob_t *k, const char *value, hc_params_t *p, char *err,
-                  size_t errlen)
+static hcoll_status_t size_check(const hc_knob_t *k, uint64_t v, const char *text, char *err,
+                                 size_t errlen)
 {
-    const int stored = p && k->offset != HC_KNOB_NOT_STORED;
-    switch (k->kind) {
-    case HC_KNOB_INT: {
-        errno = 0;
-        char *end;
-        long long v = strtoll(value, &end, 10);
-        if (errno || end == value || *end) {
-            snprintf(err, errlen, "%s='%s': not an integer (expected %" PRId64 "..%" PRId64 ")",
-                     k->name, value, k->min, k->max);
-            return -1;
-        }
-        if (v < k->min || v > k->max) {
-            snprintf(err, errlen, "%s='%s': out of range (expected %" PRId64 "..%" PRId64 ")",
-                     k->name, value, k->min, k->max);
-            return -1;
-        }
-        if (stored)
-            *(int64_t *)((char *)p + k->offset) = v;
-        return 0;
+    if (v >= (uint64_t)k->min && v <= (uint64_t)k->max)
+        return HCOLL_SUCCESS;
+    char num[24];
+    if (!text) {
+        snprintf(num, sizeof num, "%" PRIu64, v);
+        text = num;
     }
-    case HC_KNOB_SIZE: {
-        uint64_t v;
-        if (hc_parse_size(value, &v) != 0) {
-            snprintf(err, errlen, "%s='%s': not a size (a number with an optional K, M or G suffix)",
-                     k->name, value);
-            return -1;
-        }
-        if (v < (uint64_t)k->min || v > (uint64_t)k->max) {
-            snprintf(err, errlen, "%s='%s': out of range (expected %" PRId64 "..%" PRId64 " bytes)",
-                     k->name, value, k->min, k->max);
-            return -1;
-        }
-        if (stored)
-            *(uint64_t *)((char *)p + k->offset) = v;
-        return 0;
+    snprintf(err, errlen, "%s='%s': out of range (expected %" PRId64 "..%" PRId64 " bytes)",
+             k->name, text, k->min, k->max);
+    return HCOLL_ERR_INVALID_ARG;
+}
+
+static hcoll_status_t int_parse(const hc_knob_t *k, const char *text, int64_t *out, char *err,
+                                size_t errlen)
+{
+    errno = 0;
+    char *end;
+    long long v = strtoll(text, &end, 10);
+    if (errno || end == text || *end) {
+        snprintf(err, errlen, "%s='%s': not an integer (expected %" PRId64 "..%" PRId64 ")",
+                 k->name, text, k->min, k->max);
+        return HCOLL_ERR_INVALID_ARG;
     }
-    case HC_KNOB_ENUM: {
-        int n = 0, idx = -1;
-        while (k->choices[n])
-            n++;
+    hcoll_status_t st = int_check(k, v, text, err, errlen);
+    if (st == HCOLL_SUCCESS)
+        *out = v;
+    return st;
+}
+
+static hcoll_status_t size_parse(const hc_knob_t *k, const char *text, uint64_t *out, char *err,
+                                 size_t errlen)
+{
+    uint64_t v;
+    if (hc_parse_size(text, &v) != HCOLL_SUCCESS) {
+        snprintf(err, errlen, "%s='%s': not a size (a number with an optional K, M or G suffix)",
+                 k->name, text);
+        return HCOLL_ERR_INVALID_ARG;
+    }
+    hcoll_status_t st = size_check(k, v, text, err, errlen);
+    if (st == HCOLL_SUCCESS)
+        *out = v;
+    return st;
+}
+
+static hcoll_status_t enum_parse(const hc_knob_t *k, const char *text, int *out, char *err,
+                                 size_t errlen)
+{
+    int n = 0, idx = -1;
+    while (k->choices[n])
+        n++;
+    for (int i = 0; i < n; i++)
+        if (strcasecmp(text, k->choices[i]) == 0)
+            idx = i;
+    if (idx < 0 && k->numeric_choices && text[0] >= '0' && text[0] < '0' + n && !text[1])
+        idx = text[0] - '0';
+    /* NCCL spells "print the version" as a level; the version is logged at
+     * INIT anyway, so it means WARN. */
+    if (idx < 0 && k->choices == level_choices && strcasecmp(text, "VERSION") == 0)
+        idx = HC_LOG_WARN;
+    if (idx < 0) {
+        char list[128] = "";
         for (int i = 0; i < n; i++)
-            if (strcasecmp(value, k->choices[i]) == 0)
-                idx = i;
-        if (idx < 0 && k->numeric_choices && value[0] >= '0' && value[0] < '0' + n && !value[1])
-            idx = value[0] - '0';
-        /* NCCL spells "print the version" as a level; accept it likewise. */
-        if (idx < 0 && k->choices == level_choices && strcasecmp(value, "VERSION") == 0)
-            idx = 1;
-        if (idx < 0) {
-            char list[128] = "";
-            for (int i = 0; i < n; i++)
-                snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "",
-                         k->choices[i]);
-            snprintf(err, errlen, "%s='%s': expected one of %s%s", k->name, value, list,
-                     k->numeric_choices ? " (or 0..4)" : "");
-            return -1;
-        }
-        if (stored)
-            *(int *)((char *)p + k->offset) = idx;
-        return 0;
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "",
+                     k->choices[i]);
+        snprintf(err, errlen, "%s='%s': expected one of %s%s", k->name, text, list,
+                 k->numeric_choices ? " (or 0..4)" : "");
+        return HCOLL_ERR_INVALID_ARG;
     }
-    case HC_KNOB_LIST: {
+    *out = idx;
+    return HCOLL_SUCCESS;
+}
+
+#define HC_SUBSYS_NAME_(name, bit) { #name, 1u << (bit) },
+static const struct { const char *name; unsigned bit; } subsys_names[] = {
+    HC_SUBSYS_MAP(HC_SUBSYS_NAME_)
+    { "ALL", HC_ALL },
+};
+#undef HC_SUBSYS_NAME_
+
+static hcoll_status_t subsys_parse(const hc_knob_t *k, const char *text, unsigned *mask_out,
+                                   char *err, size_t errlen)
+{
+    const char *s = text;
+    const int exclude = *s == '^';
+    unsigned mask = 0;
+    if (exclude)
+        s++;
+    while (*s) {
+        size_t n = strcspn(s, ",");
+        unsigned bit = 0;
+        for (size_t i = 0; i < sizeof subsys_names / sizeof subsys_names[0]; i++)
+            if (strlen(subsys_names[i].name) == n && strncasecmp(s, subsys_names[i].name, n) == 0)
+                bit = subsys_names[i].bit;
+        if (n > 0 && !bit) {
+            snprintf(err, errlen,
+                     "%s='%s': unknown subsystem '%.*s' (known: "
+                     "INIT,BOOT,NET,ENV,COLL,SHM,GDR,TUNE,ALL)",
+                     k->name, text, (int)n, s);
+            return HCOLL_ERR_INVALID_ARG;
+        }
+        mask |= bit;
+        s += n;
+        if (*s == ',')
+            s++;
+    }
+    *mask_out = exclude ? (HC_ALL & ~mask) : mask;
+    return HCOLL_SUCCESS;
+}
+
+static hcoll_status_t str_parse(const hc_knob_t *k, const char *text, char *err, size_t errlen)
+{
+    if (k->kind == HC_KNOB_LIST) {
         hc_list_t l;
         char lerr[160];
-        if (hc_list_parse(value, &l, lerr, sizeof lerr) != 0) {
+        if (hc_list_parse(text, &l, lerr, sizeof lerr) != HCOLL_SUCCESS) {
             snprintf(err, errlen, "%s=%s", k->name, lerr);
-            return -1;
+            return HCOLL_ERR_INVALID_ARG;
         }
     }
-        /* fall through: stored as the text */
-        __attribute__((fallthrough));
+    if (strlen(text) >= HC_PARAM_STR_MAX) {
+        snprintf(err, errlen, "%s: value longer than %d characters", k->name,
+                 HC_PARAM_STR_MAX - 1);
+        return HCOLL_ERR_INVALID_ARG;
+    }
+    return HCOLL_SUCCESS;
+}
+
+hcoll_status_t hc_knob_value(const hc_knob_t *k, const char *text, hc_knob_value_t *value_out,
+                             char *err, size_t errlen)
+{
+    hc_knob_value_t v;
+    hcoll_status_t st;
+    switch (k->kind) {
+    case HC_KNOB_INT: st = int_parse(k, text, &v.i, err, errlen); break;
+    case HC_KNOB_SIZE: st = size_parse(k, text, &v.size, err, errlen); break;
+    case HC_KNOB_ENUM: st = enum_parse(k, text, &v.choice, err, errlen); break;
+    case HC_KNOB_SUBSYS: st = subsys_parse(k, text, &v.mask, err, errlen); break;
     case HC_KNOB_STR:
-        if (strlen(value) >= HC_PARAM_STR_MAX) {
-            snprintf(err, errlen, "%s: value longer than %d characters", k->name,
-                     HC_PARAM_STR_MAX - 1);
-            return -1;
-        }
-        if (strcmp(k->name, "HCOLL_DEBUG_SUBSYS") == 0) {
-            unsigned mask;
-            char serr[160];
-            if (hc_log_subsys_parse(value, &mask, serr, sizeof serr) != 0) {
-                snprintf(err, errlen, "%s='%s': %s", k->name, value, serr);
-                return -1;
-            }
-        }
-        store_str(p, k, value);
-        return 0;
+    case HC_KNOB_LIST:
+        st = str_parse(k, text, err, errlen);
+        v.str = text;
+        break;
+    default:
+        snprintf(err, errlen, "%s: internal error: unknown knob kind", k->name);
+        return HCOLL_ERR_INTERNAL;
     }
-    snprintf(err, errlen, "%s: internal error: unknown knob kind", k->name);
-    return -1;
+    if (st == HCOLL_SUCCESS)
+        *value_out = v;
+    return st;
+}
+
+hcoll_status_t hc_knob_parse(const hc_knob_t *k, const char *text, hc_params_t *p, char *err,
+                             size_t errlen)
+{
+    hc_knob_value_t v;
+    hcoll_status_t st = hc_knob_value(k, text, &v, err, errlen);
+    if (st != HCOLL_SUCCESS || !p || k->offset == HC_KNOB_NOT_STORED)
+        return st;
+    char *field = (char *)p + k->offset;
+    switch (k->kind) {
+    case HC_KNOB_INT: *(int64_t *)field = v.i; break;
+    case HC_KNOB_SIZE: *(uint64_t *)field = v.size; break;
+    case HC_KNOB_ENUM: *(int *)field = v.choice; break;
+    case HC_KNOB_SUBSYS: *(unsigned *)field = v.mask; break;
+    case HC_KNOB_STR:
+    case HC_KNOB_LIST: snprintf(field, HC_PARAM_STR_MAX, "%s", v.str); break;
+    }
+    return HCOLL_SUCCESS;
 }
 
 const char *hc_knob_current(const hc_knob_t *k, int *from_env_out)
@@ -254,29 +351,44 @@ const char *hc_knob_current(const hc_knob_t *k, int *from_env_out)
     return from_env ? v : k->defval;
 }
 
-int hc_config_check(const hcoll_config_t *cfg, char *err, size_t errlen)
+hcoll_status_t hc_knob_env(const char *name, hc_knob_value_t *value_out, char *err,
+                           size_t errlen)
+{
+    const hc_knob_t *k = hc_knob_find(name);
+    if (!k) {
+        snprintf(err, errlen, "%s: internal error: not in the table", name);
+        return HCOLL_ERR_INTERNAL;
+    }
+    return hc_knob_value(k, hc_knob_current(k, NULL), value_out, err, errlen);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The config struct                                                          */
+/* ------------------------------------------------------------------------ */
+
+hcoll_status_t hc_config_check(const hcoll_config_t *cfg, char *err, size_t errlen)
 {
     if (!cfg)
-        return 0;
+        return HCOLL_SUCCESS;
     const size_t head = offsetof(hcoll_config_t, version) + sizeof cfg->version;
     if (cfg->size < head || cfg->magic != HCOLL_CONFIG_MAGIC || cfg->version == 0) {
         snprintf(err, errlen,
                  "config was not made with HCOLL_CONFIG_INITIALIZER (size %zu, magic 0x%x, "
                  "version %u)",
                  cfg->size, cfg->magic, cfg->version);
-        return -1;
+        return HCOLL_ERR_INVALID_ARG;
     }
     if (cfg->version > HCOLL_CONFIG_VERSION) {
         snprintf(err, errlen, "config version %u is newer than this library's (%u)",
                  cfg->version, HCOLL_CONFIG_VERSION);
-        return -1;
+        return HCOLL_ERR_INVALID_ARG;
     }
     if (cfg->size > sizeof(hcoll_config_t) && cfg->version == HCOLL_CONFIG_VERSION) {
         snprintf(err, errlen, "config size %zu does not match version %u (expected %zu)",
                  cfg->size, cfg->version, sizeof(hcoll_config_t));
-        return -1;
+        return HCOLL_ERR_INVALID_ARG;
     }
-    return 0;
+    return HCOLL_SUCCESS;
 }
 
 /* Is field f of cfg present in the caller's (possibly older, smaller)
@@ -284,15 +396,53 @@ int hc_config_check(const hcoll_config_t *cfg, char *err, size_t errlen)
 #define CFG_HAS(cfg, f) \
     ((cfg) && (cfg)->size >= offsetof(hcoll_config_t, f) + sizeof((cfg)->f))
 
+/* The message of a bad explicit field says which field, and that it
+ * follows its variable's rules (the message already names the variable). */
+static hcoll_status_t field_error(const char *field, char *err, size_t errlen)
+{
+    char tmp[512];
+    snprintf(tmp, sizeof tmp, "config field %s (same rules as the variable): %s", field, err);
+    snprintf(err, errlen, "%s", tmp);
+    return HCOLL_ERR_INVALID_ARG;
+}
+
+/* Explicit config fields win over the environment. Numbers are checked as
+ * numbers against their knob's bounds; net and socket_ifname are text, so
+ * they go through the knob's parser as a variable's text would. */
+static hcoll_status_t apply_config(hc_params_t *p, const hcoll_config_t *cfg, char *err,
+                                   size_t errlen)
+{
+    if (CFG_HAS(cfg, timeout_ms) && cfg->timeout_ms != HCOLL_CONFIG_UNDEF_INT) {
+        if (int_check(hc_knob_find("HCOLL_TIMEOUT_MS"), cfg->timeout_ms, NULL, err, errlen) !=
+            HCOLL_SUCCESS)
+            return field_error("timeout_ms", err, errlen);
+        p->timeout_ms = cfg->timeout_ms;
+    }
+    if (CFG_HAS(cfg, chunk_bytes) && cfg->chunk_bytes != 0) {
+        if (size_check(hc_knob_find("HCOLL_CHUNK_BYTES"), cfg->chunk_bytes, NULL, err, errlen) !=
+            HCOLL_SUCCESS)
+            return field_error("chunk_bytes", err, errlen);
+        p->chunk_bytes = cfg->chunk_bytes;
+    }
+    if (CFG_HAS(cfg, net) && cfg->net &&
+        hc_knob_parse(hc_knob_find("HCOLL_NET"), cfg->net, p, err, errlen) != HCOLL_SUCCESS)
+        return field_error("net", err, errlen);
+    if (CFG_HAS(cfg, socket_ifname) && cfg->socket_ifname &&
+        hc_knob_parse(hc_knob_find("HCOLL_SOCKET_IFNAME"), cfg->socket_ifname, p, err, errlen) !=
+            HCOLL_SUCCESS)
+        return field_error("socket_ifname", err, errlen);
+    return HCOLL_SUCCESS;
+}
+
 hcoll_status_t hc_params_load(hc_params_t *params_out, const hcoll_config_t *cfg, char *err,
                               size_t errlen)
 {
     hc_params_t p;
     memset(&p, 0, sizeof p);
 
-    if (hc_config_check(cfg, err, errlen) != 0)
-        return HCOLL_ERR_INVALID_ARG;
-
+    hcoll_status_t st = hc_config_check(cfg, err, errlen);
+    if (st != HCOLL_SUCCESS)
+        return st;
     for (size_t i = 0; i < sizeof knobs / sizeof knobs[0]; i++) {
         const hc_knob_t *k = &knobs[i];
         int from_env;
@@ -300,39 +450,13 @@ hcoll_status_t hc_params_load(hc_params_t *params_out, const hcoll_config_t *cfg
         /* Unset launcher variables have no default to parse. */
         if (!from_env && v[0] == '\0' && k->kind != HC_KNOB_STR && k->kind != HC_KNOB_LIST)
             continue;
-        if (hc_knob_parse(k, v, &p, err, errlen) != 0)
-            return HCOLL_ERR_INVALID_ARG;
+        st = hc_knob_parse(k, v, &p, err, errlen);
+        if (st != HCOLL_SUCCESS)
+            return st;
     }
-
-    /* Explicit config fields win over the environment. */
-    char num[32];
-    if (CFG_HAS(cfg, timeout_ms) && cfg->timeout_ms != HCOLL_CONFIG_UNDEF_INT) {
-        snprintf(num, sizeof num, "%d", cfg->timeout_ms);
-        if (hc_knob_parse(hc_knob_find("HCOLL_TIMEOUT_MS"), num, &p, err, errlen) != 0)
-            goto bad_field;
-    }
-    if (CFG_HAS(cfg, chunk_bytes) && cfg->chunk_bytes != 0) {
-        snprintf(num, sizeof num, "%zu", cfg->chunk_bytes);
-        if (hc_knob_parse(hc_knob_find("HCOLL_CHUNK_BYTES"), num, &p, err, errlen) != 0)
-            goto bad_field;
-    }
-    if (CFG_HAS(cfg, net) && cfg->net &&
-        hc_knob_parse(hc_knob_find("HCOLL_NET"), cfg->net, &p, err, errlen) != 0)
-        goto bad_field;
-    if (CFG_HAS(cfg, socket_ifname) && cfg->socket_ifname &&
-        hc_knob_parse(hc_knob_find("HCOLL_SOCKET_IFNAME"), cfg->socket_ifname, &p, err,
-                      errlen) != 0)
-        goto bad_field;
-
+    st = apply_config(&p, cfg, err, errlen);
+    if (st != HCOLL_SUCCESS)
+        return st;
     *params_out = p;
     return HCOLL_SUCCESS;
-
-bad_field:
-    /* The message names the variable; say it came from the config struct. */
-    {
-        char tmp[512];
-        snprintf(tmp, sizeof tmp, "config field (same rules as the variable): %s", err);
-        snprintf(err, errlen, "%s", tmp);
-    }
-    return HCOLL_ERR_INVALID_ARG;
 }

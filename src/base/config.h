@@ -6,6 +6,12 @@
  * Precedence: an explicit hcoll_config_t field, then the environment, then
  * the table's default. A malformed value is an error naming the variable,
  * the value and what was expected: never silently replaced by a default.
+ *
+ * This is the only place that reads or parses an HCOLL_* variable. Logging
+ * (base/log.c) takes HCOLL_DEBUG* from here too, once per process and before
+ * any communicator exists; it keeps its default for a malformed value, which
+ * hc_params_load, run by every communicator init, then rejects. So that
+ * log.c can call it, config.c calls nothing in base (no log, no hc_err_set).
  */
 #ifndef HC_CONFIG_H
 #define HC_CONFIG_H
@@ -41,11 +47,12 @@ typedef struct hc_params {
 } hc_params_t;
 
 typedef enum hc_knob_kind {
-    HC_KNOB_INT,  /* int64_t within [min, max] */
-    HC_KNOB_SIZE, /* uint64_t, suffixes K/M/G(iB), within [min, max] */
-    HC_KNOB_ENUM, /* int: index into choices (case-insensitive) */
-    HC_KNOB_STR,  /* char[HC_PARAM_STR_MAX] */
-    HC_KNOB_LIST, /* like STR, validated as NCCL list syntax */
+    HC_KNOB_INT,    /* int64_t within [min, max] */
+    HC_KNOB_SIZE,   /* uint64_t, suffixes K/M/G(iB), within [min, max] */
+    HC_KNOB_ENUM,   /* int: index into choices (case-insensitive) */
+    HC_KNOB_STR,    /* char[HC_PARAM_STR_MAX] */
+    HC_KNOB_LIST,   /* like STR, validated as NCCL list syntax */
+    HC_KNOB_SUBSYS, /* logging subsystems (base/log.h): comma list, ^ excludes */
 } hc_knob_kind_t;
 
 #define HC_KNOB_NOT_STORED SIZE_MAX
@@ -62,28 +69,54 @@ typedef struct hc_knob {
     const char *help;
 } hc_knob_t;
 
+/* One parsed value, in the member its knob's kind names. */
+typedef union hc_knob_value {
+    int64_t i;       /* INT */
+    uint64_t size;   /* SIZE */
+    int choice;      /* ENUM: index into choices */
+    unsigned mask;   /* SUBSYS: HC_INIT | HC_NET ... (base/log.h) */
+    const char *str; /* STR, LIST: the text itself, not copied */
+} hc_knob_value_t;
+
+/*
+ * Every function below that can fail returns HCOLL_SUCCESS, or
+ * HCOLL_ERR_INVALID_ARG with a message in err naming the variable (or the
+ * config field), the value and what was expected. They record nothing
+ * themselves: logging reads its settings through them, so the caller
+ * (layer >= 2, holding an hc_errbuf_t) records the message with hc_err_set.
+ */
+
 /* The table, in display order. */
 const hc_knob_t *hc_knobs(size_t *count_out);
 const hc_knob_t *hc_knob_find(const char *name);
 
-/* Parse value as knob k into p (p may be NULL to validate only). Returns 0,
- * or -1 with a message naming the variable, value and expectation. */
-int hc_knob_parse(const hc_knob_t *k, const char *value, hc_params_t *p, char *err,
-                  size_t errlen);
+/* Parse text as knob k: the one parser of every HCOLL_* variable. */
+hcoll_status_t hc_knob_value(const hc_knob_t *k, const char *text, hc_knob_value_t *value_out,
+                             char *err, size_t errlen);
+
+/* hc_knob_value, then store the value into p when p is not NULL and k has
+ * a field there (p NULL: validate only). */
+hcoll_status_t hc_knob_parse(const hc_knob_t *k, const char *text, hc_params_t *p, char *err,
+                             size_t errlen);
 
 /* The value in force from the environment, or the default when unset or
  * empty; *from_env_out (may be NULL) tells which. */
 const char *hc_knob_current(const hc_knob_t *k, int *from_env_out);
 
-/* Check that cfg came from HCOLL_CONFIG_INITIALIZER (NULL is fine). */
-int hc_config_check(const hcoll_config_t *cfg, char *err, size_t errlen);
+/* hc_knob_value of the text in force for the variable called name (the
+ * process-wide knobs, such as logging's, read one variable at a time). */
+hcoll_status_t hc_knob_env(const char *name, hc_knob_value_t *value_out, char *err,
+                           size_t errlen);
 
-/* Environment + cfg (may be NULL) → params. HCOLL_SUCCESS, or
- * HCOLL_ERR_INVALID_ARG with the message in err. */
+/* Check that cfg came from HCOLL_CONFIG_INITIALIZER (NULL is fine). */
+hcoll_status_t hc_config_check(const hcoll_config_t *cfg, char *err, size_t errlen);
+
+/* Environment + cfg (may be NULL) → params, written only on success. */
 hcoll_status_t hc_params_load(hc_params_t *params_out, const hcoll_config_t *cfg, char *err,
                               size_t errlen);
 
-/* "64M" → 67108864. Returns 0, or -1 when not a size. */
-int hc_parse_size(const char *s, uint64_t *out);
+/* "64M" → 67108864. HCOLL_SUCCESS, or HCOLL_ERR_INVALID_ARG when s is not
+ * a size (no message: the caller knows what s stands for). */
+hcoll_status_t hc_parse_size(const char *s, uint64_t *out);
 
 #endif

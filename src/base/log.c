@@ -4,11 +4,11 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/time.h>
 #include <unistd.h>
+
+#include "base/config.h"
 
 /* Written once under pthread_once, read-only afterwards. */
 static struct {
@@ -27,46 +27,6 @@ static const struct { const char *name; unsigned bit; } subsys_names[] = {
     { "ALL", HC_ALL },
 };
 #undef HC_SUBSYS_NAME_
-
-int hc_log_level_parse(const char *s)
-{
-    for (int i = 0; i < (int)(sizeof level_names / sizeof level_names[0]); i++)
-        if (strcasecmp(s, level_names[i]) == 0)
-            return i;
-    /* NCCL users write VERSION; treat it as WARN (the version is logged at
-     * INIT anyway). */
-    if (strcasecmp(s, "VERSION") == 0)
-        return HC_LOG_WARN;
-    return -1;
-}
-
-int hc_log_subsys_parse(const char *s, unsigned *mask_out, char *err, size_t errlen)
-{
-    int exclude = 0;
-    unsigned mask = 0;
-    if (*s == '^') {
-        exclude = 1;
-        s++;
-    }
-    while (*s) {
-        size_t n = strcspn(s, ",");
-        unsigned bit = 0;
-        for (size_t i = 0; i < sizeof subsys_names / sizeof subsys_names[0]; i++)
-            if (strlen(subsys_names[i].name) == n && strncasecmp(s, subsys_names[i].name, n) == 0)
-                bit = subsys_names[i].bit;
-        if (n > 0 && !bit) {
-            snprintf(err, errlen, "unknown subsystem '%.*s' (known: INIT,BOOT,NET,ENV,COLL,SHM,GDR,TUNE,ALL)",
-                     (int)n, s);
-            return -1;
-        }
-        mask |= bit;
-        s += n;
-        if (*s == ',')
-            s++;
-    }
-    *mask_out = exclude ? (HC_ALL & ~mask) : mask;
-    return 0;
-}
 
 /* Expand %h (host) and %p (pid) in a HCOLL_DEBUG_FILE pattern. */
 static void expand_path(const char *pat, char *out, size_t outlen)
@@ -90,7 +50,7 @@ static void expand_path(const char *pat, char *out, size_t outlen)
 static void log_write(hc_log_level_t level, unsigned subsys, int rank, const char *fmt,
                       va_list ap);
 
-/* Warnings found while reading the settings: printed directly, since
+/* Warnings found while applying the settings: printed directly, since
  * hc_log would re-enter pthread_once. */
 static void init_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void init_warn(const char *fmt, ...)
@@ -101,9 +61,28 @@ static void init_warn(const char *fmt, ...)
     va_end(ap);
 }
 
+/* The value of a logging knob: the environment's, or the table's default
+ * when the environment's is malformed. */
+static int log_knob(const char *name, hc_knob_value_t *v)
+{
+    char err[256];
+    if (hc_knob_env(name, v, err, sizeof err) == HCOLL_SUCCESS)
+        return 1;
+    const hc_knob_t *k = hc_knob_find(name);
+    return k && hc_knob_value(k, k->defval, v, err, sizeof err) == HCOLL_SUCCESS;
+}
+
+/*
+ * The settings come from the config table's parser (base/config.c), the
+ * one place that parses HCOLL_* variables. Logging runs before any
+ * communicator exists and has nowhere to return an error, so a malformed
+ * value leaves that setting at its default here; hc_params_load, run by
+ * every communicator init, rejects the same value with a message naming
+ * the variable, so it is reported once, where the caller can see it.
+ */
 static void log_init(void)
 {
-    char err[160];
+    hc_knob_value_t v;
 
     if (gethostname(g_log.host, sizeof g_log.host) != 0)
         strcpy(g_log.host, "?");
@@ -112,28 +91,13 @@ static void log_init(void)
     if (dot)
         *dot = '\0';
 
-    const char *lv = getenv("HCOLL_DEBUG");
-    if (lv && *lv) {
-        int l = hc_log_level_parse(lv);
-        if (l < 0) {
-            init_warn("HCOLL_DEBUG='%s' is not a level (NONE, WARN, INFO, TRACE); using WARN", lv);
-        } else {
-            g_log.level = (hc_log_level_t)l;
-        }
-    }
-    const char *ss = getenv("HCOLL_DEBUG_SUBSYS");
-    if (ss && *ss) {
-        unsigned mask;
-        if (hc_log_subsys_parse(ss, &mask, err, sizeof err) != 0) {
-            init_warn("HCOLL_DEBUG_SUBSYS: %s; logging all", err);
-        } else {
-            g_log.subsys = mask;
-        }
-    }
-    const char *file = getenv("HCOLL_DEBUG_FILE");
-    if (file && *file && g_log.level > HC_LOG_NONE) {
+    if (log_knob("HCOLL_DEBUG", &v))
+        g_log.level = (hc_log_level_t)v.choice;
+    if (log_knob("HCOLL_DEBUG_SUBSYS", &v))
+        g_log.subsys = v.mask;
+    if (g_log.level > HC_LOG_NONE && log_knob("HCOLL_DEBUG_FILE", &v) && v.str[0]) {
         char path[4096];
-        expand_path(file, path, sizeof path);
+        expand_path(v.str, path, sizeof path);
         int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
         if (fd < 0)
             init_warn("HCOLL_DEBUG_FILE: cannot open '%s': %s; logging to stderr", path,

@@ -5,8 +5,11 @@
  * Every line carries host, pid and rank:
  *   myhost:4242:4247 [3] NET INFO rank 3 -> rail 1 eth1 198.18.1.2
  *
- * The settings are read from the environment once per process and never
- * change afterwards, so they are not shared mutable state.
+ * The settings are read once per process, through the config table's
+ * parser (base/config.h), and never change afterwards, so they are not
+ * shared mutable state. A malformed value leaves its setting at the table's
+ * default here (logging has no caller to fail); every communicator init
+ * rejects it, naming the variable.
  */
 #ifndef HC_LOG_H
 #define HC_LOG_H
@@ -45,12 +48,6 @@ void hc_log(hc_log_level_t level, unsigned subsys, int rank, const char *fmt, ..
     __attribute__((format(printf, 4, 5)));
 void hc_vlog(hc_log_level_t level, unsigned subsys, int rank, const char *fmt,
              va_list ap);
-
-/* Parse a level name (case-insensitive). Returns -1 when unknown. */
-int hc_log_level_parse(const char *s);
-/* Parse a subsystem list; returns 0 and the mask, or -1 naming the bad
- * token in err. */
-int hc_log_subsys_parse(const char *s, unsigned *mask_out, char *err, size_t errlen);
 
 #define HC_WARN(sub, rank, ...)  hc_log(HC_LOG_WARN, (sub), (rank), __VA_ARGS__)
 #define HC_INFO(sub, rank, ...)                                     \

@@ -319,11 +319,10 @@ static hcoll_status_t comm_create(init_args_t *ia, const hcoll_config_t *config,
     memset(&me, 0, sizeof me);
     me.pid = (int)getpid();
     hc_host_id(c->params.hostid, &me.hostid, me.host, sizeof me.host);
-    me.naddrs = hc_ifaces_list(c->params.socket_ifname, me.addrs, HC_IFACE_MAX, err, sizeof err);
-    if (me.naddrs <= 0) {
-        st = hc_err_set(NULL, HC_INIT, ia->rank,
-                        me.naddrs < 0 ? HCOLL_ERR_INVALID_ARG : HCOLL_ERR_NETWORK,
-                        "init: HCOLL_SOCKET_IFNAME: %s", err);
+    st = hc_ifaces_list(c->params.socket_ifname, me.addrs, HC_IFACE_MAX, &me.naddrs, err,
+                        sizeof err);
+    if (st != HCOLL_SUCCESS) {
+        st = hc_err_set(NULL, HC_INIT, ia->rank, st, "init: HCOLL_SOCKET_IFNAME: %s", err);
         goto err_comm;
     }
     rec_encode(&me, ia->rank, rec);
@@ -396,10 +395,10 @@ HCOLL_API hcoll_status_t hcoll_get_unique_id(hcoll_unique_id_t *id_out)
         return hc_err_set(NULL, HC_INIT, -1, HCOLL_ERR_INVALID_ARG, "id_out is NULL");
     if (hc_params_load(&params, NULL, err, sizeof err) != HCOLL_SUCCESS)
         return hc_err_set(NULL, HC_INIT, -1, HCOLL_ERR_INVALID_ARG, "get_unique_id: %s", err);
-    int n = hc_ifaces_list(params.socket_ifname, ifs, 1, err, sizeof err);
-    if (n <= 0)
-        return hc_err_set(NULL, HC_INIT, -1, n < 0 ? HCOLL_ERR_INVALID_ARG : HCOLL_ERR_NETWORK,
-                          "get_unique_id: HCOLL_SOCKET_IFNAME: %s", err);
+    int n;
+    hcoll_status_t st = hc_ifaces_list(params.socket_ifname, ifs, 1, &n, err, sizeof err);
+    if (st != HCOLL_SUCCESS)
+        return hc_err_set(NULL, HC_INIT, -1, st, "get_unique_id: HCOLL_SOCKET_IFNAME: %s", err);
     memset(&u, 0, sizeof u);
     int fd = hc_boot_listen(&ifs[0].addr, &u.root, err, sizeof err);
     if (fd < 0)

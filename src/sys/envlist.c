@@ -6,13 +6,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-int hc_list_parse(const char *spec, hc_list_t *list_out, char *err, size_t errlen)
+hcoll_status_t hc_list_parse(const char *spec, hc_list_t *list_out, char *err, size_t errlen)
 {
     hc_list_t l;
     memset(&l, 0, sizeof l);
     if (!spec) {
         *list_out = l;
-        return 0;
+        return HCOLL_SUCCESS;
     }
     const char *s = spec;
     if (*s == '^') {
@@ -26,20 +26,20 @@ int hc_list_parse(const char *spec, hc_list_t *list_out, char *err, size_t errle
     if (*s == '\0') {
         if (s != spec) {
             snprintf(err, errlen, "'%s': a list marker with no names", spec);
-            return -1;
+            return HCOLL_ERR_INVALID_ARG;
         }
         *list_out = l;
-        return 0;
+        return HCOLL_SUCCESS;
     }
     for (;;) {
         size_t n = strcspn(s, ",");
         if (n == 0) {
             snprintf(err, errlen, "'%s': empty entry", spec);
-            return -1;
+            return HCOLL_ERR_INVALID_ARG;
         }
         if (l.count == HC_LIST_MAX_ENTRIES) {
             snprintf(err, errlen, "'%s': more than %d entries", spec, HC_LIST_MAX_ENTRIES);
-            return -1;
+            return HCOLL_ERR_INVALID_ARG;
         }
         hc_list_entry_t *e = &l.entries[l.count++];
         e->port = -1;
@@ -48,7 +48,7 @@ int hc_list_parse(const char *spec, hc_list_t *list_out, char *err, size_t errle
         if (namelen == 0 || namelen >= HC_LIST_NAME_MAX) {
             snprintf(err, errlen, "'%s': entry '%.*s' has %s name", spec, (int)n, s,
                      namelen == 0 ? "an empty" : "too long a");
-            return -1;
+            return HCOLL_ERR_INVALID_ARG;
         }
         memcpy(e->name, s, namelen);
         e->name[namelen] = '\0';
@@ -58,7 +58,7 @@ int hc_list_parse(const char *spec, hc_list_t *list_out, char *err, size_t errle
             char *end;
             if (plen == 0 || plen >= sizeof buf) {
                 snprintf(err, errlen, "'%s': entry '%.*s' has a bad port", spec, (int)n, s);
-                return -1;
+                return HCOLL_ERR_INVALID_ARG;
             }
             memcpy(buf, colon + 1, plen);
             buf[plen] = '\0';
@@ -66,7 +66,7 @@ int hc_list_parse(const char *spec, hc_list_t *list_out, char *err, size_t errle
             long p = strtol(buf, &end, 10);
             if (errno || *end || p < 0 || p > 255) {
                 snprintf(err, errlen, "'%s': port '%s' is not a number in 0..255", spec, buf);
-                return -1;
+                return HCOLL_ERR_INVALID_ARG;
             }
             e->port = (int)p;
         }
@@ -76,11 +76,11 @@ int hc_list_parse(const char *spec, hc_list_t *list_out, char *err, size_t errle
         s++; /* ',' */
         if (*s == '\0') {
             snprintf(err, errlen, "'%s': trailing comma", spec);
-            return -1;
+            return HCOLL_ERR_INVALID_ARG;
         }
     }
     *list_out = l;
-    return 0;
+    return HCOLL_SUCCESS;
 }
 
 static int entry_match(const hc_list_t *l, const hc_list_entry_t *e, const char *name, int port)

@@ -8,11 +8,14 @@
  *   "mlx5_0:1,mlx5_1" device mlx5_0 port 1, or any port of mlx5_1*
  *
  * An empty or NULL list matches everything. Depends on nothing of ours.
+ * Errors follow the sys convention (sys/sysfs.h).
  */
 #ifndef HC_ENVLIST_H
 #define HC_ENVLIST_H
 
 #include <stddef.h>
+
+#include "hcoll.h"
 
 #define HC_LIST_MAX_ENTRIES 32
 #define HC_LIST_NAME_MAX 64
@@ -29,9 +32,10 @@ typedef struct hc_list {
     hc_list_entry_t entries[HC_LIST_MAX_ENTRIES];
 } hc_list_t;
 
-/* Parse spec (NULL or "" gives an empty list). Returns 0, or -1 with a
- * message in err: empty entries, names too long, bad ports, too many. */
-int hc_list_parse(const char *spec, hc_list_t *list_out, char *err, size_t errlen);
+/* Parse spec (NULL or "" gives an empty list). HCOLL_SUCCESS, or
+ * HCOLL_ERR_INVALID_ARG with a message in err: empty entries, names too
+ * long, bad ports, too many. */
+hcoll_status_t hc_list_parse(const char *spec, hc_list_t *list_out, char *err, size_t errlen);
 
 /* Does (name, port) pass the list? port < 0 when the thing has no port
  * (an interface). */

@@ -97,7 +97,7 @@ int hc_ibdev_scan(const char *root, hc_ibport_t *ports, int max)
     char (*pnames)[HC_SYSFS_NAME_MAX] = calloc(32, sizeof *pnames);
     int n = 0;
     if (!devs || !pnames)
-        goto out;
+        goto clean_names;
     int nd = hc_sysfs_list(root, "sys/class/infiniband", devs, dev_max);
     for (int d = 0; d < nd && n < max; d++) {
         char rel[HC_SYSFS_PATH_MAX];
@@ -111,7 +111,7 @@ int hc_ibdev_scan(const char *root, hc_ibport_t *ports, int max)
             port_load(root, devs[d], (int)port, &ports[n++]);
         }
     }
-out:
+clean_names:
     free(devs);
     free(pnames);
     return n;
@@ -215,9 +215,9 @@ int hc_ibdev_gids(const char *root, const char *dev, int port, hc_gid_entry_t *o
     return n;
 }
 
-int hc_ibdev_gid_choose(const char *root, const char *dev, int port, int link_layer,
-                        long forced, uint32_t prefer_ip, int *index_out, hc_gid_entry_t *gid_out,
-                        char *why, size_t whylen)
+hcoll_status_t hc_ibdev_gid_choose(const char *root, const char *dev, int port, int link_layer,
+                                   long forced, uint32_t prefer_ip, int *index_out,
+                                   hc_gid_entry_t *gid_out, char *why, size_t whylen)
 {
     char txt[INET6_ADDRSTRLEN];
     hc_gid_entry_t e;
@@ -226,14 +226,14 @@ int hc_ibdev_gid_choose(const char *root, const char *dev, int port, int link_la
             snprintf(why, whylen,
                      "HCOLL_IB_GID_INDEX=%ld: %s:%d has no GID at that index (empty or unreadable)",
                      forced, dev, port);
-            return -1;
+            return HCOLL_ERR_INVALID_ARG;
         }
         hc_gid_format(e.raw, txt, sizeof txt);
         snprintf(why, whylen, "GID index %ld (HCOLL_IB_GID_INDEX) %s %s", forced, txt,
                  hc_gid_type_name(e.type));
         *index_out = (int)forced;
         *gid_out = e;
-        return 0;
+        return HCOLL_SUCCESS;
     }
     if (link_layer == HC_IB_LINK_IB) {
         if (gid_load(root, dev, port, 0, &e) != 0)
@@ -242,12 +242,12 @@ int hc_ibdev_gid_choose(const char *root, const char *dev, int port, int link_la
         snprintf(why, whylen, "GID index 0 %s (InfiniBand)", txt);
         *index_out = 0;
         *gid_out = e;
-        return 0;
+        return HCOLL_SUCCESS;
     }
     hc_gid_entry_t *tab = calloc(HC_IBDEV_MAX_GIDS, sizeof *tab);
     if (!tab) {
         snprintf(why, whylen, "out of memory reading GIDs");
-        return -1;
+        return HCOLL_ERR_NO_MEMORY;
     }
     int n = hc_ibdev_gids(root, dev, port, tab, HC_IBDEV_MAX_GIDS);
     int best = -1, rank_best = 0;
@@ -277,7 +277,7 @@ int hc_ibdev_gid_choose(const char *root, const char *dev, int port, int link_la
                  "other type); set HCOLL_IB_GID_INDEX",
                  dev, port, n, nll, nv1);
         free(tab);
-        return -1;
+        return HCOLL_ERR_RDMA;
     }
     e = tab[best];
     free(tab);
@@ -288,7 +288,7 @@ int hc_ibdev_gid_choose(const char *root, const char *dev, int port, int link_la
                               : "");
     *index_out = e.index;
     *gid_out = e;
-    return 0;
+    return HCOLL_SUCCESS;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -306,16 +306,18 @@ static int port_cmp(const void *x, const void *y)
     return a->port - b->port;
 }
 
-int hc_ibdev_select(const char *root, const char *hca_spec, const char *gpu_path,
-                    hc_ibport_t *out, int max, char *err, size_t errlen)
+hcoll_status_t hc_ibdev_select(const char *root, const char *hca_spec, const char *gpu_path,
+                               hc_ibport_t *out, int max, int *count_out, char *err,
+                               size_t errlen)
 {
     hc_list_t list;
-    if (hc_list_parse(hca_spec, &list, err, errlen) != 0)
-        return -1;
+    hcoll_status_t st = hc_list_parse(hca_spec, &list, err, errlen);
+    if (st != HCOLL_SUCCESS)
+        return st;
     hc_ibport_t *all = calloc(HC_IBDEV_MAX_PORTS, sizeof *all);
     if (!all) {
         snprintf(err, errlen, "out of memory scanning RDMA devices");
-        return -1;
+        return HCOLL_ERR_NO_MEMORY;
     }
     int n = hc_ibdev_scan(root, all, HC_IBDEV_MAX_PORTS), k = 0;
     for (int i = 0; i < n && k < max; i++) {
@@ -332,37 +334,46 @@ int hc_ibdev_select(const char *root, const char *hca_spec, const char *gpu_path
     }
     free(all);
     qsort(out, (size_t)k, sizeof *out, port_cmp);
-    return k;
+    *count_out = k;
+    return HCOLL_SUCCESS;
 }
 
-int hc_ibdev_for_rank(const char *root, const char *hca_spec, int local_rank,
-                      const char *gpu_path, long gid_index, uint32_t prefer_ip,
-                      hc_ib_choice_t *choice_out, char *err, size_t errlen)
+/* Why no port was selected: what sysfs holds, in err. */
+static void explain_none(const char *root, const char *hca_spec, char *err, size_t errlen)
+{
+    hc_ibport_t *all = calloc(HC_IBDEV_MAX_PORTS, sizeof *all);
+    int total = all ? hc_ibdev_scan(root, all, HC_IBDEV_MAX_PORTS) : 0, nact = 0;
+    for (int i = 0; i < total; i++)
+        nact += all[i].active;
+    free(all);
+    if (total == 0)
+        snprintf(err, errlen, "no RDMA device found (no ports under %s%ssys/class/infiniband)",
+                 root && root[0] ? root : "/", root && root[0] && strcmp(root, "/") ? "/" : "");
+    else if (nact == 0)
+        snprintf(err, errlen, "no ACTIVE port (%d RDMA port(s), none ACTIVE)", total);
+    else
+        snprintf(err, errlen, "no ACTIVE port matching HCOLL_IB_HCA=%s (%d ACTIVE port(s))",
+                 hca_spec ? hca_spec : "", nact);
+}
+
+hcoll_status_t hc_ibdev_for_rank(const char *root, const char *hca_spec, int local_rank,
+                                 const char *gpu_path, long gid_index, uint32_t prefer_ip,
+                                 hc_ib_choice_t *choice_out, char *err, size_t errlen)
 {
     hc_ibport_t *sel = calloc(HC_IBDEV_MAX_PORTS, sizeof *sel);
     if (!sel) {
         snprintf(err, errlen, "out of memory selecting an RDMA device");
-        return -1;
+        return HCOLL_ERR_NO_MEMORY;
     }
-    int rc = -1;
-    int n = hc_ibdev_select(root, hca_spec, gpu_path, sel, HC_IBDEV_MAX_PORTS, err, errlen);
-    if (n < 0)
-        goto out;
+    int n = 0;
+    hcoll_status_t st =
+        hc_ibdev_select(root, hca_spec, gpu_path, sel, HC_IBDEV_MAX_PORTS, &n, err, errlen);
+    if (st != HCOLL_SUCCESS)
+        goto clean_sel;
     if (n == 0) {
-        hc_ibport_t *all = calloc(HC_IBDEV_MAX_PORTS, sizeof *all);
-        int total = all ? hc_ibdev_scan(root, all, HC_IBDEV_MAX_PORTS) : 0, nact = 0;
-        for (int i = 0; i < total; i++)
-            nact += all[i].active;
-        free(all);
-        if (total == 0)
-            snprintf(err, errlen, "no RDMA device found (no ports under %s%ssys/class/infiniband)",
-                     root && root[0] ? root : "/", root && root[0] && strcmp(root, "/") ? "/" : "");
-        else if (nact == 0)
-            snprintf(err, errlen, "no ACTIVE port (%d RDMA port(s), none ACTIVE)", total);
-        else
-            snprintf(err, errlen, "no ACTIVE port matching HCOLL_IB_HCA=%s (%d ACTIVE port(s))",
-                     hca_spec ? hca_spec : "", nact);
-        goto out;
+        explain_none(root, hca_spec, err, errlen);
+        st = HCOLL_ERR_RDMA;
+        goto clean_sel;
     }
     /* Among the nearest ports only: rank i's GPU normally has its own. */
     int nnear = n;
@@ -378,14 +389,14 @@ int hc_ibdev_for_rank(const char *root, const char *hca_spec, int local_rank,
     c.index = idx;
     c.nselected = n;
     c.gid_index = -1;
-    if (hc_ibdev_gid_choose(root, c.port.dev, c.port.port, c.port.link_layer, gid_index,
-                            prefer_ip, &c.gid_index, &c.gid, c.gid_why, sizeof c.gid_why) != 0) {
+    st = hc_ibdev_gid_choose(root, c.port.dev, c.port.port, c.port.link_layer, gid_index,
+                             prefer_ip, &c.gid_index, &c.gid, c.gid_why, sizeof c.gid_why);
+    if (st != HCOLL_SUCCESS) {
         snprintf(err, errlen, "%s", c.gid_why);
-        goto out;
+        goto clean_sel;
     }
     *choice_out = c;
-    rc = 0;
-out:
+clean_sel:
     free(sel);
-    return rc;
+    return st;
 }

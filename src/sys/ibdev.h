@@ -13,6 +13,7 @@
  * tested on fixtures and shown by hcoll_info on any host. The verbs
  * transport cross-checks with ibv_query_port at run time (active MTU is
  * only known there). Depends on nothing of ours but sysfs, pci, envlist.
+ * Errors follow the sys convention (sys/sysfs.h).
  */
 #ifndef HC_SYS_IBDEV_H
 #define HC_SYS_IBDEV_H
@@ -20,6 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "hcoll.h"
 #include "sys/sysfs.h"
 
 #define HC_IBDEV_MAX_PORTS 64
@@ -84,22 +86,25 @@ int hc_ibdev_gids(const char *root, const char *dev, int port, hc_gid_entry_t *o
  *   RoCE: a RoCE v2 GID holding an IPv4-mapped address (the one holding
  *     prefer_ip, network order, when non-zero), else a RoCE v2 global IPv6
  *     GID; zero and link-local (fe80) GIDs never.
- * Returns 0 with the index, its GID and a one-line reason in why, or -1
- * with what the table holds in why.
+ * HCOLL_SUCCESS with the index, its GID and a one-line reason in why; or,
+ * with what the table holds in why, HCOLL_ERR_INVALID_ARG for an empty
+ * forced index and HCOLL_ERR_RDMA when no GID is usable.
  */
-int hc_ibdev_gid_choose(const char *root, const char *dev, int port, int link_layer,
-                        long forced, uint32_t prefer_ip, int *index_out, hc_gid_entry_t *gid_out,
-                        char *why, size_t whylen);
+hcoll_status_t hc_ibdev_gid_choose(const char *root, const char *dev, int port, int link_layer,
+                                   long forced, uint32_t prefer_ip, int *index_out,
+                                   hc_gid_entry_t *gid_out, char *why, size_t whylen);
 
 /*
  * The ports HCOLL_IB_HCA (NCCL list syntax, NULL/"" = all) allows, ACTIVE
  * only, ordered by PCI distance to the GPU at gpu_path (a resolved sysfs
  * path, NULL without a GPU) then natural name and port. Bonded devices
- * (mlx5_bond_*) are ordinary devices. Returns the count, or -1 with a
- * message in err for a malformed list.
+ * (mlx5_bond_*) are ordinary devices. HCOLL_SUCCESS with their number in
+ * *count_out (0 is an answer, not an error), or HCOLL_ERR_INVALID_ARG with
+ * a message in err for a malformed list.
  */
-int hc_ibdev_select(const char *root, const char *hca_spec, const char *gpu_path,
-                    hc_ibport_t *out, int max, char *err, size_t errlen);
+hcoll_status_t hc_ibdev_select(const char *root, const char *hca_spec, const char *gpu_path,
+                               hc_ibport_t *out, int max, int *count_out, char *err,
+                               size_t errlen);
 
 /* The NIC of one local rank. */
 typedef struct hc_ib_choice {
@@ -115,12 +120,13 @@ typedef struct hc_ib_choice {
  * Local rank i takes the i-th selected port (modulo their number); with a
  * GPU, the i-th among the ports nearest to it, so each GPU gets its own
  * nearest NIC on rail-optimized nodes. The GID is chosen as above.
- * Returns 0, or -1 with a message in err saying what was found (no
- * sys/class/infiniband, no ACTIVE port, none matching the list, no usable
- * GID).
+ * HCOLL_SUCCESS, or a message in err saying what was found:
+ * HCOLL_ERR_INVALID_ARG for a malformed list or an empty forced GID index,
+ * HCOLL_ERR_RDMA for no sys/class/infiniband, no ACTIVE port, none
+ * matching the list or no usable GID.
  */
-int hc_ibdev_for_rank(const char *root, const char *hca_spec, int local_rank,
-                      const char *gpu_path, long gid_index, uint32_t prefer_ip,
-                      hc_ib_choice_t *choice_out, char *err, size_t errlen);
+hcoll_status_t hc_ibdev_for_rank(const char *root, const char *hca_spec, int local_rank,
+                                 const char *gpu_path, long gid_index, uint32_t prefer_ip,
+                                 hc_ib_choice_t *choice_out, char *err, size_t errlen);
 
 #endif

@@ -68,18 +68,19 @@ static int list_rank(const hc_list_t *l, const char *name)
     return -1;
 }
 
-int hc_ifaces_select(const hc_iface_t *in, int n, const char *spec, hc_iface_t *out,
-                     int max_out, char *err, size_t errlen)
+hcoll_status_t hc_ifaces_select(const hc_iface_t *in, int n, const char *spec, hc_iface_t *out,
+                                int max_out, int *count_out, char *err, size_t errlen)
 {
     hc_list_t list;
-    if (hc_list_parse(spec, &list, err, errlen) != 0)
-        return -1;
+    hcoll_status_t st = hc_list_parse(spec, &list, err, errlen);
+    if (st != HCOLL_SUCCESS)
+        return st;
     const int including = list.count > 0 && !list.exclude;
 
     cand_t *c = calloc(n > 0 ? (size_t)n : 1, sizeof *c);
     if (!c) {
         snprintf(err, errlen, "out of memory");
-        return -1;
+        return HCOLL_ERR_NO_MEMORY;
     }
     int nc = 0, best = TIER_NONE;
     for (int i = 0; i < n; i++) {
@@ -120,18 +121,22 @@ int hc_ifaces_select(const hc_iface_t *in, int n, const char *spec, hc_iface_t *
             out[nout++] = c[i].f;
     }
     free(c);
-    if (nout == 0)
+    if (nout == 0) {
         snprintf(err, errlen, "no usable interface%s%s%s", spec && *spec ? " matches '" : "",
                  spec && *spec ? spec : "", spec && *spec ? "'" : " (none is up with an address)");
-    return nout;
+        return HCOLL_ERR_NETWORK;
+    }
+    *count_out = nout;
+    return HCOLL_SUCCESS;
 }
 
-int hc_ifaces_list(const char *spec, hc_iface_t *out, int max_out, char *err, size_t errlen)
+hcoll_status_t hc_ifaces_list(const char *spec, hc_iface_t *out, int max_out, int *count_out,
+                              char *err, size_t errlen)
 {
     struct ifaddrs *ifa;
     if (getifaddrs(&ifa) != 0) {
         snprintf(err, errlen, "getifaddrs: %s", strerror(errno));
-        return -1;
+        return HCOLL_ERR_SYSTEM;
     }
     int n = 0;
     for (struct ifaddrs *p = ifa; p; p = p->ifa_next)
@@ -140,7 +145,7 @@ int hc_ifaces_list(const char *spec, hc_iface_t *out, int max_out, char *err, si
     if (!in) {
         freeifaddrs(ifa);
         snprintf(err, errlen, "out of memory");
-        return -1;
+        return HCOLL_ERR_NO_MEMORY;
     }
     int k = 0;
     for (struct ifaddrs *p = ifa; p; p = p->ifa_next) {
@@ -157,9 +162,9 @@ int hc_ifaces_list(const char *spec, hc_iface_t *out, int max_out, char *err, si
         k++;
     }
     freeifaddrs(ifa);
-    int r = hc_ifaces_select(in, k, spec, out, max_out, err, errlen);
+    hcoll_status_t st = hc_ifaces_select(in, k, spec, out, max_out, count_out, err, errlen);
     free(in);
-    return r;
+    return st;
 }
 
 socklen_t hc_sockaddr_len(const hc_sockaddr_t *a)

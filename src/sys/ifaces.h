@@ -26,6 +26,8 @@
 #include <stddef.h>
 #include <sys/socket.h>
 
+#include "hcoll.h"
+
 #define HC_IFACE_MAX 16
 
 typedef union hc_sockaddr {
@@ -43,16 +45,19 @@ typedef struct hc_iface {
 /*
  * The pure part, testable without real interfaces: from n candidate
  * (name, flags, address) entries, keep those the rules above allow and
- * write at most max_out of them, ordered, to out. spec is
- * HCOLL_SOCKET_IFNAME ("" or NULL: automatic). Returns the number written,
- * or -1 with a message in err when spec is not valid list syntax.
+ * write at most max_out of them, ordered, to out, and their number to
+ * *count_out. spec is HCOLL_SOCKET_IFNAME ("" or NULL: automatic).
+ * HCOLL_SUCCESS; HCOLL_ERR_INVALID_ARG when spec is not valid list syntax;
+ * HCOLL_ERR_NETWORK when no interface is left (err says why); messages in
+ * err, as sys/sysfs.h describes.
  */
-int hc_ifaces_select(const hc_iface_t *in, int n, const char *spec, hc_iface_t *out,
-                     int max_out, char *err, size_t errlen);
+hcoll_status_t hc_ifaces_select(const hc_iface_t *in, int n, const char *spec, hc_iface_t *out,
+                                int max_out, int *count_out, char *err, size_t errlen);
 
-/* getifaddrs + hc_ifaces_select. Returns the count (0: no usable
- * interface, err says why), or -1 with a message in err. */
-int hc_ifaces_list(const char *spec, hc_iface_t *out, int max_out, char *err, size_t errlen);
+/* getifaddrs + hc_ifaces_select: the same results, or HCOLL_ERR_SYSTEM
+ * when getifaddrs fails. */
+hcoll_status_t hc_ifaces_list(const char *spec, hc_iface_t *out, int max_out, int *count_out,
+                              char *err, size_t errlen);
 
 /* sockaddr helpers shared by bootstrap and transports. */
 socklen_t hc_sockaddr_len(const hc_sockaddr_t *a);

@@ -7,6 +7,20 @@
  *
  * Paths passed as `rel` are relative to the root ("sys/class/infiniband"),
  * a leading '/' is tolerated. Depends on nothing of ours.
+ *
+ * Error convention of src/sys (layer 1, below base/err.h):
+ *   - A function that can fail and has something to say returns
+ *     hcoll_status_t (hcoll.h) and writes its message into the caller's
+ *     char buffer (err/why, errlen); it logs nothing and records nothing.
+ *     The caller (layer >= 2) records the message with hc_err_set, once,
+ *     unchanged or behind its own prefix, or drops it when the failure is
+ *     an answer (hcoll_info, the TCP fallback).
+ *   - Counts and other results travel in *_out arguments, written only on
+ *     success.
+ *   - Lookups whose failure is an answer rather than an error (the file
+ *     reads below, PCI paths, GID text) return 0 or -errno (-1 where no
+ *     errno applies) and take no buffer: callers test for absence
+ *     (-ENOENT) and move on.
  */
 #ifndef HC_SYS_SYSFS_H
 #define HC_SYS_SYSFS_H

@@ -27,7 +27,9 @@ int hp_line_rate_rdma(const char *root, const char *hca_spec, double *bps_out, c
      * rail can count on. */
     hc_ibport_t ports[64];
     char err[256];
-    int n = hc_ibdev_select(root, hca_spec, NULL, ports, 64, err, sizeof err);
+    int n = 0;
+    if (hc_ibdev_select(root, hca_spec, NULL, ports, 64, &n, err, sizeof err) != HCOLL_SUCCESS)
+        return -1;
     double best = 0;
     const hc_ibport_t *slow = NULL;
     for (int i = 0; i < n; i++) {
@@ -195,7 +197,7 @@ int hp_line_rate_resolve(double given_bps, const char *ifname_list, const char *
     }
     hc_list_t list;
     char lerr[160];
-    if (hc_list_parse(ifname_list, &list, lerr, sizeof lerr) != 0) {
+    if (hc_list_parse(ifname_list, &list, lerr, sizeof lerr) != HCOLL_SUCCESS) {
         snprintf(source_out, srclen, "unknown: HCOLL_SOCKET_IFNAME %s", lerr);
         return -1;
     }

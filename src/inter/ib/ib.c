@@ -403,7 +403,7 @@ int hc_ib_usable(const hc_ib_config_t *cfg, int local_rank, hc_ib_choice_t *choi
     }
     hc_ib_choice_t c;
     if (hc_ibdev_for_rank(cfg->sysfs_root, cfg->hca, local_rank, NULL, cfg->gid_index, 0, &c, why,
-                          whylen) != 0)
+                          whylen) != HCOLL_SUCCESS)
         return 0;
     if (choice_out)
         *choice_out = c;
@@ -508,7 +508,7 @@ hcoll_status_t hc_ib_create(const hc_transport_params_t *params, const hc_ib_con
         hc_pci_bdf_path(cfg->sysfs_root, bdf, gpu_path, sizeof gpu_path) == 0)
         gp = gpu_path;
     if (hc_ibdev_for_rank(cfg->sysfs_root, cfg->hca, local_rank, gp, cfg->gid_index, prefer_ip,
-                          &tr->choice, err, sizeof err) != 0) {
+                          &tr->choice, err, sizeof err) != HCOLL_SUCCESS) {
         st = tr_fail(tr, HCOLL_ERR_RDMA, "%s", err);
         goto fail;
     }
