@@ -401,9 +401,10 @@ HCOLL_API hcoll_status_t hcoll_get_unique_id(hcoll_unique_id_t *id_out)
         return hc_err_set(NULL, HC_INIT, -1, n < 0 ? HCOLL_ERR_INVALID_ARG : HCOLL_ERR_NETWORK,
                           "get_unique_id: HCOLL_SOCKET_IFNAME: %s", err);
     memset(&u, 0, sizeof u);
-    int fd = hc_boot_listen(&ifs[0].addr, &u.root, err, sizeof err);
-    if (fd < 0)
-        return hc_err_set(NULL, HC_INIT, -1, HCOLL_ERR_NETWORK, "get_unique_id: %s", err);
+    int fd;
+    hcoll_status_t st = hc_boot_listen(&ifs[0].addr, NULL, -1, "get_unique_id", &fd, &u.root);
+    if (st != HCOLL_SUCCESS)
+        return st;
     if (hc_random_bytes(u.secret, sizeof u.secret) != 0) {
         close(fd);
         return hc_err_set(NULL, HC_INIT, -1, HCOLL_ERR_SYSTEM, "get_unique_id: getrandom: %s",
@@ -424,7 +425,6 @@ HCOLL_API hcoll_status_t hcoll_comm_init(hcoll_comm_t *comm_out, int nranks, int
                                          const hcoll_unique_id_t *id,
                                          const hcoll_config_t *config)
 {
-    char err[200];
     hc_uid_t u;
     if (!comm_out || !id)
         return hc_err_set(NULL, HC_INIT, rank, HCOLL_ERR_INVALID_ARG, "init: %s is NULL",
@@ -432,8 +432,9 @@ HCOLL_API hcoll_status_t hcoll_comm_init(hcoll_comm_t *comm_out, int nranks, int
     if (nranks < 1 || rank < 0 || rank >= nranks)
         return hc_err_set(NULL, HC_INIT, rank, HCOLL_ERR_INVALID_ARG,
                           "init: rank %d is not in 0..nranks-1 (nranks %d)", rank, nranks);
-    if (hc_uid_decode(id, &u, err, sizeof err) != 0)
-        return hc_err_set(NULL, HC_INIT, rank, HCOLL_ERR_INVALID_ARG, "init: %s", err);
+    hcoll_status_t st = hc_uid_decode(id, NULL, rank, &u);
+    if (st != HCOLL_SUCCESS)
+        return st;
 
     init_args_t ia;
     memset(&ia, 0, sizeof ia);
@@ -444,7 +445,7 @@ HCOLL_API hcoll_status_t hcoll_comm_init(hcoll_comm_t *comm_out, int nranks, int
     memcpy(ia.key, u.secret, sizeof ia.key);
     ia.authenticated = 1;
     hc_secure_zero(&u, sizeof u);
-    hcoll_status_t st = comm_create(&ia, config, comm_out);
+    st = comm_create(&ia, config, comm_out);
     hc_secure_zero(ia.key, sizeof ia.key);
     return st;
 }
