@@ -88,7 +88,8 @@ static hcoll_status_t client_handshake(hc_boot_t *b, int fd, const unsigned char
     if (st != HCOLL_SUCCESS)
         return hc_bio_err(b, st, 0, "init: waiting for the root's challenge", b->timeout_ms);
     hc_bwire_unpack(hb, &h);
-    if (!hc_bwire_sane(&h, why, sizeof why) || h.type != HC_BMSG_CHALLENGE || h.len != HC_BWIRE_NONCE_BYTES)
+    if (!hc_bwire_sane(&h, why, sizeof why) || h.type != HC_BMSG_CHALLENGE ||
+        h.len != HC_BWIRE_NONCE_BYTES)
         return hc_err_set(b->eb, HC_BOOT, b->rank, HCOLL_ERR_NETWORK,
                           "init: %s does not speak the hcoll bootstrap protocol (%s)",
                           hc_sockaddr_str(&b->root, as, sizeof as),
@@ -110,19 +111,21 @@ static hcoll_status_t client_handshake(hc_boot_t *b, int fd, const unsigned char
         return hc_err_set(b->eb, HC_BOOT, b->rank, HCOLL_ERR_SYSTEM, "init: getrandom: %s",
                           strerror(errno));
     hc_bwire_mac(key, 'C', nonce_s, a + 12, (uint32_t)b->rank, (uint32_t)b->nranks,
-             (uint32_t)rec_len, a + 12 + HC_BWIRE_NONCE_BYTES);
+                 (uint32_t)rec_len, a + 12 + HC_BWIRE_NONCE_BYTES);
     st = hc_bio_send(b, fd, m, sizeof m, deadline);
     if (st != HCOLL_SUCCESS) {
         *retry_out = st == HCOLL_ERR_PEER_FAILED;
-        return *retry_out ? st : hc_bio_err(b, st, 0, "init: sending the authentication", b->timeout_ms);
+        return *retry_out ? st
+                          : hc_bio_err(b, st, 0, "init: sending the authentication", b->timeout_ms);
     }
 
     unsigned char ok[HC_BWIRE_MAC_BYTES], want[HC_BWIRE_MAC_BYTES];
-    st = hc_bio_recv_msg(b, fd, 0, HC_BMSG_AUTH_OK, 0, ok, HC_BWIRE_MAC_BYTES, deadline, "init: authentication");
+    st = hc_bio_recv_msg(b, fd, 0, HC_BMSG_AUTH_OK, 0, ok, HC_BWIRE_MAC_BYTES, deadline,
+                         "init: authentication");
     if (st != HCOLL_SUCCESS)
         return st;
     hc_bwire_mac(key, 'S', nonce_s, a + 12, (uint32_t)b->rank, (uint32_t)b->nranks,
-             (uint32_t)rec_len, want);
+                 (uint32_t)rec_len, want);
     if (!hc_ct_equal(ok, want, HC_BWIRE_MAC_BYTES))
         return hc_err_set(b->eb, HC_BOOT, b->rank, HCOLL_ERR_MISMATCH,
                           "init: the process at %s did not prove that it holds the job's "
@@ -169,7 +172,8 @@ hcoll_status_t hc_boot_client_rendezvous(hc_boot_t *b, const unsigned char *key,
     /* The root is the one that knows who is missing: give its verdict a
      * moment past our own deadline to arrive. */
     st = hc_bio_recv_msg(b, fd, 0, HC_BMSG_TABLE, 0, recs, (size_t)b->nranks * rec_len,
-                  deadline + HC_BOOT_VERDICT_GRACE_MS, "init: waiting for every rank to join");
+                         deadline + HC_BOOT_VERDICT_GRACE_MS,
+                         "init: waiting for every rank to join");
     if (st != HCOLL_SUCCESS)
         goto out;
     HC_TRACE(HC_BOOT, b->rank, "bootstrap: joined in %.0f ms", hc_now_ms() - t0);

@@ -24,16 +24,97 @@
 #include "base/log.h"
 #include "boot/io.h"
 
+/* The root's view of one gather: how much of each rank's UP it has. */
+typedef struct gather {
+    hc_boot_t *b;
+    uint32_t arg;
+    unsigned char *all;
+    size_t len;
+    const char *what;
+    size_t *got;                               /* header and body bytes, per rank */
+    unsigned char (*hb)[HC_BWIRE_HDR_BYTES];   /* headers, per rank */
+} gather_t;
+
+/* Rank r's complete header: an UP of this very call and length. */
+static hcoll_status_t gather_check_hdr(gather_t *g, int r)
+{
+    hc_bwire_hdr_t h;
+    char why[96];
+    hc_bwire_unpack(g->hb[r], &h);
+    if (!hc_bwire_sane(&h, why, sizeof why) || h.type != HC_BMSG_UP)
+        return hc_err_set(g->b->eb, HC_BOOT, 0, HCOLL_ERR_NETWORK,
+                          "%s: rank %d sent an unexpected message (type %u)", g->what, r, h.type);
+    if (h.arg != g->arg)
+        return hc_err_set(g->b->eb, HC_BOOT, 0, HCOLL_ERR_MISMATCH,
+                          "%s: rank %d is in %s #%u (set-up collectives called in "
+                          "a different order)",
+                          g->what, r, hc_bwire_op_name(h.arg >> 24), h.arg & 0xffffff);
+    if (h.len != g->len)
+        return hc_err_set(g->b->eb, HC_BOOT, 0, HCOLL_ERR_MISMATCH,
+                          "%s: rank %d contributes %u bytes, this rank %zu (len "
+                          "differs between ranks)", g->what, r, h.len, g->len);
+    return HCOLL_SUCCESS;
+}
+
+/* Read what rank r's connection holds without blocking: the header into
+ * hb[r], the body straight into its slot of all. */
+static hcoll_status_t gather_feed(gather_t *g, int r)
+{
+    hc_boot_t *b = g->b;
+    const size_t hdr = HC_BWIRE_HDR_BYTES;
+    for (;;) {
+        size_t got = g->got[r];
+        unsigned char *dst = got < hdr ? g->hb[r] + got : g->all + (size_t)r * g->len + (got - hdr);
+        size_t want = got < hdr ? hdr - got : hdr + g->len - got;
+        if (want == 0)
+            return HCOLL_SUCCESS;
+        ssize_t m = recv(b->conn[r], dst, want, 0);
+        if (m < 0 && errno == EINTR)
+            continue;
+        if (m < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return HCOLL_SUCCESS;
+        if (m <= 0) {
+            b->saved_errno = m < 0 ? errno : 0;
+            return hc_bio_err(b, HCOLL_ERR_PEER_FAILED, r, g->what, 0);
+        }
+        g->got[r] += (size_t)m;
+        if (g->got[r] == hdr) {
+            hcoll_status_t st = gather_check_hdr(g, r);
+            if (st != HCOLL_SUCCESS)
+                return st;
+        }
+    }
+}
+
+/* The deadline passed: name the ranks whose UP is not complete. */
+static hcoll_status_t gather_missing(gather_t *g, double waited_ms)
+{
+    const int n = g->b->nranks;
+    char *present = calloc((size_t)n, 1);
+    char list[160] = "?";
+    if (present) {
+        for (int r = 0; r < n; r++)
+            present[r] = r == 0 || g->got[r] == HC_BWIRE_HDR_BYTES + g->len;
+        hc_bio_format_ranks(present, n, list, sizeof list);
+        free(present);
+    }
+    return hc_err_set(g->b->eb, HC_BOOT, 0, HCOLL_ERR_TIMEOUT,
+                      "%s: rank(s) %s did not take part within %.0f ms (HCOLL_TIMEOUT_MS)",
+                      g->what, list, waited_ms);
+}
+
+/* Root: receive UP(len) from every rank in parallel (so that whichever
+ * rank fails first is noticed at once), each into all + r*len. */
 static hcoll_status_t root_gather(hc_boot_t *b, uint32_t arg, unsigned char *all, size_t len,
                                   double deadline, const char *what)
 {
     hcoll_status_t st = HCOLL_SUCCESS;
     const int n = b->nranks;
-    size_t *got = calloc((size_t)n, sizeof *got);
-    unsigned char(*hb)[HC_BWIRE_HDR_BYTES] = calloc((size_t)n, HC_BWIRE_HDR_BYTES);
+    gather_t g = { b, arg, all, len, what, calloc((size_t)n, sizeof *g.got),
+                   calloc((size_t)n, HC_BWIRE_HDR_BYTES) };
     struct pollfd *pf = calloc((size_t)n + 1, sizeof *pf);
     int *who = calloc((size_t)n + 1, sizeof *who);
-    if (!got || !hb || !pf || !who) {
+    if (!g.got || !g.hb || !pf || !who) {
         st = hc_err_set(b->eb, HC_BOOT, 0, HCOLL_ERR_NO_MEMORY, "%s: out of memory", what);
         goto clean_bufs;
     }
@@ -43,24 +124,14 @@ static hcoll_status_t root_gather(hc_boot_t *b, uint32_t arg, unsigned char *all
         int np = 0;
         pf[np++] = (struct pollfd){ b->abort_fd, POLLIN, 0 };
         for (int r = 1; r < n; r++) {
-            if (got[r] < HC_BWIRE_HDR_BYTES + len) {
+            if (g.got[r] < HC_BWIRE_HDR_BYTES + len) {
                 who[np] = r;
                 pf[np++] = (struct pollfd){ b->conn[r], POLLIN, 0 };
             }
         }
         double wait = deadline - hc_now_ms();
         if (wait <= 0) {
-            char *present = calloc((size_t)n, 1);
-            char list[160] = "?";
-            if (present) {
-                for (int r = 0; r < n; r++)
-                    present[r] = r == 0 || got[r] == HC_BWIRE_HDR_BYTES + len;
-                hc_bio_format_ranks(present, n, list, sizeof list);
-                free(present);
-            }
-            st = hc_err_set(b->eb, HC_BOOT, 0, HCOLL_ERR_TIMEOUT,
-                            "%s: rank(s) %s did not take part within %.0f ms (HCOLL_TIMEOUT_MS)",
-                            what, list, deadline - t0);
+            st = gather_missing(&g, deadline - t0);
             goto clean_bufs;
         }
         int k = poll(pf, (nfds_t)np, (int)(wait + 0.999));
@@ -78,59 +149,16 @@ static hcoll_status_t root_gather(hc_boot_t *b, uint32_t arg, unsigned char *all
         for (int i = 1; i < np; i++) {
             if (!pf[i].revents)
                 continue;
-            const int r = who[i];
-            for (;;) {
-                unsigned char *dst = got[r] < HC_BWIRE_HDR_BYTES ? hb[r] + got[r]
-                                                        : all + (size_t)r * len + (got[r] - HC_BWIRE_HDR_BYTES);
-                size_t want = got[r] < HC_BWIRE_HDR_BYTES ? HC_BWIRE_HDR_BYTES - got[r] : HC_BWIRE_HDR_BYTES + len - got[r];
-                if (want == 0)
-                    break;
-                ssize_t m = recv(b->conn[r], dst, want, 0);
-                if (m < 0 && errno == EINTR)
-                    continue;
-                if (m < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-                    break;
-                if (m <= 0) {
-                    b->saved_errno = m < 0 ? errno : 0;
-                    st = hc_bio_err(b, HCOLL_ERR_PEER_FAILED, r, what, 0);
-                    goto clean_bufs;
-                }
-                got[r] += (size_t)m;
-                if (got[r] == HC_BWIRE_HDR_BYTES) {
-                    hc_bwire_hdr_t h;
-                    char why[96];
-                    hc_bwire_unpack(hb[r], &h);
-                    if (!hc_bwire_sane(&h, why, sizeof why) || h.type != HC_BMSG_UP) {
-                        st = hc_err_set(b->eb, HC_BOOT, 0, HCOLL_ERR_NETWORK,
-                                        "%s: rank %d sent an unexpected message (type %u)", what,
-                                        r, h.type);
-                        goto clean_bufs;
-                    }
-                    if (h.arg != arg) {
-                        unsigned op = h.arg >> 24;
-                        st = hc_err_set(b->eb, HC_BOOT, 0, HCOLL_ERR_MISMATCH,
-                                        "%s: rank %d is in %s #%u (set-up collectives called in "
-                                        "a different order)",
-                                        what, r, hc_bwire_op_name(op), h.arg & 0xffffff);
-                        goto clean_bufs;
-                    }
-                    if (h.len != len) {
-                        st = hc_err_set(b->eb, HC_BOOT, 0, HCOLL_ERR_MISMATCH,
-                                        "%s: rank %d contributes %u bytes, this rank %zu (len "
-                                        "differs between ranks)", what, r, h.len, len);
-                        goto clean_bufs;
-                    }
-                }
-            }
-            if (got[r] == HC_BWIRE_HDR_BYTES + len)
+            HC_CHECK(gather_feed(&g, who[i]), clean_bufs);
+            if (g.got[who[i]] == HC_BWIRE_HDR_BYTES + len)
                 left--;
         }
     }
 clean_bufs:
     free(who);
     free(pf);
-    free(hb);
-    free(got);
+    free(g.hb);
+    free(g.got);
     return st;
 }
 
@@ -162,7 +190,8 @@ static hcoll_status_t coll_run(hc_boot_t *b, unsigned op, const void *mine, void
     if (b->rank == 0) {
         if (op == HC_BOOT_OP_BCAST) {
             if (root != 0)
-                HC_CHECK(hc_bio_recv_msg(b, b->conn[root], root, HC_BMSG_UP, arg, out, len, deadline, what),
+                HC_CHECK(hc_bio_recv_msg(b, b->conn[root], root, HC_BMSG_UP, arg, out, len,
+                                         deadline, what),
                          clean_conns);
         } else {
             if (len)
@@ -180,7 +209,8 @@ static hcoll_status_t coll_run(hc_boot_t *b, unsigned op, const void *mine, void
         }
     } else {
         if (op != HC_BOOT_OP_BCAST || root == b->rank) {
-            st = hc_bio_send_msg(b, b->conn[0], HC_BMSG_UP, arg, op == HC_BOOT_OP_BCAST ? out : mine, len, deadline);
+            const void *up = op == HC_BOOT_OP_BCAST ? out : mine;
+            st = hc_bio_send_msg(b, b->conn[0], HC_BMSG_UP, arg, up, len, deadline);
             if (st != HCOLL_SUCCESS) {
                 st = hc_bio_err(b, st, 0, what, b->timeout_ms);
                 goto clean_conns;
@@ -190,7 +220,7 @@ static hcoll_status_t coll_run(hc_boot_t *b, unsigned op, const void *mine, void
          * a moment past our own deadline. */
         if (op != HC_BOOT_OP_BCAST || root != b->rank)
             HC_CHECK(hc_bio_recv_msg(b, b->conn[0], 0, HC_BMSG_DOWN, arg, out, total,
-                              deadline + HC_BOOT_VERDICT_GRACE_MS, what),
+                                     deadline + HC_BOOT_VERDICT_GRACE_MS, what),
                      clean_conns);
     }
     pthread_mutex_unlock(&b->call_lock);

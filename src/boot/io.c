@@ -134,7 +134,7 @@ hcoll_status_t hc_bio_send_msg(hc_boot_t *b, int fd, unsigned type, uint32_t arg
 }
 
 hcoll_status_t hc_bio_err(hc_boot_t *b, hcoll_status_t st, int who, const char *what,
-                             int64_t waited_ms)
+                          int64_t waited_ms)
 {
     switch (st) {
     case HCOLL_ERR_ABORTED:

@@ -152,7 +152,8 @@ static int root_auth(root_ctx_t *rc, int i)
     pend_t *p = &rc->pend[i];
     hc_boot_t *b = rc->b;
     const unsigned char *a = p->buf + HC_BWIRE_HDR_BYTES;
-    uint32_t rank = hc_bwire_get32(a), nranks = hc_bwire_get32(a + 4), rec_len = hc_bwire_get32(a + 8);
+    uint32_t rank = hc_bwire_get32(a), nranks = hc_bwire_get32(a + 4);
+    uint32_t rec_len = hc_bwire_get32(a + 8);
     const unsigned char *nonce_c = a + 12, *mac = a + 12 + HC_BWIRE_NONCE_BYTES;
     unsigned char want[HC_BWIRE_MAC_BYTES];
     char text[160];
@@ -186,7 +187,8 @@ static int root_auth(root_ctx_t *rc, int i)
     }
     unsigned char m[HC_BWIRE_HDR_BYTES + HC_BWIRE_MAC_BYTES];
     hc_bwire_pack(m, HC_BMSG_AUTH_OK, HC_BWIRE_MAC_BYTES, 0);
-    hc_bwire_mac(rc->key, 'S', p->nonce_s, nonce_c, rank, nranks, rec_len, m + HC_BWIRE_HDR_BYTES);
+    hc_bwire_mac(rc->key, 'S', p->nonce_s, nonce_c, rank, nranks, rec_len,
+                 m + HC_BWIRE_HDR_BYTES);
     if (send(p->fd, m, sizeof m, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof m) {
         pend_drop(rc, i, "rank %u: could not send the authentication answer", rank);
         return 0;
@@ -210,7 +212,9 @@ static int root_pend_progress(root_ctx_t *rc, int i)
         size_t need;
         switch (p->state) {
         case P_AUTH_HDR: dst = p->buf + p->got, need = HC_BWIRE_HDR_BYTES; break;
-        case P_AUTH_BODY: dst = p->buf + p->got, need = HC_BWIRE_HDR_BYTES + HC_BWIRE_AUTH_BYTES; break;
+        case P_AUTH_BODY:
+            dst = p->buf + p->got, need = HC_BWIRE_HDR_BYTES + HC_BWIRE_AUTH_BYTES;
+            break;
         case P_REC_HDR: dst = p->buf + p->got, need = HC_BWIRE_HDR_BYTES; break;
         default: /* the record lands straight in its slot of the table */
             dst = rc->recs + (size_t)p->rank * rc->rec_len + (p->got - HC_BWIRE_HDR_BYTES);
@@ -263,7 +267,8 @@ static int root_pend_progress(root_ctx_t *rc, int i)
             break;
         case P_REC_HDR:
             hc_bwire_unpack(p->buf, &h);
-            if (!hc_bwire_sane(&h, why, sizeof why) || h.type != HC_BMSG_RECORD || h.len != rc->rec_len) {
+            if (!hc_bwire_sane(&h, why, sizeof why) || h.type != HC_BMSG_RECORD ||
+                h.len != rc->rec_len) {
                 pend_drop(rc, i, "rank %d: expected its record (%zu bytes), got type %u length %u",
                           p->rank, rc->rec_len, h.type, h.len);
                 return 0;
