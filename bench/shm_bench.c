@@ -102,7 +102,7 @@ static int bench_rank(bench_shared_t *sh, int lrank, const char *name, size_t co
         hc_intra_shm_ops.barrier(ctx)) {
         fprintf(stderr, "local rank %d: %s\n", lrank, eb.msg);
         rc = 1;
-        goto out;
+        goto clean_intra;
     }
     double t0 = bench_now();
     for (int it = 0; it < iters; it++) {
@@ -110,11 +110,11 @@ static int bench_rank(bench_shared_t *sh, int lrank, const char *name, size_t co
                                        NULL)) {
             fprintf(stderr, "local rank %d: %s\n", lrank, eb.msg);
             rc = 1;
-            goto out;
+            goto clean_intra;
         }
     }
     sh->seconds[lrank] = (bench_now() - t0) / iters;
-out:
+clean_intra:
     hc_intra_destroy(ctx);
     free(send);
     free(recv);

@@ -126,36 +126,42 @@ static int under_mpirun(void)
 }
 #endif
 
+#if HCOLL_PERF_MPI
+/* The usual MPI way: rank 0's unique id, broadcast. */
+static hcoll_status_t comm_init_mpi(hp_perf_t *p)
+{
+    hcoll_status_t st;
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    p->rank = rank;
+    hcoll_unique_id_t id;
+    memset(&id, 0, sizeof id);
+    int ok = 1;
+    if (rank == 0 && (st = hcoll_get_unique_id(&id)) != HCOLL_SUCCESS) {
+        fprintf(stderr, "hcoll_perf: hcoll_get_unique_id: %s (%s)\n", hcoll_status_name(st),
+                hcoll_comm_last_error(NULL));
+        ok = 0;
+    }
+    MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    if (!ok)
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+    return hcoll_comm_init(&p->comm, size, rank, &id, NULL);
+}
+#endif
+
+/* The communicator, by MPI under mpirun unless the env launch variables
+ * are set, else by hcoll_comm_init_env; exits on failure. */
 static void comm_create(hp_perf_t *p)
 {
     hcoll_status_t st;
 #if HCOLL_PERF_MPI
-    if (p->mpi && !getenv("HCOLL_RANK") && !getenv("HCOLL_ROOT") && !getenv("MASTER_ADDR")) {
-        /* The usual MPI way: rank 0's unique id, broadcast. */
-        int rank, size;
-        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-        MPI_Comm_size(MPI_COMM_WORLD, &size);
-        p->rank = rank;
-        hcoll_unique_id_t id;
-        memset(&id, 0, sizeof id);
-        int ok = 1;
-        if (rank == 0 && (st = hcoll_get_unique_id(&id)) != HCOLL_SUCCESS) {
-            fprintf(stderr, "hcoll_perf: hcoll_get_unique_id: %s (%s)\n", hcoll_status_name(st),
-                    hcoll_comm_last_error(NULL));
-            ok = 0;
-        }
-        MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
-        if (!ok)
-            MPI_Abort(MPI_COMM_WORLD, 1);
-        MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
-        st = hcoll_comm_init(&p->comm, size, rank, &id, NULL);
-        goto done;
-    }
+    if (p->mpi && !getenv("HCOLL_RANK") && !getenv("HCOLL_ROOT") && !getenv("MASTER_ADDR"))
+        st = comm_init_mpi(p);
+    else
 #endif
-    st = hcoll_comm_init_env(&p->comm, NULL);
-#if HCOLL_PERF_MPI
-done:
-#endif
+        st = hcoll_comm_init_env(&p->comm, NULL);
     if (st != HCOLL_SUCCESS) {
         fprintf(stderr, "hcoll_perf: rank %d: hcoll_comm_init: %s (%s)\n", hp_launcher_rank(),
                 hcoll_status_name(st), hcoll_comm_last_error(NULL));
