@@ -21,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/config.h"
 #include "base/reduce.h"
 #include "intra/intra.h"
 
@@ -28,6 +29,7 @@
 
 typedef struct bench_shared {
     int L;
+    size_t chunk_bytes;
     volatile int arrived[2];
     unsigned char ag[BENCH_MAXL * 64];
     volatile double seconds[BENCH_MAXL];
@@ -79,13 +81,10 @@ static int bench_rank(bench_shared_t *sh, int lrank, const char *name, size_t co
     hc_errbuf_init(&eb);
     bench_ag_t ag = { sh, lrank };
     hc_intra_params_t p = {
-        .local_rank = lrank, .local_size = sh->L, .name = name, .chunk_bytes = 1 << 20,
+        .local_rank = lrank, .local_size = sh->L, .name = name, .chunk_bytes = sh->chunk_bytes,
         .timeout_ms = 30000, .errbuf = &eb, .rank = lrank, .allgather = bench_allgather,
         .allgather_ctx = &ag,
     };
-    const char *chunk = getenv("HCOLL_CHUNK_BYTES");
-    if (chunk)
-        p.chunk_bytes = (size_t)strtoull(chunk, NULL, 0);
     hc_intra_t *ctx;
     if (hc_intra_shm_ops.create(&p, &ctx) != HCOLL_SUCCESS) {
         fprintf(stderr, "local rank %d: create: %s\n", lrank, eb.msg);
@@ -103,7 +102,7 @@ static int bench_rank(bench_shared_t *sh, int lrank, const char *name, size_t co
         hc_intra_shm_ops.barrier(ctx)) {
         fprintf(stderr, "local rank %d: %s\n", lrank, eb.msg);
         rc = 1;
-        goto out;
+        goto clean_intra;
     }
     double t0 = bench_now();
     for (int it = 0; it < iters; it++) {
@@ -111,18 +110,18 @@ static int bench_rank(bench_shared_t *sh, int lrank, const char *name, size_t co
                                        NULL)) {
             fprintf(stderr, "local rank %d: %s\n", lrank, eb.msg);
             rc = 1;
-            goto out;
+            goto clean_intra;
         }
     }
     sh->seconds[lrank] = (bench_now() - t0) / iters;
-out:
+clean_intra:
     hc_intra_destroy(ctx);
     free(send);
     free(recv);
     return rc;
 }
 
-static double bench_allreduce(int L, size_t bytes, int iters)
+static double bench_allreduce(int L, size_t bytes, size_t chunk_bytes, int iters)
 {
     bench_shared_t *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE,
                               MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -130,6 +129,7 @@ static double bench_allreduce(int L, size_t bytes, int iters)
         return -1;
     memset(sh, 0, sizeof *sh);
     sh->L = L;
+    sh->chunk_bytes = chunk_bytes;
     char name[64];
     snprintf(name, sizeof name, "/hcoll-bench-%d-%d", (int)getpid(), L);
     pid_t pids[BENCH_MAXL];
@@ -174,6 +174,26 @@ static double bench_memcpy(size_t bytes, int iters)
     return best;
 }
 
+/* HCOLL_CHUNK_BYTES when set, parsed by the configuration table so that a
+ * malformed value is an error naming it; else 1 MiB, this benchmark's own
+ * default. 0 ok, -1 with a message in err. */
+static int bench_chunk_bytes(size_t *chunk_out, char *err, size_t errlen)
+{
+    const hc_knob_t *k = hc_knob_find("HCOLL_CHUNK_BYTES");
+    int from_env = 0;
+    const char *v = hc_knob_current(k, &from_env);
+    if (!from_env) {
+        *chunk_out = (size_t)1 << 20;
+        return 0;
+    }
+    hc_params_t params;
+    memset(&params, 0, sizeof params);
+    if (hc_knob_parse(k, v, &params, err, errlen) != 0)
+        return -1;
+    *chunk_out = (size_t)params.chunk_bytes;
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     size_t mib = argc > 1 ? (size_t)atoi(argv[1]) : 64;
@@ -183,7 +203,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: %s [MiB] [iterations] [local sizes, e.g. 2,4]\n", argv[0]);
         return 2;
     }
-    size_t bytes = mib << 20;
+    size_t bytes = mib << 20, chunk_bytes;
+    char err[300];
+    if (bench_chunk_bytes(&chunk_bytes, err, sizeof err) != 0) {
+        fprintf(stderr, "%s: %s\n", argv[0], err);
+        return 2;
+    }
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     double tcopy = bench_memcpy(bytes, iters);
     double copy_gbs = (double)bytes / tcopy / 1e9;
@@ -196,7 +221,7 @@ int main(int argc, char **argv)
     for (const char *p = sizes; *p;) {
         int L = atoi(p);
         if (L >= 1 && L <= BENCH_MAXL) {
-            double t = bench_allreduce(L, bytes, iters);
+            double t = bench_allreduce(L, bytes, chunk_bytes, iters);
             if (t < 0) {
                 printf("%4d  failed\n", L);
                 rc = 1;

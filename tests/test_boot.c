@@ -177,9 +177,10 @@ static int attacker(stray_arg_t *a)
 {
     hcoll_unique_id_t id;
     hc_uid_t u;
-    char err[200], text[300];
+    char text[300];
     ATTACK_REQUIRE(hct_share_unique_id(&a->slot, 1, 20000, &id) == 0, "no id");
-    ATTACK_REQUIRE(hc_uid_decode(&id, &u, err, sizeof err) == 0, "decode: %s", err);
+    ATTACK_REQUIRE(hc_uid_decode(&id, NULL, 1, &u) == HCOLL_SUCCESS, "decode: %s",
+                   hc_errbuf_get(hc_errbuf_thread()));
     /* Strike while ranks 0 and 1 are in init, after rank 1 registered. */
     ATTACK_REQUIRE(wait_flag(&a->rank1_started, 20000) == 0, "rank 1 never started");
     usleep(300 * 1000);

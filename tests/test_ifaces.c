@@ -205,7 +205,7 @@ START_TEST(unique_id_encoding)
 {
     hc_uid_t u, v;
     hcoll_unique_id_t id;
-    char err[200], s1[80], s2[80];
+    char s1[80], s2[80];
     memset(&u, 0, sizeof u);
     u.root.sin.sin_family = AF_INET;
     inet_pton(AF_INET, "127.0.0.1", &u.root.sin.sin_addr);
@@ -213,7 +213,7 @@ START_TEST(unique_id_encoding)
     for (int i = 0; i < HC_UID_SECRET_BYTES; i++)
         u.secret[i] = (unsigned char)(i * 13 + 1);
     hc_uid_encode(&u, &id);
-    ck_assert_int_eq(hc_uid_decode(&id, &v, err, sizeof err), 0);
+    ck_assert_int_eq(hc_uid_decode(&id, NULL, -1, &v), HCOLL_SUCCESS);
     ck_assert_str_eq(hc_sockaddr_str(&v.root, s1, sizeof s1), "127.0.0.1:40000");
     ck_assert(memcmp(u.secret, v.secret, sizeof u.secret) == 0);
 
@@ -223,7 +223,7 @@ START_TEST(unique_id_encoding)
     u.root.sin6.sin6_scope_id = 7;
     hc_sockaddr_set_port(&u.root, 1234);
     hc_uid_encode(&u, &id);
-    ck_assert_int_eq(hc_uid_decode(&id, &v, err, sizeof err), 0);
+    ck_assert_int_eq(hc_uid_decode(&id, NULL, -1, &v), HCOLL_SUCCESS);
     ck_assert_str_eq(hc_sockaddr_str(&v.root, s2, sizeof s2), "[2001:db8::42]:1234");
     ck_assert_int_eq(v.root.sin6.sin6_scope_id, 7);
 
@@ -231,11 +231,11 @@ START_TEST(unique_id_encoding)
     for (int i = 0; i < 64; i++) {
         hcoll_unique_id_t bad = id;
         bad.internal[i] ^= 0x01;
-        ck_assert_msg(hc_uid_decode(&bad, &v, err, sizeof err) == -1, "byte %d", i);
+        ck_assert_msg(hc_uid_decode(&bad, NULL, -1, &v) == HCOLL_ERR_INVALID_ARG, "byte %d", i);
     }
     hcoll_unique_id_t zero;
     memset(&zero, 0, sizeof zero);
-    ck_assert_int_eq(hc_uid_decode(&zero, &v, err, sizeof err), -1);
+    ck_assert_int_eq(hc_uid_decode(&zero, NULL, -1, &v), HCOLL_ERR_INVALID_ARG);
 }
 END_TEST
 

@@ -117,9 +117,6 @@ void hc_boot_destroy(hc_boot_t *b);
 /* The status that broke this boot, or HCOLL_SUCCESS while it is healthy. */
 hcoll_status_t hc_boot_status(const hc_boot_t *b);
 
-/* The address the root listens on (rank 0: the one it bound). */
-const hc_sockaddr_t *hc_boot_root_addr(const hc_boot_t *b);
-
 /* Shared secrets: the unique id's secret is used as the key directly; a
  * launcher's HCOLL_SECRET string is hashed into one. The unauthenticated
  * mode uses a fixed public key so that it runs the same protocol. */
@@ -127,9 +124,10 @@ void hc_boot_key_from_string(const char *secret, unsigned char key_out[HC_BOOT_K
 void hc_boot_key_public(unsigned char key_out[HC_BOOT_KEY_BYTES]);
 
 /* Open a listening socket bound to addr (port 0: an ephemeral port), with
- * SO_REUSEADDR, non-blocking, close-on-exec. On success *addr_out (may be
- * NULL) gets the bound address. Returns the fd, or -1 with err set. */
-int hc_boot_listen(const hc_sockaddr_t *addr, hc_sockaddr_t *addr_out, char *err,
-                   size_t errlen);
+ * SO_REUSEADDR, non-blocking, close-on-exec. On success *fd_out is the fd
+ * and *addr_out (may be NULL, may be addr) the bound address; on failure
+ * HCOLL_ERR_NETWORK, recorded in eb with `what` as the message's prefix. */
+hcoll_status_t hc_boot_listen(const hc_sockaddr_t *addr, hc_errbuf_t *eb, int rank,
+                              const char *what, int *fd_out, hc_sockaddr_t *addr_out);
 
 #endif

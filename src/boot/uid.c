@@ -2,15 +2,31 @@
 
 #include <arpa/inet.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "base/log.h"
 #include "boot/hmac.h"
 
 #define UID_MAGIC "HCID"
 #define UID_VERSION 1
 #define UID_CHECKED 60
+
+/* Every way an id can be unreadable is the caller's argument at fault; the
+ * message reads as the init step's, which is the one that decodes ids. */
+static hcoll_status_t bad_id(hc_errbuf_t *eb, int rank, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static hcoll_status_t bad_id(hc_errbuf_t *eb, int rank, const char *fmt, ...)
+{
+    char why[200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    return hc_err_set(eb, HC_INIT, rank, HCOLL_ERR_INVALID_ARG, "init: %s", why);
+}
 
 void hc_uid_encode(const hc_uid_t *u, hcoll_unique_id_t *id_out)
 {
@@ -36,23 +52,18 @@ void hc_uid_encode(const hc_uid_t *u, hcoll_unique_id_t *id_out)
     memcpy(p + UID_CHECKED, d, 4);
 }
 
-int hc_uid_decode(const hcoll_unique_id_t *id, hc_uid_t *u_out, char *err, size_t errlen)
+hcoll_status_t hc_uid_decode(const hcoll_unique_id_t *id, hc_errbuf_t *eb, int rank,
+                             hc_uid_t *u_out)
 {
     const unsigned char *p = id->internal;
     unsigned char d[HC_SHA256_BYTES];
-    if (memcmp(p, UID_MAGIC, 4) != 0) {
-        snprintf(err, errlen, "not a unique id made by hcoll_get_unique_id (bad magic)");
-        return -1;
-    }
-    if (p[4] != UID_VERSION) {
-        snprintf(err, errlen, "unique id version %u (this library reads %u)", p[4], UID_VERSION);
-        return -1;
-    }
+    if (memcmp(p, UID_MAGIC, 4) != 0)
+        return bad_id(eb, rank, "not a unique id made by hcoll_get_unique_id (bad magic)");
+    if (p[4] != UID_VERSION)
+        return bad_id(eb, rank, "unique id version %u (this library reads %u)", p[4], UID_VERSION);
     hc_sha256(p, UID_CHECKED, d);
-    if (memcmp(p + UID_CHECKED, d, 4) != 0) {
-        snprintf(err, errlen, "unique id is corrupted (check bytes differ: not copied whole?)");
-        return -1;
-    }
+    if (memcmp(p + UID_CHECKED, d, 4) != 0)
+        return bad_id(eb, rank, "unique id is corrupted (check bytes differ: not copied whole?)");
     hc_uid_t u;
     memset(&u, 0, sizeof u);
     int port = p[6] << 8 | p[7];
@@ -65,17 +76,14 @@ int hc_uid_decode(const hcoll_unique_id_t *id, hc_uid_t *u_out, char *err, size_
         u.root.sin.sin_family = AF_INET;
         memcpy(&u.root.sin.sin_addr, p + 8, 4);
     } else {
-        snprintf(err, errlen, "unique id has unknown address family %u", p[5]);
-        return -1;
+        return bad_id(eb, rank, "unique id has unknown address family %u", p[5]);
     }
-    if (port == 0) {
-        snprintf(err, errlen, "unique id has port 0");
-        return -1;
-    }
+    if (port == 0)
+        return bad_id(eb, rank, "unique id has port 0");
     hc_sockaddr_set_port(&u.root, port);
     memcpy(u.secret, p + 28, HC_UID_SECRET_BYTES);
     *u_out = u;
-    return 0;
+    return HCOLL_SUCCESS;
 }
 
 /* See uid.h for why this table exists and why it is safe. */

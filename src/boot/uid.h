@@ -35,8 +35,10 @@ typedef struct hc_uid {
 } hc_uid_t;
 
 void hc_uid_encode(const hc_uid_t *u, hcoll_unique_id_t *id_out);
-/* 0, or -1 with a message when id is not a valid unique id. */
-int hc_uid_decode(const hcoll_unique_id_t *id, hc_uid_t *u_out, char *err, size_t errlen);
+/* HCOLL_SUCCESS, or HCOLL_ERR_INVALID_ARG recorded in eb (NULL: the
+ * thread's buffer) as the init step's when id is not a valid unique id. */
+hcoll_status_t hc_uid_decode(const hcoll_unique_id_t *id, hc_errbuf_t *eb, int rank,
+                             hc_uid_t *u_out);
 
 /* Park a listening fd under secret (the table takes ownership). */
 void hc_uid_park(const unsigned char secret[HC_UID_SECRET_BYTES], int fd);

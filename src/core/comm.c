@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "boot/hmac.h"
+#include "boot/launch.h"
 #include "boot/uid.h"
 #include "base/log.h"
 #include "gdr/gdr.h"
@@ -400,9 +401,10 @@ HCOLL_API hcoll_status_t hcoll_get_unique_id(hcoll_unique_id_t *id_out)
     if (st != HCOLL_SUCCESS)
         return hc_err_set(NULL, HC_INIT, -1, st, "get_unique_id: HCOLL_SOCKET_IFNAME: %s", err);
     memset(&u, 0, sizeof u);
-    int fd = hc_boot_listen(&ifs[0].addr, &u.root, err, sizeof err);
-    if (fd < 0)
-        return hc_err_set(NULL, HC_INIT, -1, HCOLL_ERR_NETWORK, "get_unique_id: %s", err);
+    int fd;
+    hcoll_status_t st = hc_boot_listen(&ifs[0].addr, NULL, -1, "get_unique_id", &fd, &u.root);
+    if (st != HCOLL_SUCCESS)
+        return st;
     if (hc_random_bytes(u.secret, sizeof u.secret) != 0) {
         close(fd);
         return hc_err_set(NULL, HC_INIT, -1, HCOLL_ERR_SYSTEM, "get_unique_id: getrandom: %s",
@@ -423,7 +425,6 @@ HCOLL_API hcoll_status_t hcoll_comm_init(hcoll_comm_t *comm_out, int nranks, int
                                          const hcoll_unique_id_t *id,
                                          const hcoll_config_t *config)
 {
-    char err[200];
     hc_uid_t u;
     if (!comm_out || !id)
         return hc_err_set(NULL, HC_INIT, rank, HCOLL_ERR_INVALID_ARG, "init: %s is NULL",
@@ -431,8 +432,9 @@ HCOLL_API hcoll_status_t hcoll_comm_init(hcoll_comm_t *comm_out, int nranks, int
     if (nranks < 1 || rank < 0 || rank >= nranks)
         return hc_err_set(NULL, HC_INIT, rank, HCOLL_ERR_INVALID_ARG,
                           "init: rank %d is not in 0..nranks-1 (nranks %d)", rank, nranks);
-    if (hc_uid_decode(id, &u, err, sizeof err) != 0)
-        return hc_err_set(NULL, HC_INIT, rank, HCOLL_ERR_INVALID_ARG, "init: %s", err);
+    hcoll_status_t st = hc_uid_decode(id, NULL, rank, &u);
+    if (st != HCOLL_SUCCESS)
+        return st;
 
     init_args_t ia;
     memset(&ia, 0, sizeof ia);
@@ -443,192 +445,38 @@ HCOLL_API hcoll_status_t hcoll_comm_init(hcoll_comm_t *comm_out, int nranks, int
     memcpy(ia.key, u.secret, sizeof ia.key);
     ia.authenticated = 1;
     hc_secure_zero(&u, sizeof u);
-    hcoll_status_t st = comm_create(&ia, config, comm_out);
+    st = comm_create(&ia, config, comm_out);
     hc_secure_zero(ia.key, sizeof ia.key);
     return st;
 }
 
-/* ------------------------------------------------------------------------ */
-/* Launcher environment                                                       */
-/* ------------------------------------------------------------------------ */
-
-/* 0: unset, 1: parsed, -1: malformed (message in err). */
-static int env_long(const char *name, long lo, long hi, long *out, char *err, size_t errlen)
-{
-    const char *v = getenv(name);
-    if (!v || !*v)
-        return 0;
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || end == v || *end || x < lo || x > hi) {
-        snprintf(err, errlen, "%s='%s' is not an integer in %ld..%ld", name, v, lo, hi);
-        return -1;
-    }
-    *out = x;
-    return 1;
-}
-
-/* Launchers in order of precedence: the first whose rank variable is set
- * decides rank and size (both must be set). */
-static const struct {
-    const char *launcher, *rank, *size;
-} launchers[] = {
-    { "hcoll", "HCOLL_RANK", "HCOLL_NRANKS" },
-    { "Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE" },
-    { "Slurm", "SLURM_PROCID", "SLURM_NTASKS" },
-    { "torchrun", "RANK", "WORLD_SIZE" },
-};
-
-static int env_rank_size(int *rank_out, int *nranks_out, const char **from_out, char *err,
-                         size_t errlen)
-{
-    for (size_t i = 0; i < sizeof launchers / sizeof launchers[0]; i++) {
-        long r, n;
-        int hr = env_long(launchers[i].rank, 0, INT_MAX - 1, &r, err, errlen);
-        if (hr < 0)
-            return -1;
-        if (hr == 0)
-            continue;
-        int hn = env_long(launchers[i].size, 1, INT_MAX, &n, err, errlen);
-        if (hn < 0)
-            return -1;
-        if (hn == 0) {
-            snprintf(err, errlen, "%s is set but %s is not", launchers[i].rank,
-                     launchers[i].size);
-            return -1;
-        }
-        if (r >= n) {
-            snprintf(err, errlen, "%s=%ld is not below %s=%ld", launchers[i].rank, r,
-                     launchers[i].size, n);
-            return -1;
-        }
-        *rank_out = (int)r;
-        *nranks_out = (int)n;
-        *from_out = launchers[i].launcher;
-        return 0;
-    }
-    snprintf(err, errlen, "no launcher variables: set HCOLL_RANK and HCOLL_NRANKS (or run under "
-                          "Open MPI, Slurm or torchrun)");
-    return -1;
-}
-
-static int resolve(const char *host, const char *port, hc_sockaddr_t *out, char *err,
-                   size_t errlen)
-{
-    char *end;
-    errno = 0;
-    long p = strtol(port, &end, 10);
-    if (errno || end == port || *end || p < 1 || p > 65535) {
-        snprintf(err, errlen, "port '%s' is not a number in 1..65535", port);
-        return -1;
-    }
-    struct addrinfo hints, *res;
-    memset(&hints, 0, sizeof hints);
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    int rc = getaddrinfo(host, NULL, &hints, &res);
-    if (rc != 0) {
-        snprintf(err, errlen, "cannot resolve '%s': %s", host, gai_strerror(rc));
-        return -1;
-    }
-    /* IPv4 first, as for interfaces. */
-    const struct addrinfo *pick = NULL;
-    for (const struct addrinfo *a = res; a && !pick; a = a->ai_next)
-        if (a->ai_family == AF_INET)
-            pick = a;
-    for (const struct addrinfo *a = res; a && !pick; a = a->ai_next)
-        if (a->ai_family == AF_INET6)
-            pick = a;
-    if (!pick) {
-        freeaddrinfo(res);
-        snprintf(err, errlen, "'%s' has no IPv4 or IPv6 address", host);
-        return -1;
-    }
-    memset(out, 0, sizeof *out);
-    memcpy(out, pick->ai_addr, pick->ai_addrlen);
-    hc_sockaddr_set_port(out, (int)p);
-    freeaddrinfo(res);
-    return 0;
-}
-
-/* HCOLL_ROOT ("host:port", "[v6]:port"), else MASTER_ADDR and MASTER_PORT. */
-static int env_root(hc_sockaddr_t *out, char *err, size_t errlen)
-{
-    char host[256];
-    const char *v = getenv("HCOLL_ROOT");
-    if (v && *v) {
-        const char *colon;
-        if (v[0] == '[') {
-            const char *close = strchr(v, ']');
-            if (!close || close[1] != ':' || (size_t)(close - v - 1) >= sizeof host) {
-                snprintf(err, errlen, "HCOLL_ROOT='%s' is not [address]:port", v);
-                return -1;
-            }
-            memcpy(host, v + 1, (size_t)(close - v - 1));
-            host[close - v - 1] = '\0';
-            colon = close + 1;
-        } else {
-            colon = strrchr(v, ':');
-            if (!colon || colon == v || memchr(v, ':', (size_t)(colon - v)) ||
-                (size_t)(colon - v) >= sizeof host) {
-                snprintf(err, errlen, "HCOLL_ROOT='%s' is not host:port (write an IPv6 "
-                                      "address as [address]:port)", v);
-                return -1;
-            }
-            memcpy(host, v, (size_t)(colon - v));
-            host[colon - v] = '\0';
-        }
-        char detail[300];
-        if (resolve(host, colon + 1, out, detail, sizeof detail) != 0) {
-            snprintf(err, errlen, "HCOLL_ROOT: %s", detail);
-            return -1;
-        }
-        return 0;
-    }
-    const char *ma = getenv("MASTER_ADDR"), *mp = getenv("MASTER_PORT");
-    if (ma && *ma && mp && *mp) {
-        char detail[300];
-        if (resolve(ma, mp, out, detail, sizeof detail) != 0) {
-            snprintf(err, errlen, "MASTER_ADDR/MASTER_PORT: %s", detail);
-            return -1;
-        }
-        return 0;
-    }
-    snprintf(err, errlen, "no rendezvous address: set HCOLL_ROOT=host:port (or MASTER_ADDR and "
-                          "MASTER_PORT)");
-    return -1;
-}
-
 HCOLL_API hcoll_status_t hcoll_comm_init_env(hcoll_comm_t *comm_out, const hcoll_config_t *config)
 {
-    char err[400];
-    const char *from = "";
+    hc_launch_t l;
     init_args_t ia;
     memset(&ia, 0, sizeof ia);
     ia.listen_fd = -1;
     if (!comm_out)
         return hc_err_set(NULL, HC_INIT, -1, HCOLL_ERR_INVALID_ARG, "init_env: comm_out is NULL");
-    if (env_rank_size(&ia.rank, &ia.nranks, &from, err, sizeof err) != 0)
-        return hc_err_set(NULL, HC_INIT, -1, HCOLL_ERR_INVALID_ARG, "init_env: %s", err);
-    if (env_root(&ia.root, err, sizeof err) != 0)
-        return hc_err_set(NULL, HC_INIT, ia.rank, HCOLL_ERR_INVALID_ARG, "init_env: %s", err);
-    const char *secret = getenv("HCOLL_SECRET");
-    if (secret && *secret) {
-        hc_boot_key_from_string(secret, ia.key);
-        ia.authenticated = 1;
-    } else {
-        hc_boot_key_public(ia.key);
+    hcoll_status_t st = hc_launch_read(hc_launch_process_env, NULL, NULL, &l);
+    if (st != HCOLL_SUCCESS)
+        return st;
+    ia.rank = l.rank;
+    ia.nranks = l.nranks;
+    ia.root = l.root;
+    ia.authenticated = l.authenticated;
+    memcpy(ia.key, l.key, sizeof ia.key);
+    hc_secure_zero(l.key, sizeof l.key);
+    if (!ia.authenticated)
         HC_WARN(HC_INIT, ia.rank,
                 "HCOLL_SECRET is not set: peers are not authenticated; any process that can "
                 "reach the root and speaks the protocol can join this job");
-    }
     if (hc_log_enabled(HC_LOG_INFO, HC_INIT)) {
         char as[80];
         HC_INFO(HC_INIT, ia.rank, "init_env: rank %d of %d from %s variables, root %s", ia.rank,
-                ia.nranks, from, hc_sockaddr_str(&ia.root, as, sizeof as));
+                ia.nranks, l.launcher, hc_sockaddr_str(&ia.root, as, sizeof as));
     }
-    hcoll_status_t st = comm_create(&ia, config, comm_out);
+    st = comm_create(&ia, config, comm_out);
     hc_secure_zero(ia.key, sizeof ia.key);
     return st;
 }

@@ -1,5 +1,5 @@
 /*
- * Where a NIC's line rate comes from, in the issue's order: the RDMA
+ * Where a NIC's line rate comes from, in this order: the RDMA
  * devices, else --line-rate, else the rate limit of the chosen interfaces
  * (tc shaping, as on the emulated cluster, else a real link speed), else
  * unknown.

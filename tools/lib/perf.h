@@ -3,7 +3,8 @@
  * bandwidth arithmetic, the NIC verdict, flag parsing, exact check values,
  * the JSON rows, the line-rate lookup and the overlap planner.
  *
- * Nothing here talks to other ranks or prints to stdout; the programs do.
+ * Nothing declared here talks to other ranks or prints to stdout; the
+ * programs do (perf_rank.h holds hcoll_perf's pieces that do).
  * Units: GB/s is 1e9 bytes per second (as nccl-tests); sizes with K/M/G/T
  * or KiB/MiB/GiB/TiB are powers of 1024, KB/MB/GB/TB powers of 1000.
  */
@@ -65,9 +66,9 @@ double hp_busbw_from_nic(double nic_gbs, int nodes, int ranks_per_node);
  *   60-80 %   acceptable   some headroom left (chunk size, CPU, PCIe)
  *   50-60 %   poor         not broken, but look at the suspects below
  *   <  50 %   problem      something is wrong; the usual suspects are listed
- * The issue leaves 50-60 % open; "poor" shares the suspects' list but is
- * not called a fault, because a busy host path (TCP, host staging) lands
- * there without any misconfiguration.
+ * "poor" shares the suspects' list but is not called a fault, because a
+ * busy host path (TCP, host staging) lands there without any
+ * misconfiguration.
  */
 #define HP_PLATEAU_BYTES   (256ull << 20)
 #define HP_HEALTHY_PCT     80.0
@@ -228,7 +229,7 @@ int hp_tc_parse_class_text(const char *text, double *bps_out);
  * fixture tree; use_tc 0 skips the tc commands. source_out says which. */
 int hp_iface_rate_limit(const char *ifname, const char *sysroot, int use_tc, double *bps_out,
                         char *source_out, size_t srclen);
-/* The line rate in force, in the issue's order: the RDMA devices' rate
+/* The line rate in force, in this order: the RDMA devices' rate
  * when present, else given_bps (--line-rate, > 0), else the smallest rate
  * limit of the interfaces ifname_list selects (NCCL list syntax; NULL or
  * "" = every interface but lo), else unknown (returns -1). source_out says

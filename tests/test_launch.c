@@ -1,0 +1,213 @@
+/* The launcher environment (boot/launch.h) with synthetic environments:
+ * launcher precedence, the rendezvous address, the secret, and every
+ * malformed value rejected with a message naming the variable. The
+ * process environment is never read or written. */
+#include <check.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "base/err.h"
+#include "boot/launch.h"
+#include "hcoll.h"
+
+/* A synthetic environment: NULL-terminated "NAME=value" strings. */
+typedef struct fake_env {
+    const char *vars[24];
+} fake_env_t;
+
+static const char *fake_getenv(const char *name, void *ctx)
+{
+    const fake_env_t *e = ctx;
+    size_t n = strlen(name);
+    for (int i = 0; e->vars[i]; i++)
+        if (strncmp(e->vars[i], name, n) == 0 && e->vars[i][n] == '=')
+            return e->vars[i] + n + 1;
+    return NULL;
+}
+
+static hcoll_status_t read_env(fake_env_t *e, hc_launch_t *l)
+{
+    memset(l, 0x5a, sizeof *l);
+    return hc_launch_read(fake_getenv, e, NULL, l);
+}
+
+static const char *last_error(void)
+{
+    return hc_errbuf_get(hc_errbuf_thread());
+}
+
+/* Fails with INVALID_ARG and a message holding each of the words. */
+static void expect_error(fake_env_t *e, const char *word1, const char *word2)
+{
+    hc_launch_t l;
+    ck_assert_int_eq(read_env(e, &l), HCOLL_ERR_INVALID_ARG);
+    ck_assert_msg(strstr(last_error(), word1), "'%s' not in: %s", word1, last_error());
+    if (word2)
+        ck_assert_msg(strstr(last_error(), word2), "'%s' not in: %s", word2, last_error());
+}
+
+#define ROOT_OK "HCOLL_ROOT=127.0.0.1:29500"
+
+START_TEST(launcher_precedence)
+{
+    static const struct {
+        fake_env_t env;
+        int rank, nranks;
+        const char *launcher;
+    } cases[] = {
+        { { { "HCOLL_RANK=1", "HCOLL_NRANKS=4", "OMPI_COMM_WORLD_RANK=2",
+              "OMPI_COMM_WORLD_SIZE=5", "SLURM_PROCID=3", "SLURM_NTASKS=6", "RANK=4",
+              "WORLD_SIZE=7", ROOT_OK } }, 1, 4, "hcoll" },
+        { { { "OMPI_COMM_WORLD_RANK=2", "OMPI_COMM_WORLD_SIZE=5", "SLURM_PROCID=3",
+              "SLURM_NTASKS=6", "RANK=4", "WORLD_SIZE=7", ROOT_OK } }, 2, 5, "Open MPI" },
+        { { { "SLURM_PROCID=3", "SLURM_NTASKS=6", "RANK=4", "WORLD_SIZE=7", ROOT_OK } },
+          3, 6, "Slurm" },
+        { { { "RANK=4", "WORLD_SIZE=7", ROOT_OK } }, 4, 7, "torchrun" },
+        /* An empty variable counts as unset: the next launcher decides. */
+        { { { "HCOLL_RANK=", "HCOLL_NRANKS=", "RANK=0", "WORLD_SIZE=1", ROOT_OK } },
+          0, 1, "torchrun" },
+        /* Only the rank variable selects a launcher; a size alone does not. */
+        { { { "HCOLL_NRANKS=9", "SLURM_PROCID=0", "SLURM_NTASKS=2", ROOT_OK } },
+          0, 2, "Slurm" },
+        /* Leading blanks and a plus sign are numbers, as strtol reads them. */
+        { { { "OMPI_COMM_WORLD_RANK= 1", "OMPI_COMM_WORLD_SIZE=+3", ROOT_OK } },
+          1, 3, "Open MPI" },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        fake_env_t e = cases[i].env;
+        hc_launch_t l;
+        ck_assert_msg(read_env(&e, &l) == HCOLL_SUCCESS, "case %zu: %s", i, last_error());
+        ck_assert_int_eq(l.rank, cases[i].rank);
+        ck_assert_int_eq(l.nranks, cases[i].nranks);
+        ck_assert_str_eq(l.launcher, cases[i].launcher);
+    }
+}
+END_TEST
+
+START_TEST(rank_size_errors)
+{
+    fake_env_t none = { { ROOT_OK } };
+    expect_error(&none, "no launcher variables", "HCOLL_RANK");
+
+    fake_env_t no_size = { { "HCOLL_RANK=0", ROOT_OK } };
+    expect_error(&no_size, "HCOLL_RANK is set but HCOLL_NRANKS is not", NULL);
+    fake_env_t no_size2 = { { "SLURM_PROCID=0", "RANK=0", "WORLD_SIZE=2", ROOT_OK } };
+    expect_error(&no_size2, "SLURM_PROCID is set but SLURM_NTASKS is not", NULL);
+
+    fake_env_t too_big = { { "HCOLL_RANK=2", "HCOLL_NRANKS=2", ROOT_OK } };
+    expect_error(&too_big, "HCOLL_RANK=2 is not below HCOLL_NRANKS=2", NULL);
+
+    /* HCOLL_* values go through the configuration table's parser. */
+    fake_env_t bad_hc = { { "HCOLL_RANK=x", "HCOLL_NRANKS=2", ROOT_OK } };
+    expect_error(&bad_hc, "HCOLL_RANK='x'", "not an integer");
+    fake_env_t neg_hc = { { "HCOLL_RANK=-1", "HCOLL_NRANKS=2", ROOT_OK } };
+    expect_error(&neg_hc, "HCOLL_RANK='-1'", "out of range");
+    fake_env_t zero_n = { { "HCOLL_RANK=0", "HCOLL_NRANKS=0", ROOT_OK } };
+    expect_error(&zero_n, "HCOLL_NRANKS='0'", "out of range");
+    fake_env_t huge = { { "HCOLL_RANK=0", "HCOLL_NRANKS=99999999999", ROOT_OK } };
+    expect_error(&huge, "HCOLL_NRANKS", NULL);
+
+    /* Other launchers' values: strtol with the same bounds. */
+    fake_env_t bad_ompi = { { "OMPI_COMM_WORLD_RANK=1x", "OMPI_COMM_WORLD_SIZE=2", ROOT_OK } };
+    expect_error(&bad_ompi, "OMPI_COMM_WORLD_RANK='1x' is not an integer", NULL);
+    fake_env_t bad_ws = { { "RANK=0", "WORLD_SIZE=0", ROOT_OK } };
+    expect_error(&bad_ws, "WORLD_SIZE='0' is not an integer in 1..", NULL);
+
+    /* A malformed variable of a higher launcher is an error even when a
+     * lower one is complete. */
+    fake_env_t shadow = { { "HCOLL_RANK=one", "RANK=0", "WORLD_SIZE=2", ROOT_OK } };
+    expect_error(&shadow, "HCOLL_RANK", NULL);
+}
+END_TEST
+
+START_TEST(root_address)
+{
+    hc_launch_t l;
+    char s[80];
+    fake_env_t v4 = { { "HCOLL_RANK=0", "HCOLL_NRANKS=1", "HCOLL_ROOT=127.0.0.1:29500" } };
+    ck_assert_int_eq(read_env(&v4, &l), HCOLL_SUCCESS);
+    ck_assert_str_eq(hc_sockaddr_str(&l.root, s, sizeof s), "127.0.0.1:29500");
+    ck_assert_str_eq(l.root_from, "HCOLL_ROOT");
+
+    fake_env_t v6 = { { "HCOLL_RANK=0", "HCOLL_NRANKS=1", "HCOLL_ROOT=[::1]:1234" } };
+    ck_assert_int_eq(read_env(&v6, &l), HCOLL_SUCCESS);
+    ck_assert_str_eq(hc_sockaddr_str(&l.root, s, sizeof s), "[::1]:1234");
+
+    /* HCOLL_ROOT beats MASTER_ADDR/MASTER_PORT. */
+    fake_env_t both = { { "RANK=0", "WORLD_SIZE=1", "MASTER_ADDR=127.0.0.2",
+                          "MASTER_PORT=1", "HCOLL_ROOT=127.0.0.3:7" } };
+    ck_assert_int_eq(read_env(&both, &l), HCOLL_SUCCESS);
+    ck_assert_str_eq(hc_sockaddr_str(&l.root, s, sizeof s), "127.0.0.3:7");
+
+    fake_env_t master = { { "RANK=0", "WORLD_SIZE=1", "MASTER_ADDR=127.0.0.2",
+                            "MASTER_PORT=29400", "HCOLL_ROOT=" } };
+    ck_assert_int_eq(read_env(&master, &l), HCOLL_SUCCESS);
+    ck_assert_str_eq(hc_sockaddr_str(&l.root, s, sizeof s), "127.0.0.2:29400");
+    ck_assert_str_eq(l.root_from, "MASTER_ADDR/MASTER_PORT");
+
+    fake_env_t half = { { "RANK=0", "WORLD_SIZE=1", "MASTER_ADDR=127.0.0.2" } };
+    expect_error(&half, "no rendezvous address", "HCOLL_ROOT");
+    fake_env_t none = { { "RANK=0", "WORLD_SIZE=1" } };
+    expect_error(&none, "no rendezvous address", NULL);
+    fake_env_t bare6 = { { "RANK=0", "WORLD_SIZE=1", "HCOLL_ROOT=::1:5000" } };
+    expect_error(&bare6, "HCOLL_ROOT='::1:5000' is not host:port", NULL);
+    fake_env_t bracket = { { "RANK=0", "WORLD_SIZE=1", "HCOLL_ROOT=[::1]5000" } };
+    expect_error(&bracket, "is not [address]:port", NULL);
+    fake_env_t noport = { { "RANK=0", "WORLD_SIZE=1", "HCOLL_ROOT=127.0.0.1" } };
+    expect_error(&noport, "HCOLL_ROOT='127.0.0.1'", NULL);
+    fake_env_t bigport = { { "RANK=0", "WORLD_SIZE=1", "HCOLL_ROOT=127.0.0.1:99999" } };
+    expect_error(&bigport, "HCOLL_ROOT: port '99999' is not a number in 1..65535", NULL);
+    fake_env_t mport = { { "RANK=0", "WORLD_SIZE=1", "MASTER_ADDR=127.0.0.1",
+                           "MASTER_PORT=0" } };
+    expect_error(&mport, "MASTER_ADDR/MASTER_PORT: port '0'", NULL);
+
+    /* The table's parser bounds HCOLL_ROOT's length, naming it. */
+    char longroot[400] = "HCOLL_ROOT=";
+    memset(longroot + strlen(longroot), 'a', 300);
+    strcat(longroot, ":1");
+    fake_env_t lr = { { "RANK=0", "WORLD_SIZE=1", longroot } };
+    expect_error(&lr, "HCOLL_ROOT", "longer than");
+}
+END_TEST
+
+START_TEST(secret_and_key)
+{
+    hc_launch_t l;
+    unsigned char want[HC_BOOT_KEY_BYTES];
+    fake_env_t with = { { "RANK=0", "WORLD_SIZE=1", ROOT_OK, "HCOLL_SECRET=s3cret" } };
+    ck_assert_int_eq(read_env(&with, &l), HCOLL_SUCCESS);
+    ck_assert_int_eq(l.authenticated, 1);
+    hc_boot_key_from_string("s3cret", want);
+    ck_assert(memcmp(l.key, want, sizeof want) == 0);
+
+    fake_env_t without = { { "RANK=0", "WORLD_SIZE=1", ROOT_OK, "HCOLL_SECRET=" } };
+    ck_assert_int_eq(read_env(&without, &l), HCOLL_SUCCESS);
+    ck_assert_int_eq(l.authenticated, 0);
+    hc_boot_key_public(want);
+    ck_assert(memcmp(l.key, want, sizeof want) == 0);
+
+    /* Too long for the table: rejected by name, and the value is never
+     * repeated (the knob is secret). */
+    char longsecret[400] = "HCOLL_SECRET=";
+    memset(longsecret + strlen(longsecret), 'z', 300);
+    fake_env_t lng = { { "RANK=0", "WORLD_SIZE=1", ROOT_OK, longsecret } };
+    expect_error(&lng, "HCOLL_SECRET", NULL);
+    ck_assert_ptr_null(strstr(last_error(), "zzzz"));
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("launch");
+    TCase *tc = tcase_create("env");
+    tcase_add_test(tc, launcher_precedence);
+    tcase_add_test(tc, rank_size_errors);
+    tcase_add_test(tc, root_address);
+    tcase_add_test(tc, secret_and_key);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? 0 : 1;
+}
