@@ -67,7 +67,7 @@ typedef struct hc_transport_params {
     int nranks;
     const char *bind_addr;   /* IPv4 address (rail) to listen on and send from */
     const char *ifname;      /* for the log line only; may be NULL */
-    int rail;                /* for the log line only */
+    int rail;                /* the local rank: verbs picks its NIC with it, TCP logs it */
     int log_rank;            /* rank printed in logs (communicator rank) */
     int timeout_ms;          /* connection set-up and silent-link deadline */
     int nsocks_perpeer;      /* TCP: sockets per peer, >= 1 */
@@ -80,8 +80,7 @@ typedef struct hc_transport_params {
     const hc_params_t *settings; /* the communicator's knobs, read at create and not
                               * kept: verbs takes HCA list, GID index, TC, SL,
                               * timeout, retry count, GDR level and flush and
-                              * sysfs root from it (required); TCP ignores it.
-                              * rail above is the local rank that picks the NIC. */
+                              * sysfs root from it (required); TCP ignores it */
 } hc_transport_params_t;
 
 /* A transport's failure: the first one is recorded in *err and logged as
