@@ -188,7 +188,7 @@ static int bench_chunk_bytes(size_t *chunk_out, char *err, size_t errlen)
     }
     hc_params_t params;
     memset(&params, 0, sizeof params);
-    if (hc_knob_parse(k, v, &params, err, errlen) != 0)
+    if (hc_knob_parse(k, v, &params, err, errlen) != HCOLL_SUCCESS)
         return -1;
     *chunk_out = (size_t)params.chunk_bytes;
     return 0;

@@ -20,13 +20,23 @@
 #include "inter/ib/ib.h"
 #include "inter/transport.h"
 
+/* The communicator's settings as hcoll_comm_init reads them (from this
+ * test's environment), with the fixture tree and HCA list given. */
+static hc_params_t fixture_params(const char *root, const char *hca)
+{
+    hc_params_t p;
+    char err[200];
+    ck_assert_int_eq(hc_params_load(&p, NULL, err, sizeof err), HCOLL_SUCCESS);
+    snprintf(p.sysfs_root, sizeof p.sysfs_root, "%s", root);
+    snprintf(p.ib_hca, sizeof p.ib_hca, "%s", hca);
+    return p;
+}
+
 static hc_ib_config_t fixture_cfg(const char *root, const char *hca)
 {
+    hc_params_t p = fixture_params(root, hca);
     hc_ib_config_t c;
-    char err[200];
-    ck_assert_int_eq(hc_ib_config_from_env(&c, err, sizeof err), HCOLL_SUCCESS);
-    snprintf(c.sysfs_root, sizeof c.sysfs_root, "%s", root);
-    snprintf(c.hca, sizeof c.hca, "%s", hca);
+    hc_ib_config_from_params(&p, &c);
     return c;
 }
 
@@ -36,9 +46,11 @@ START_TEST(config_defaults)
     unsetenv("HCOLL_IB_RETRY_CNT");
     setenv("HCOLL_IB_TC", "106", 1);
     setenv("HCOLL_IB_HCA", "^=mlx5_1", 1);
+    hc_params_t p;
     hc_ib_config_t c;
     char err[200];
-    ck_assert_int_eq(hc_ib_config_from_env(&c, err, sizeof err), HCOLL_SUCCESS);
+    ck_assert_int_eq(hc_params_load(&p, NULL, err, sizeof err), HCOLL_SUCCESS);
+    hc_ib_config_from_params(&p, &c);
     ck_assert_int_eq(c.timeout, 20);
     ck_assert_int_eq(c.retry_cnt, 7);
     ck_assert_int_eq(c.tc, 106);
@@ -46,7 +58,7 @@ START_TEST(config_defaults)
     ck_assert_str_eq(c.hca, "^=mlx5_1");
     ck_assert_str_eq(c.sysfs_root, "/");
     setenv("HCOLL_IB_TIMEOUT", "40", 1);
-    ck_assert_int_eq(hc_ib_config_from_env(&c, err, sizeof err), HCOLL_ERR_INVALID_ARG);
+    ck_assert_int_eq(hc_params_load(&p, NULL, err, sizeof err), HCOLL_ERR_INVALID_ARG);
     ck_assert_msg(strstr(err, "HCOLL_IB_TIMEOUT"), "%s", err);
     unsetenv("HCOLL_IB_TIMEOUT");
     unsetenv("HCOLL_IB_TC");
@@ -61,18 +73,18 @@ START_TEST(usable_on_fixtures)
     if (!hc_ib_verbs_loadable(why, sizeof why)) {
         /* Without libibverbs every answer is "no", with the loader's reason. */
         hc_ib_config_t c = fixture_cfg("tests/fixtures/sysfs-ib", "");
-        ck_assert_int_eq(hc_ib_usable(&c, 0, &ch, why, sizeof why), 0);
+        ck_assert_int_eq(hc_ib_usable(&c, 0, -1, &ch, why, sizeof why), 0);
         ck_assert_msg(strstr(why, "libibverbs"), "%s", why);
         return;
     }
     hc_ib_config_t c = fixture_cfg("tests/fixtures/sysfs-ib", "");
-    ck_assert_int_eq(hc_ib_usable(&c, 1, &ch, why, sizeof why), 1);
+    ck_assert_int_eq(hc_ib_usable(&c, 1, -1, &ch, why, sizeof why), 1);
     ck_assert_str_eq(ch.port.dev, "mlx5_1");
     c = fixture_cfg("tests/fixtures/sysfs-ib", "=mlx4_0");
-    ck_assert_int_eq(hc_ib_usable(&c, 0, &ch, why, sizeof why), 0);
+    ck_assert_int_eq(hc_ib_usable(&c, 0, -1, &ch, why, sizeof why), 0);
     ck_assert_msg(strstr(why, "no ACTIVE port matching HCOLL_IB_HCA==mlx4_0"), "%s", why);
     c = fixture_cfg("tests/fixtures/sysfs-none", "");
-    ck_assert_int_eq(hc_ib_usable(&c, 0, &ch, why, sizeof why), 0);
+    ck_assert_int_eq(hc_ib_usable(&c, 0, -1, &ch, why, sizeof why), 0);
     ck_assert_msg(strstr(why, "no RDMA device found"), "%s", why);
 }
 END_TEST
@@ -94,12 +106,20 @@ START_TEST(auto_falls_back_to_tcp_with_info)
         setenv("HCOLL_DEBUG_SUBSYS", "NET", 1);
         setenv("HCOLL_DEBUG_FILE", path, 1);
         const hc_transport_ops_t *ops = NULL;
-        if (hc_transport_select(HC_NET_AUTO, NULL, 0, &ops) != HCOLL_SUCCESS || ops != &hc_tcp_ops)
+        hc_params_t cfg;
+        char err[200];
+        if (hc_params_load(&cfg, NULL, err, sizeof err) != HCOLL_SUCCESS)
+            _exit(4);
+        hc_select_params_t sp = { .settings = &cfg, .rank = 0, .local_rank = 0, .gpu = -1 };
+        cfg.net = HC_NET_AUTO;
+        if (hc_transport_select(&sp, &ops) != HCOLL_SUCCESS || ops != &hc_tcp_ops)
             _exit(1);
         hc_errbuf_t e;
         hc_errbuf_init(&e);
         ops = NULL;
-        if (hc_transport_select(HC_NET_IB, &e, 0, &ops) != HCOLL_ERR_UNSUPPORTED || ops)
+        cfg.net = HC_NET_IB;
+        sp.errbuf = &e;
+        if (hc_transport_select(&sp, &ops) != HCOLL_ERR_UNSUPPORTED || ops)
             _exit(2);
         const char *m = hc_errbuf_get(&e);
         if (!strstr(m, "HCOLL_NET=ib") ||
@@ -128,12 +148,16 @@ START_TEST(create_fails_cleanly)
 {
     hc_errbuf_t eb;
     hc_errbuf_init(&eb);
-    hc_transport_params_t p = { 0, 2, "127.0.0.1", NULL, 0, 0, 1000, 1, 0, &eb, 0, -1, NULL };
+    hc_transport_params_t p = { 0, 2, "127.0.0.1", NULL, 0, 0, 1000, 1, 0, &eb, 0, -1, NULL, NULL };
     hc_transport_t *tr = NULL;
+    /* No settings: refused before anything is touched. */
+    ck_assert_int_eq(hc_ib_ops.create(&p, &tr), HCOLL_ERR_INVALID_ARG);
+    ck_assert_ptr_null(tr);
     /* Real root on this host: no device. */
-    hc_ib_config_t c = fixture_cfg("/", "");
+    hc_params_t c = fixture_params("/", "");
+    p.settings = &c;
     if (access("/sys/class/infiniband", F_OK) != 0) {
-        ck_assert_int_eq(hc_ib_create(&p, &c, &tr), HCOLL_ERR_RDMA);
+        ck_assert_int_eq(hc_ib_ops.create(&p, &tr), HCOLL_ERR_RDMA);
         ck_assert_ptr_null(tr);
         const char *m = hc_errbuf_get(&eb);
         ck_assert_msg(strstr(m, "no RDMA device found") || strstr(m, "libibverbs"), "%s", m);
@@ -141,8 +165,8 @@ START_TEST(create_fails_cleanly)
     /* A fixture that lists devices libibverbs does not have. */
     char why[200];
     if (hc_ib_verbs_loadable(why, sizeof why)) {
-        c = fixture_cfg("tests/fixtures/sysfs-ib", "");
-        ck_assert_int_eq(hc_ib_create(&p, &c, &tr), HCOLL_ERR_RDMA);
+        c = fixture_params("tests/fixtures/sysfs-ib", "");
+        ck_assert_int_eq(hc_ib_ops.create(&p, &tr), HCOLL_ERR_RDMA);
         ck_assert_ptr_null(tr);
         const char *m = hc_errbuf_get(&eb);
         ck_assert_msg(strstr(m, "sysfs lists mlx5_0 but libibverbs cannot open it"), "%s", m);

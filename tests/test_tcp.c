@@ -58,7 +58,7 @@ static hc_transport_params_t tparams(int rank, int n, int nsocks, int timeout_ms
     snprintf(addr[rank], sizeof addr[rank], "127.0.0.%d", rank + 1);
     hc_errbuf_init(&eb);
     hc_transport_params_t p = { rank, n, addr[rank], "lo", rank, rank, timeout_ms, nsocks, 0,
-                                &eb, 0, -1, NULL };
+                                &eb, 0, -1, NULL, NULL };
     return p;
 }
 
@@ -67,15 +67,23 @@ static hc_transport_params_t tparams(int rank, int n, int nsocks, int timeout_ms
 START_TEST(test_select)
 {
     const hc_transport_ops_t *ops = NULL;
-    ck_assert_int_eq(hc_transport_select(HC_NET_TCP, NULL, -1, &ops), HCOLL_SUCCESS);
+    hc_params_t cfg;
+    char err[256];
+    ck_assert_int_eq(hc_params_load(&cfg, NULL, err, sizeof err), HCOLL_SUCCESS);
+    hc_select_params_t sp = { .settings = &cfg, .rank = -1, .local_rank = 0, .gpu = -1 };
+    cfg.net = HC_NET_TCP;
+    ck_assert_int_eq(hc_transport_select(&sp, &ops), HCOLL_SUCCESS);
     ck_assert_ptr_eq(ops, &hc_tcp_ops);
     ops = NULL;
-    ck_assert_int_eq(hc_transport_select(HC_NET_AUTO, NULL, -1, &ops), HCOLL_SUCCESS);
+    cfg.net = HC_NET_AUTO;
+    ck_assert_int_eq(hc_transport_select(&sp, &ops), HCOLL_SUCCESS);
     ck_assert_ptr_eq(ops, &hc_tcp_ops);
     ops = NULL;
     hc_errbuf_t e;
     hc_errbuf_init(&e);
-    ck_assert_int_eq(hc_transport_select(HC_NET_IB, &e, -1, &ops), HCOLL_ERR_UNSUPPORTED);
+    cfg.net = HC_NET_IB;
+    sp.errbuf = &e;
+    ck_assert_int_eq(hc_transport_select(&sp, &ops), HCOLL_ERR_UNSUPPORTED);
     ck_assert_ptr_null(ops);
     ck_assert_ptr_nonnull(strstr(hc_errbuf_get(&e), "verbs transport is not built"));
     hc_errbuf_fini(&e);
@@ -393,7 +401,7 @@ START_TEST(test_bad_bind)
 {
     hc_errbuf_t e;
     hc_errbuf_init(&e);
-    hc_transport_params_t p = { 0, 2, "not-an-ip", "lo", 0, 0, 1000, 1, 0, &e, 0, -1, NULL };
+    hc_transport_params_t p = { 0, 2, "not-an-ip", "lo", 0, 0, 1000, 1, 0, &e, 0, -1, NULL, NULL };
     hc_transport_t *tr = NULL;
     ck_assert_int_eq(hc_tcp_ops.create(&p, &tr), HCOLL_ERR_INVALID_ARG);
     ck_assert_ptr_null(tr);

@@ -54,7 +54,7 @@ static int env_long(hc_getenv_fn getenv_fn, void *ctx, const char *name, long lo
     if (!v)
         return 0;
     const hc_knob_t *k = hc_knob_find(name);
-    if (k && hc_knob_parse(k, v, NULL, err, errlen) != 0)
+    if (k && hc_knob_parse(k, v, NULL, err, errlen) != HCOLL_SUCCESS)
         return -1;
     char *end;
     errno = 0;
@@ -177,7 +177,7 @@ static int env_root(hc_getenv_fn getenv_fn, void *ctx, hc_launch_t *l, char *err
     const char *v = env_get(getenv_fn, ctx, "HCOLL_ROOT");
     if (v) {
         const char *port;
-        if (hc_knob_parse(hc_knob_find("HCOLL_ROOT"), v, NULL, err, errlen) != 0 ||
+        if (hc_knob_parse(hc_knob_find("HCOLL_ROOT"), v, NULL, err, errlen) != HCOLL_SUCCESS ||
             root_split(v, host, &port, err, errlen) != 0)
             return -1;
         if (resolve(host, port, &l->root, detail, sizeof detail) != 0) {
@@ -214,7 +214,7 @@ hcoll_status_t hc_launch_read(hc_getenv_fn getenv_fn, void *ctx, hc_errbuf_t *eb
         return hc_err_set(eb, HC_INIT, l.rank, HCOLL_ERR_INVALID_ARG, "init_env: %s", err);
     const char *secret = env_get(getenv_fn, ctx, "HCOLL_SECRET");
     if (secret) {
-        if (hc_knob_parse(hc_knob_find("HCOLL_SECRET"), secret, NULL, err, sizeof err) != 0)
+        if (hc_knob_parse(hc_knob_find("HCOLL_SECRET"), secret, NULL, err, sizeof err) != HCOLL_SUCCESS)
             return hc_err_set(eb, HC_INIT, l.rank, HCOLL_ERR_INVALID_ARG, "init_env: %s", err);
         hc_boot_key_from_string(secret, l.key);
         l.authenticated = 1;

@@ -847,30 +847,19 @@ static hcoll_status_t ring_setup(hc_coll_t *co, int nmembers, int position)
 {
     struct hcoll_comm *c = co->comm;
     hcoll_status_t st;
+    /* Every rank agrees over the bootstrap, so all rings pick alike. */
+    hc_select_params_t sp = {
+        .settings = &c->params,
+        .rank = c->rank,
+        .local_rank = c->local_rank,
+        .gpu = c->gpu,
+        .errbuf = &c->err,
+        .nranks = c->nranks,
+        .allgather = hc_boot_allgather,
+        .ag_ctx = c->boot,
+    };
     const hc_transport_ops_t *ops;
-    HC_CHECK(hc_transport_select((int)c->params.net, &c->err, c->rank, &ops), out);
-    if (ops == &hc_ib_ops && c->params.net == HC_NET_AUTO) {
-        /* auto: verbs only if every rank's own NIC can. All rings agree,
-         * since their set-up exchanges share the bootstrap's. */
-        hc_ib_config_t icfg;
-        char err[300], why[300] = "";
-        uint8_t mine = hc_ib_config_from_env(&icfg, err, sizeof err) == HCOLL_SUCCESS &&
-                       hc_ib_usable(&icfg, c->local_rank, NULL, why, sizeof why);
-        uint8_t *all = calloc((size_t)c->nranks, 1);
-        if (!all)
-            return hc_err_set(&c->err, HC_NET, c->rank, HCOLL_ERR_NO_MEMORY, "no memory");
-        st = hc_boot_allgather(c->boot, &mine, all, 1);
-        for (int i = 0; st == HCOLL_SUCCESS && i < c->nranks; i++)
-            if (!all[i]) {
-                HC_INFO(HC_NET, c->rank, "NET: rank %d cannot use verbs%s%s, using TCP", i,
-                        mine ? "" : ": ", mine ? "" : why);
-                ops = &hc_tcp_ops;
-                break;
-            }
-        free(all);
-        if (st != HCOLL_SUCCESS)
-            goto out;
-    }
+    HC_CHECK(hc_transport_select(&sp, &ops), out);
 
     const hc_iface_t *ifc = rail_iface(c, c->rank);
     char addr[INET6_ADDRSTRLEN + 8];
@@ -891,6 +880,7 @@ static hcoll_status_t ring_setup(hc_coll_t *co, int nmembers, int position)
             .has_gpu = c->gpu >= 0,
             .gpu = c->gpu,
             .peer_ranks = co->ring_ag.members, /* position -> rank, for messages */
+            .settings = &c->params,
         },
         .chunk_bytes = c->params.chunk_bytes,
         .nslots = 0,

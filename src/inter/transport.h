@@ -1,6 +1,6 @@
 /*
  * The inter-node transport seam: an RDMA-shaped ops table that the ring
- * drives and that a backend (tcp.c today, ib/ later) implements.
+ * drives and that a backend implements (tcp.c; ib/ over libibverbs).
  *
  *   rank A                                    rank B
  *   ┌───────────────┐  put(lmr+loff → rkey+roff, len, imm)  ┌───────────────┐
@@ -29,8 +29,13 @@
  * a zero-byte RDMA_WRITE_WITH_IMM.
  *
  * Threading: one transport instance is used by one thread at a time (the
- * ring's caller, later the communicator's progress thread). Distinct
- * instances are independent; there is no process-wide state.
+ * ring's caller: the executor, or the communicator's ring thread). Distinct
+ * instances are independent; there is no process-wide mutable state.
+ *
+ * Files: select.c picks the ops table (the only file that names both
+ * backends); tcp.c and ib/ implement it; seam.c holds what both backends
+ * share (the completion FIFO, the sticky-failure recorder). Calls run one
+ * way: select -> backends -> seam.
  */
 #ifndef HC_INTER_TRANSPORT_H
 #define HC_INTER_TRANSPORT_H
@@ -39,6 +44,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/config.h"
 #include "base/err.h"
 #include "base/exchange.h"
 #include "hcoll.h"
@@ -61,7 +67,7 @@ typedef struct hc_transport_params {
     int nranks;
     const char *bind_addr;   /* IPv4 address (rail) to listen on and send from */
     const char *ifname;      /* for the log line only; may be NULL */
-    int rail;                /* for the log line only */
+    int rail;                /* the local rank: verbs picks its NIC with it, TCP logs it */
     int log_rank;            /* rank printed in logs (communicator rank) */
     int timeout_ms;          /* connection set-up and silent-link deadline */
     int nsocks_perpeer;      /* TCP: sockets per peer, >= 1 */
@@ -71,6 +77,10 @@ typedef struct hc_transport_params {
     int gpu;                 /* the NICs by PCI distance and decides GPUDirect */
     const int *peer_ranks;   /* [nranks] communicator rank at each position, for
                               * messages; NULL: positions are the ranks */
+    const hc_params_t *settings; /* the communicator's knobs, read at create and not
+                              * kept: verbs takes HCA list, GID index, TC, SL,
+                              * timeout, retry count, GDR level and flush and
+                              * sysfs root from it (required); TCP ignores it */
 } hc_transport_params_t;
 
 /* A transport's failure: the first one is recorded in *err and logged as
@@ -152,18 +162,36 @@ typedef struct hc_transport_ops {
     void (*destroy)(hc_transport_t *tr, int graceful);
 } hc_transport_ops_t;
 
+/* What the selector needs to know about this rank (select.c). */
+typedef struct hc_select_params {
+    const hc_params_t *settings; /* net (HCOLL_NET) and the verbs settings */
+    int rank;                    /* communicator rank: logs and messages */
+    int local_rank;              /* picks this rank's NIC */
+    int gpu;                     /* CUDA ordinal of this rank's GPU, -1 none */
+    hc_errbuf_t *errbuf;         /* NULL: the calling thread's */
+    int nranks;                  /* ranks taking part in the agreement */
+    hc_allgather_fn allgather;   /* over those nranks ranks; NULL: this rank alone */
+    void *ag_ctx;
+} hc_select_params_t;
+
 /*
- * The one place that picks a transport. net is an enum hc_net_kind
- * (HCOLL_NET). auto: verbs when it is built and a usable RDMA device is
- * present, else TCP, with an INFO line saying which and why. ib with no
- * verbs transport: HCOLL_ERR_UNSUPPORTED naming the reason.
+ * The one place that picks a transport, in one agreement: every rank
+ * publishes one byte (1: verbs works for its own NIC; always 0 under
+ * HCOLL_NET=tcp, which never loads libibverbs) through allgather, and
+ *   tcp   TCP;
+ *   ib    verbs, or HCOLL_ERR_UNSUPPORTED naming what this rank found;
+ *   auto  verbs when every rank published 1, else TCP with an INFO line
+ *         naming the reason (this rank's, or the first rank that cannot).
+ * Collective over the nranks ranks when allgather is given (every rank
+ * calls it once, whatever its HCOLL_NET); blocks for that exchange only.
  */
-hcoll_status_t hc_transport_select(int net, hc_errbuf_t *eb, int log_rank,
+hcoll_status_t hc_transport_select(const hc_select_params_t *sp,
                                    const hc_transport_ops_t **ops_out);
 
 /* The TCP backend's table (tcp.c). */
 extern const hc_transport_ops_t hc_tcp_ops;
-/* The verbs backend's table (ib/ib.c; loads libibverbs at run time). */
+/* The verbs backend's table (ib/ib.c; loads libibverbs at run time).
+ * create needs params->settings. */
 extern const hc_transport_ops_t hc_ib_ops;
 
 #endif

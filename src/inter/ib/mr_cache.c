@@ -19,7 +19,7 @@
  */
 #include <stdlib.h>
 
-#include "inter/ib/ib.h"
+#include "inter/ib/mr_cache.h"
 
 void hc_mrc_init(hc_mrc_t *c, int max_idle, void (*dereg)(void *, hc_mrc_entry_t *), void *ctx)
 {

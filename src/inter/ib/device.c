@@ -1,0 +1,170 @@
+/*
+ * Which NIC a rank uses and what it may do with it: the verbs settings
+ * taken from the communicator's parameters, the port choice (local rank i
+ * takes the i-th allowed ACTIVE port, among those nearest its GPU), the
+ * device opened on that port, and the GPUDirect decision for the rank's
+ * GPU and that NIC (PCI distance within HCOLL_NET_GDR_LEVEL, dma-buf or
+ * nvidia-peermem, flush reads before Hopper).
+ */
+#include "inter/ib/ib_priv.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "gdr/gdr.h"
+#include "sys/pci.h"
+
+void hc_ib_config_from_params(const hc_params_t *p, hc_ib_config_t *cfg_out)
+{
+    hc_ib_config_t c;
+    memset(&c, 0, sizeof c);
+    snprintf(c.sysfs_root, sizeof c.sysfs_root, "%s", p->sysfs_root[0] ? p->sysfs_root : "/");
+    snprintf(c.hca, sizeof c.hca, "%s", p->ib_hca);
+    c.gid_index = (long)p->ib_gid_index;
+    c.tc = (int)p->ib_tc;
+    c.sl = (int)p->ib_sl;
+    c.timeout = (int)p->ib_timeout;
+    c.retry_cnt = (int)p->ib_retry_cnt;
+    c.gdr_level = p->gdr_level;
+    c.gdr_flush = p->gdr_flush;
+    *cfg_out = c;
+}
+
+#if HCOLL_BUILD_VERBS
+
+/* The sysfs path of GPU gpu's PCI device, or NULL (no GPU, no driver). */
+static const char *gpu_pci_path(const hc_ib_config_t *cfg, int gpu, char *path, size_t len)
+{
+    char bdf[64];
+    if (gpu >= 0 && hc_gdr_gpu_info(gpu, bdf, sizeof bdf, NULL, NULL) == 0 &&
+        hc_pci_bdf_path(cfg->sysfs_root, bdf, path, len) == 0)
+        return path;
+    return NULL;
+}
+
+
+int hc_ib_usable(const hc_ib_config_t *cfg, int local_rank, int gpu, hc_ib_choice_t *choice_out,
+                 char *why, size_t whylen)
+{
+    if (!hc_ib_verbs_loadable(why, whylen))
+        return 0;
+    char gpu_path[HC_PCI_PATH_MAX];
+    const char *gp = gpu_pci_path(cfg, gpu, gpu_path, sizeof gpu_path);
+    hc_ib_choice_t c;
+    if (hc_ibdev_for_rank(cfg->sysfs_root, cfg->hca, local_rank, gp, cfg->gid_index, 0, &c, why,
+                          whylen) != HCOLL_SUCCESS)
+        return 0;
+    if (choice_out)
+        *choice_out = c;
+    return 1;
+}
+
+static struct ibv_context *device_open(const ib_verbs_t *v, const char *name, int *ndev_out)
+{
+    int n = 0;
+    struct ibv_device **list = v->get_device_list(&n);
+    *ndev_out = list ? n : 0;
+    struct ibv_context *ctx = NULL;
+    for (int i = 0; list && i < n && !ctx; i++)
+        if (strcmp(v->get_device_name(list[i]), name) == 0)
+            ctx = v->open_device(list[i]);
+    if (list)
+        v->free_device_list(list);
+    return ctx;
+}
+
+hcoll_status_t ib_dev_open(hc_transport_t *tr)
+{
+    const hc_ib_config_t *cfg = &tr->cfg;
+    uint32_t prefer_ip = 0;
+    if (tr->bind_addr[0])
+        inet_pton(AF_INET, tr->bind_addr, &prefer_ip);
+    char gpu_path[HC_PCI_PATH_MAX], err[256];
+    const char *gp = gpu_pci_path(cfg, tr->gpu, gpu_path, sizeof gpu_path);
+    if (hc_ibdev_for_rank(cfg->sysfs_root, cfg->hca, tr->local_rank, gp, cfg->gid_index,
+                          prefer_ip, &tr->choice, err, sizeof err) != HCOLL_SUCCESS)
+        return ib_fail(tr, HCOLL_ERR_RDMA, "%s", err);
+    int ndev = 0;
+    tr->ctx = device_open(tr->v, tr->choice.port.dev, &ndev);
+    if (!tr->ctx)
+        return ib_fail(tr, HCOLL_ERR_RDMA,
+                       "sysfs lists %s but libibverbs cannot open it (%d verbs device(s); is the "
+                       "provider library, e.g. libmlx5, installed? errno %d)",
+                       tr->choice.port.dev, ndev, errno);
+    if (ib_port_query(tr->v, tr->ctx, (uint8_t)tr->choice.port.port, &tr->pattr) != 0 ||
+        tr->pattr.state != IBV_PORT_ACTIVE)
+        return ib_fail(tr, HCOLL_ERR_RDMA, "port %d is not ACTIVE according to ibv_query_port",
+                       tr->choice.port.port);
+    tr->roce = tr->pattr.link_layer == IBV_LINK_LAYER_ETHERNET;
+    tr->choice.port.active_mtu = hc_ib_mtu_bytes(tr->pattr.active_mtu);
+    if (tr->v->query_gid(tr->ctx, (uint8_t)tr->choice.port.port, tr->choice.gid_index,
+                         &tr->gid) != 0)
+        return ib_fail(tr, HCOLL_ERR_RDMA, "ibv_query_gid(index %d) failed",
+                       tr->choice.gid_index);
+    tr->pd = tr->v->alloc_pd(tr->ctx);
+    if (!tr->pd)
+        return ib_fail(tr, HCOLL_ERR_RDMA, "ibv_alloc_pd failed (errno %d)", errno);
+    return HCOLL_SUCCESS;
+}
+
+void ib_gdr_decide(hc_transport_t *tr)
+{
+    const hc_ib_config_t *c = &tr->cfg;
+    const int gpu = tr->gpu;
+    char bdf[64] = "", gpu_path[HC_PCI_PATH_MAX], nic_path[HC_PCI_PATH_MAX];
+    int cc = 0, gpu_dmabuf = 0;
+    if (gpu < 0) {
+        snprintf(tr->gdr_why, sizeof tr->gdr_why,
+                 "no GPU for this rank (none was current at hcoll_comm_init)");
+        HC_INFO(HC_GDR, tr->p.log_rank, "GPU Direct RDMA Disabled: %s", tr->gdr_why);
+        return;
+    }
+    if (hc_gdr_gpu_info(gpu, bdf, sizeof bdf, &cc, &gpu_dmabuf) != 0 ||
+        hc_pci_bdf_path(c->sysfs_root, bdf, gpu_path, sizeof gpu_path) != 0 ||
+        hc_pci_ibdev_path(c->sysfs_root, tr->choice.port.dev, nic_path, sizeof nic_path) != 0) {
+        snprintf(tr->gdr_why, sizeof tr->gdr_why, "PCI path of GPU %d (%s) or of %s unknown",
+                 gpu, bdf[0] ? bdf : "?", tr->choice.port.dev);
+        HC_INFO(HC_GDR, tr->p.log_rank, "GPU Direct RDMA Disabled: %s", tr->gdr_why);
+        return;
+    }
+    int dist = hc_pci_distance(c->sysfs_root, gpu_path, nic_path);
+    char line[200];
+    if (!hc_gdr_level_allows(dist, c->gdr_level, gpu, tr->choice.port.dev, tr->p.log_rank, line,
+                             sizeof line)) {
+        snprintf(tr->gdr_why, sizeof tr->gdr_why, "%s", line);
+        return;
+    }
+    hc_gdr_caps_t caps;
+    hc_gdr_probe(c->sysfs_root, &caps);
+    tr->peermem = caps.peermem;
+    tr->gdr_reg = hc_gdr_reg_choose(&caps, gpu_dmabuf, tr->v->reg_dmabuf_mr != NULL);
+    if (tr->gdr_reg == HC_GDR_REG_STAGING) {
+        snprintf(tr->gdr_why, sizeof tr->gdr_why,
+                 "GPU %d / HCA %.64s: neither dma-buf (kernel %.64s, GPU %s, libibverbs %s) nor "
+                 "nvidia-peermem available",
+                 gpu, tr->choice.port.dev, caps.kernel[0] ? caps.kernel : "?",
+                 gpu_dmabuf ? "yes" : "no", tr->v->reg_dmabuf_mr ? "yes" : "no");
+        HC_INFO(HC_GDR, tr->p.log_rank, "%s: host staging", tr->gdr_why);
+        return;
+    }
+    tr->gdr = 1;
+    tr->flush = hc_gdr_flush_needed(c->gdr_flush, cc);
+    HC_INFO(HC_GDR, tr->p.log_rank, "GPU %d (%s, sm_%d): registration through %s, flush %s", gpu,
+            bdf, cc * 10, hc_gdr_reg_name(tr->gdr_reg), tr->flush ? "on" : "off");
+}
+
+#else /* !HCOLL_BUILD_VERBS */
+
+int hc_ib_usable(const hc_ib_config_t *cfg, int local_rank, int gpu, hc_ib_choice_t *choice_out,
+                 char *why, size_t whylen)
+{
+    (void)cfg;
+    (void)local_rank;
+    (void)gpu;
+    (void)choice_out;
+    return hc_ib_verbs_loadable(why, whylen);
+}
+
+#endif

@@ -1,0 +1,211 @@
+/*
+ * Memory registration for the verbs transport, on top of the registration
+ * cache (mr_cache.c):
+ *
+ *   mr_reg(p, n) ─► cache hit? ─ yes ─► handle on the cached ibv_mr
+ *                        │ no
+ *                        ├─ host memory ───────────► ibv_reg_mr
+ *                        └─ device memory (GPUDirect on):
+ *                             dma-buf ─► ibv_reg_dmabuf_mr ─┐ failed and
+ *                             peermem ─► ibv_reg_mr ◄───────┘ peermem loaded
+ *
+ * Device memory is taken only when GPUDirect was decided for this rank's
+ * GPU and NIC (device.c); otherwise mr_reg refuses it and the caller
+ * stages through host memory. Before Hopper a completion can overtake the
+ * PCIe writes into GPU memory, so immediates are held back until a
+ * one-word RDMA read of device memory (through a loopback QP on our own
+ * NIC) has returned: PCIe reads push earlier writes ahead of them. The
+ * word read is hcoll's own (gdr/mem.h), never a user's buffer, which the
+ * user may free while the cache still holds its registration.
+ */
+#include "inter/ib/ib_priv.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/log.h"
+#include "gdr/gdr.h"
+
+#if HCOLL_BUILD_VERBS
+
+#define IB_FLUSH_BYTES 64
+
+void ib_mrc_dereg(void *ctx, hc_mrc_entry_t *e)
+{
+    hc_transport_t *tr = ctx;
+    ib_mrent_t *mr = (ib_mrent_t *)e;
+    if (mr->mr)
+        tr->v->dereg_mr(mr->mr);
+    if (e->dmabuf_fd >= 0)
+        close(e->dmabuf_fd);
+    free(mr);
+}
+
+/* A loopback QP on our own NIC for flush reads of device memory. */
+static hcoll_status_t loop_qp_setup(hc_transport_t *tr)
+{
+    if (tr->loop_qp)
+        return HCOLL_SUCCESS;
+    if (ib_qp_create(tr, &tr->loop_cq, &tr->loop_qp) != 0)
+        return ib_fail(tr, HCOLL_ERR_RDMA, "creating the GPUDirect flush QP failed (errno %d)",
+                       errno);
+    ib_addr_t self;
+    memset(&self, 0, sizeof self);
+    self.psn = tr->psn;
+    self.lid = tr->pattr.lid;
+    self.link_layer = tr->pattr.link_layer;
+    self.mtu = (uint8_t)tr->pattr.active_mtu;
+    memcpy(self.gid, tr->gid.raw, 16);
+    int mtu;
+    if (ib_qp_connect(tr, tr->loop_qp, &self, tr->loop_qp->qp_num, &mtu) != 0)
+        return ib_fail(tr, HCOLL_ERR_RDMA, "connecting the GPUDirect flush QP failed (errno %d)",
+                       errno);
+    return HCOLL_SUCCESS;
+}
+
+int ib_flush_setup(hc_transport_t *tr)
+{
+    if (hc_gdr_dmem_alloc(tr->gpu, IB_FLUSH_BYTES, &tr->flush_mem) != 0)
+        return -1;
+    tr->flush_mr = tr->v->reg_mr(tr->pd, (void *)(uintptr_t)tr->flush_mem.ptr, IB_FLUSH_BYTES,
+                                 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+    if (!tr->flush_mr || loop_qp_setup(tr) != HCOLL_SUCCESS)
+        return -1; /* ib_flush_free undoes the rest */
+    return 0;
+}
+
+void ib_flush_free(hc_transport_t *tr)
+{
+    if (tr->loop_qp)
+        tr->v->destroy_qp(tr->loop_qp);
+    if (tr->loop_cq)
+        tr->v->destroy_cq(tr->loop_cq);
+    tr->loop_qp = NULL;
+    tr->loop_cq = NULL;
+    if (tr->flush_mr)
+        tr->v->dereg_mr(tr->flush_mr);
+    tr->flush_mr = NULL;
+    hc_gdr_dmem_free(&tr->flush_mem);
+}
+
+/* Register mr->e's range: dma-buf first where chosen, peermem or plain
+ * ibv_reg_mr otherwise. why gets the reason when mr->mr stays NULL. */
+static void mr_register(hc_transport_t *tr, ib_mrent_t *mr, int kind, char *why, size_t whylen)
+{
+    void *base = mr->e.base;
+    const size_t len = mr->e.len;
+    const int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+    if (mr->device && tr->gdr_reg == HC_GDR_REG_DMABUF) {
+        int fd;
+        uint64_t off;
+        size_t alen;
+        if (hc_gdr_dmabuf_fd(base, len, &fd, &off, &alen, why, whylen) == 0) {
+            mr->e.dmabuf_fd = fd;
+            mr->mr = tr->v->reg_dmabuf_mr(tr->pd, off, len, (uintptr_t)base, fd, access);
+            if (!mr->mr)
+                snprintf(why, whylen, "ibv_reg_dmabuf_mr: %s", strerror(errno));
+        }
+        if (!mr->mr && tr->peermem) {
+            /* dma-buf was the first choice, not the only one. */
+            HC_INFO(HC_GDR, tr->p.log_rank,
+                    "dma-buf registration of %zu bytes failed (%s); nvidia-peermem instead", len,
+                    why);
+            if (mr->e.dmabuf_fd >= 0)
+                close(mr->e.dmabuf_fd);
+            mr->e.dmabuf_fd = -1;
+            why[0] = '\0';
+            mr->mr = tr->v->reg_mr(tr->pd, base, len, access);
+        }
+        return;
+    }
+    /* Host memory; device memory through nvidia-peermem. */
+    mr->mr = tr->v->reg_mr(tr->pd, base, len, access);
+    /* A read-only send buffer (const, PROT_READ) cannot be pinned
+     * writable; the NIC only reads it. Its rkey then allows nothing,
+     * which a peer writing to it would learn. */
+    if (!mr->mr && errno == EFAULT && kind == HC_MEM_HOST)
+        mr->mr = tr->v->reg_mr(tr->pd, base, len, 0);
+}
+
+/* A fresh cache entry for [base, base+len), registered. */
+static hcoll_status_t mrent_new(hc_transport_t *tr, void *base, size_t len, int kind, int dev,
+                                uint64_t gen, ib_mrent_t **out)
+{
+    if (kind != HC_MEM_HOST && !tr->gdr)
+        return ib_fail(tr, HCOLL_ERR_UNSUPPORTED,
+                       "device buffer %p (GPU %d) cannot be registered for the NIC: %s; the "
+                       "caller must stage it through host memory",
+                       base, dev, tr->gdr_why[0] ? tr->gdr_why : "GPUDirect RDMA disabled");
+    ib_mrent_t *mr = calloc(1, sizeof *mr);
+    if (!mr)
+        return ib_fail(tr, HCOLL_ERR_NO_MEMORY, "out of memory registering %zu bytes", len);
+    mr->e.base = base;
+    mr->e.len = len;
+    mr->e.gen = gen;
+    mr->e.dmabuf_fd = -1;
+    mr->device = kind != HC_MEM_HOST;
+    char why[200] = "";
+    mr_register(tr, mr, kind, why, sizeof why);
+    if (!mr->mr) {
+        int e = errno;
+        if (mr->e.dmabuf_fd >= 0)
+            close(mr->e.dmabuf_fd);
+        free(mr);
+        return ib_fail(tr, HCOLL_ERR_RDMA,
+                       "registering %zu bytes of %s memory at %p failed (%s%s%s)%s", len,
+                       kind == HC_MEM_HOST ? "host" : "device", base, why[0] ? why : strerror(e),
+                       kind == HC_MEM_HOST ? "" : ", via ",
+                       kind == HC_MEM_HOST ? "" : hc_gdr_reg_name(tr->gdr_reg),
+                       kind == HC_MEM_HOST && (e == ENOMEM || e == EPERM)
+                           ? "; check `ulimit -l` (locked memory)"
+                           : "");
+    }
+    mr->e.handle = mr->mr;
+    *out = mr;
+    return HCOLL_SUCCESS;
+}
+
+hcoll_status_t ib_mr_reg(hc_transport_t *tr, void *base, size_t len, hc_mr_t **mr_out,
+                         hc_rkey_t *rkey_out)
+{
+    if (tr->err)
+        return tr->err;
+    hcoll_status_t st;
+    hc_mr_t *h = calloc(1, sizeof *h);
+    if (!h)
+        return ib_fail(tr, HCOLL_ERR_NO_MEMORY, "out of memory registering %zu bytes", len);
+    h->base = base;
+    h->len = len;
+    int dev = -1;
+    /* Only a process that loaded CUDA can hold device memory: a host-only
+     * job must not pay for (or be changed by) cuInit. */
+    int kind = hc_gdr_cuda_in_process() ? hc_gdr_ptr_kind(base, &dev) : HC_MEM_HOST;
+    uint64_t gen = kind == HC_MEM_HOST ? 0 : hc_gdr_ptr_buffer_id(base);
+    ib_mrent_t *mr = (ib_mrent_t *)hc_mrc_find(&tr->mrc, base, len, gen);
+    if (!mr) {
+        HC_CHECK(mrent_new(tr, base, len, kind, dev, gen, &mr), clean_handle);
+        hc_mrc_insert(&tr->mrc, &mr->e);
+    }
+    h->ent = mr;
+    /* The peer adds its offsets to the address the caller registered. */
+    rkey_out->w[0] = (uintptr_t)base;
+    rkey_out->w[1] = mr->mr->rkey;
+    *mr_out = h;
+    return HCOLL_SUCCESS;
+
+clean_handle:
+    free(h);
+    return st;
+}
+
+void ib_mr_dereg(hc_transport_t *tr, hc_mr_t *h)
+{
+    if (!h)
+        return;
+    hc_mrc_release(&tr->mrc, &h->ent->e);
+    free(h);
+}
+
+#endif /* HCOLL_BUILD_VERBS */

@@ -1,0 +1,44 @@
+/*
+ * The registration cache (mr_cache.c): generic over what a registration
+ * is, so that tests drive it without a NIC. The verbs transport keeps its
+ * struct ibv_mr in handle (mr.c).
+ */
+#ifndef HC_INTER_IB_MR_CACHE_H
+#define HC_INTER_IB_MR_CACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct hc_mrc_entry {
+    void *base;
+    size_t len;
+    uint64_t gen;      /* allocation id (CUDA buffer id; 0 for host) */
+    int refs;
+    uint64_t last_use;
+    void *handle;      /* what reg returned (struct ibv_mr *) */
+    int dmabuf_fd;     /* -1 unless registered through dma-buf */
+    struct hc_mrc_entry *next;
+} hc_mrc_entry_t;
+
+typedef struct hc_mrc {
+    hc_mrc_entry_t *list;
+    int count, max_idle;     /* idle (refs == 0) entries kept */
+    uint64_t tick;
+    uint64_t hits, misses;
+    void (*dereg)(void *ctx, hc_mrc_entry_t *e);
+    void *ctx;
+} hc_mrc_t;
+
+void hc_mrc_init(hc_mrc_t *c, int max_idle, void (*dereg)(void *, hc_mrc_entry_t *), void *ctx);
+/* An entry covering [base, base+len) of allocation gen, with a reference
+ * taken; NULL on a miss. */
+hc_mrc_entry_t *hc_mrc_find(hc_mrc_t *c, void *base, size_t len, uint64_t gen);
+/* Adopt a fresh registration (refs = 1). */
+void hc_mrc_insert(hc_mrc_t *c, hc_mrc_entry_t *e);
+/* Drop a reference; idle entries beyond max_idle are deregistered, least
+ * recently used first. */
+void hc_mrc_release(hc_mrc_t *c, hc_mrc_entry_t *e);
+/* Deregister everything (transport teardown). */
+void hc_mrc_fini(hc_mrc_t *c);
+
+#endif

@@ -1,0 +1,237 @@
+/*
+ * Completions and progress: what the CQs report becomes hc_comp_t.
+ *
+ *   ep CQ ──► recv WRITE_WITH_IMM ─► HC_COMP_IMM (held for the flush when
+ *        │                            GPUDirect needs one) ─► repost receive
+ *        └──► send completion ─► send FIFO head: put ─► HC_COMP_PUT
+ *                                                credit write, flush read: internal
+ *   flush QP CQ ──► read done ─► release the immediates it covers
+ *
+ * After each sweep the endpoint writes its credits back (send.c) and posts
+ * the puts that waited for them. A peer that failed writes IB_CREDIT_RESET
+ * into our credit word for it; the next sweep reports the failure.
+ */
+#include "inter/ib/ib_priv.h"
+
+#include <arpa/inet.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/clock.h"
+
+const char *hc_ib_wc_status_text(int status, int roce)
+{
+    /* enum ibv_wc_status values: stable ABI since OFED 1.x. */
+    switch (status) {
+    case 0: return "success";
+    case 1: return "local length error (a put larger than its local region)";
+    case 2: return "local QP operation error";
+    case 3: return "local EE context operation error";
+    case 4: return "local protection error: the local buffer is not registered (or was freed)";
+    case 5: return "work request flushed: the QP had already failed (see the first error)";
+    case 6: return "memory window bind error";
+    case 7: return "bad response from the peer";
+    case 8: return "local access error";
+    case 9: return "remote invalid request: the peer's QP rejected the operation";
+    case 10:
+        return "remote access error: the peer's region key or range is wrong (deregistered "
+               "buffer, or a put past its end)";
+    case 11: return "remote operation error at the peer";
+    case 12:
+        return roce ? "transport retry counter exceeded: peer unreachable over RoCE — check GID "
+                      "index, traffic class/PFC and that both NICs reach each other"
+                    : "transport retry counter exceeded: peer unreachable over InfiniBand — "
+                      "check the subnet manager, the links and that the peer process is alive";
+    case 13:
+        return roce ? "receiver-not-ready retry exceeded: the peer posted no receive (is it "
+                      "alive?) — on RoCE also check GID index, traffic class/PFC"
+                    : "receiver-not-ready retry exceeded: the peer posted no receive (is it "
+                      "alive and progressing?)";
+    case 14: return "local RDD violation";
+    case 15: return "remote invalid RD request";
+    case 16: return "remote aborted";
+    case 17: return "invalid EE context number";
+    case 18: return "invalid EE context state";
+    case 19: return "fatal error (the NIC or its driver failed)";
+    case 20: return "response timeout";
+    case 21: return "general error";
+    default: return "unknown completion status";
+    }
+}
+
+#if HCOLL_BUILD_VERBS
+
+/* what: the work request, known from wr_id and the send FIFO, since an
+ * error completion's opcode is undefined (ibv_poll_cq(3)). */
+static hcoll_status_t wc_failed(hc_transport_t *tr, const char *what, int peer,
+                                const struct ibv_wc *wc)
+{
+    hcoll_status_t st = wc->status == IBV_WC_RETRY_EXC_ERR || wc->status == IBV_WC_RNR_RETRY_EXC_ERR
+                            ? HCOLL_ERR_PEER_FAILED
+                            : HCOLL_ERR_RDMA;
+    return ib_fail(tr, st, "%s rank %d failed: status %d, %s (vendor error 0x%x)", what,
+                   hc_tp_rank(&tr->p, peer), (int)wc->status,
+                   hc_ib_wc_status_text((int)wc->status, tr->roce), wc->vendor_err);
+}
+
+static int cq_push(hc_transport_t *tr, const hc_comp_t *c)
+{
+    return hc_compq_push(&tr->cq, c);
+}
+
+static hcoll_status_t flush_start(hc_transport_t *tr)
+{
+    if (tr->flush_inflight || !tr->nheld)
+        return HCOLL_SUCCESS;
+    volatile uint64_t *scratch = &tr->credits[tr->p.nranks];
+    struct ibv_sge sge = { (uintptr_t)scratch, 4, tr->credits_mr->lkey };
+    struct ibv_send_wr wr, *bad;
+    memset(&wr, 0, sizeof wr);
+    wr.wr_id = TX_FLUSH;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_RDMA_READ;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.rdma.remote_addr = tr->flush_mem.ptr;
+    wr.wr.rdma.rkey = tr->flush_mr->rkey;
+    int rc = ibv_post_send(tr->loop_qp, &wr, &bad);
+    if (rc != 0)
+        return ib_fail(tr, HCOLL_ERR_RDMA, "posting the GPUDirect flush read failed: %s",
+                       strerror(rc));
+    tr->flush_inflight = 1;
+    tr->nflushing = tr->nheld; /* these are covered by this read */
+    return HCOLL_SUCCESS;
+}
+
+static hcoll_status_t flush_done(hc_transport_t *tr)
+{
+    for (size_t i = 0; i < tr->nflushing; i++)
+        if (cq_push(tr, &tr->held[i]) != 0)
+            return ib_fail(tr, HCOLL_ERR_NO_MEMORY, "out of memory for completions");
+    memmove(tr->held, tr->held + tr->nflushing, (tr->nheld - tr->nflushing) * sizeof *tr->held);
+    tr->nheld -= tr->nflushing;
+    tr->nflushing = 0;
+    tr->flush_inflight = 0;
+    return flush_start(tr);
+}
+
+static hcoll_status_t deliver_imm(hc_transport_t *tr, const hc_comp_t *c)
+{
+    if (!(tr->flush && tr->flush_mr)) {
+        if (cq_push(tr, c) != 0)
+            return ib_fail(tr, HCOLL_ERR_NO_MEMORY, "out of memory for completions");
+        return HCOLL_SUCCESS;
+    }
+    if (tr->nheld == tr->heldcap) {
+        size_t ncap = tr->heldcap ? tr->heldcap * 2 : 64;
+        hc_comp_t *n = realloc(tr->held, ncap * sizeof *n);
+        if (!n)
+            return ib_fail(tr, HCOLL_ERR_NO_MEMORY, "out of memory for completions");
+        tr->held = n;
+        tr->heldcap = ncap;
+    }
+    tr->held[tr->nheld++] = *c;
+    return HCOLL_SUCCESS;
+}
+
+static hcoll_status_t ep_progress(hc_ep_t *ep)
+{
+    hc_transport_t *tr = ep->tr;
+    struct ibv_wc wc[32];
+    int n = ibv_poll_cq(ep->cq, 32, wc);
+    if (n < 0)
+        return ib_fail(tr, HCOLL_ERR_RDMA, "ibv_poll_cq failed for rank %d",
+                       hc_tp_rank(&tr->p, ep->peer));
+    int reposts = 0;
+    for (int i = 0; i < n; i++) {
+        if (wc[i].status != IBV_WC_SUCCESS) {
+            const char *what = wc[i].wr_id == (uintptr_t)ep ? "a receive from"
+                               : ep->fcount && ep->fifo[ep->fhead].kind == TX_CREDIT
+                                   ? "a credit update to"
+                                   : "an RDMA write to";
+            return wc_failed(tr, what, ep->peer, &wc[i]);
+        }
+        if (wc[i].opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
+            hc_comp_t c = { HC_COMP_IMM, ep->peer, ntohl(wc[i].imm_data), 0 };
+            hcoll_status_t st = deliver_imm(tr, &c);
+            if (st != HCOLL_SUCCESS)
+                return st;
+            reposts++;
+            continue;
+        }
+        if (wc[i].opcode & IBV_WC_RECV)
+            return ib_fail(tr, HCOLL_ERR_NETWORK, "unexpected receive (opcode %d) from rank %d",
+                           (int)wc[i].opcode, hc_tp_rank(&tr->p, ep->peer));
+        if (ep->fcount == 0)
+            return ib_fail(tr, HCOLL_ERR_INTERNAL, "send completion with nothing posted");
+        ib_tx_t r = ep->fifo[ep->fhead];
+        ep->fhead = (ep->fhead + 1) % IB_SQ_DEPTH;
+        ep->fcount--;
+        if (r.kind == TX_PUT) {
+            hc_comp_t c = { HC_COMP_PUT, ep->peer, r.imm, r.wr_id };
+            if (cq_push(tr, &c) != 0)
+                return ib_fail(tr, HCOLL_ERR_NO_MEMORY, "out of memory for completions");
+        }
+    }
+    if (reposts) {
+        if (ib_post_recvs(ep, reposts) != 0)
+            return ib_fail(tr, HCOLL_ERR_RDMA, "reposting receives for rank %d failed",
+                           hc_tp_rank(&tr->p, ep->peer));
+        ep->reposted += (uint64_t)reposts;
+    }
+    hcoll_status_t st = ib_post_credit(ep);
+    if (st == HCOLL_SUCCESS)
+        st = ib_pend_flush(ep);
+    return st;
+}
+
+hcoll_status_t ib_progress(hc_transport_t *tr)
+{
+    hcoll_status_t st;
+    for (int i = 0; i < tr->neps; i++) {
+        if (tr->credits[tr->eps[i]->peer] == IB_CREDIT_RESET)
+            return ib_fail(tr, HCOLL_ERR_PEER_FAILED,
+                           "rank %d reset its connection (it failed or aborted)",
+                           hc_tp_rank(&tr->p, tr->eps[i]->peer));
+        if ((st = ep_progress(tr->eps[i])) != HCOLL_SUCCESS)
+            return st;
+    }
+    if (tr->loop_cq) {
+        struct ibv_wc wc;
+        int n = ibv_poll_cq(tr->loop_cq, 1, &wc);
+        if (n < 0)
+            return ib_fail(tr, HCOLL_ERR_RDMA, "ibv_poll_cq failed on the flush QP");
+        if (n == 1) {
+            if (wc.status != IBV_WC_SUCCESS)
+                return wc_failed(tr, "the GPUDirect flush read on", tr->p.rank, &wc);
+            if ((st = flush_done(tr)) != HCOLL_SUCCESS)
+                return st;
+        }
+    }
+    return flush_start(tr);
+}
+
+hcoll_status_t ib_poll(hc_transport_t *tr, hc_comp_t *comps, int max, int wait_ms, int *n_out)
+{
+    *n_out = 0;
+    if (tr->err)
+        return tr->err;
+    hcoll_status_t st = ib_progress(tr);
+    if (st == HCOLL_SUCCESS && tr->cq.count == 0 && wait_ms > 0) {
+        /* Busy-poll as RDMA libraries do, yielding the core between
+         * sweeps so that the reduction on the same core is not starved. */
+        const double deadline = hc_now_ms() + wait_ms;
+        while (st == HCOLL_SUCCESS && tr->cq.count == 0 && hc_now_ms() < deadline) {
+            struct timespec ts = { 0, 20000 };
+            nanosleep(&ts, NULL);
+            st = ib_progress(tr);
+        }
+    }
+    if (st != HCOLL_SUCCESS)
+        return st;
+    *n_out = hc_compq_pop(&tr->cq, comps, max);
+    return HCOLL_SUCCESS;
+}
+
+#endif /* HCOLL_BUILD_VERBS */
