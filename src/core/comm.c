@@ -402,7 +402,7 @@ HCOLL_API hcoll_status_t hcoll_get_unique_id(hcoll_unique_id_t *id_out)
         return hc_err_set(NULL, HC_INIT, -1, st, "get_unique_id: HCOLL_SOCKET_IFNAME: %s", err);
     memset(&u, 0, sizeof u);
     int fd;
-    hcoll_status_t st = hc_boot_listen(&ifs[0].addr, NULL, -1, "get_unique_id", &fd, &u.root);
+    st = hc_boot_listen(&ifs[0].addr, NULL, -1, "get_unique_id", &fd, &u.root);
     if (st != HCOLL_SUCCESS)
         return st;
     if (hc_random_bytes(u.secret, sizeof u.secret) != 0) {
