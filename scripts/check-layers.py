@@ -94,7 +94,10 @@ def check_calls(root, objdir, problems):
             if f.endswith(".o"):
                 obj = os.path.join(d, f)
                 rel = os.path.relpath(obj, objdir)[:-2] + ".c"
-                objs[rel] = obj
+                # An object whose source is gone (a file split or renamed
+                # since the last build) is no longer part of the library.
+                if os.path.exists(os.path.join(root, rel)):
+                    objs[rel] = obj
     if not objs:
         problems.append(f"{objdir}: no object files under src/ (build first)")
         return
