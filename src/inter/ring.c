@@ -25,10 +25,10 @@
  * while one chunk is being reduced the others are on the wire. Nothing here
  * relies on puts arriving in order: every immediate names its message.
  *
- * Small vectors (N vectors fit in one chunk, and see HC_RING_GATHER_HOP_BYTES): the
- * vectors themselves go
- * round (gather mode), into a region of the next rank kept for this, two
- * halves used by alternate operations:
+ * Small vectors (N vectors fit in one chunk, and see
+ * HC_RING_GATHER_HOP_BYTES): the vectors themselves go round (gather
+ * mode), into a region of the next rank kept for this, two halves used by
+ * alternate operations:
  *
  *   step s, rank r: vector (r-s) ──put──► next's gather[seq%2][r-s]
  *   after N-1 steps every rank holds all N vectors and folds them:
