@@ -9,7 +9,8 @@
  *   - random floats, whose reference replays the ring's fixed chain order
  *     (block b: rank b, b+1, ..., b-1), and every rank's result must match.
  * Failures on purpose: a rank SIGKILLed or SIGSTOPped mid-operation, and a
- * corrupted frame.
+ * corrupted frame. The schedule arithmetic (ring_sched.h) is checked on its
+ * own, without ranks.
  */
 #include <check.h>
 #include <signal.h>
@@ -21,6 +22,7 @@
 #include "base/err.h"
 #include "base/reduce.h"
 #include "inter/ring.h"
+#include "inter/ring_sched.h"
 #include "inter/tcp.h"
 #include "inter/transport.h"
 
@@ -779,10 +781,96 @@ START_TEST(test_device_refused_together)
 }
 END_TEST
 
+/* ------------------------------------------------------------------------ */
+/* The schedule, on its own                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* Blocks cut the vector in N contiguous pieces, longer ones first and at
+ * most one element longer; chunks cut each block in C contiguous pieces of
+ * at most ce elements, the ones past a short block's end empty; there are
+ * (N-1)*C messages per phase, or N-1 whole vectors in gather mode. */
+static void check_sched(int n, size_t count, size_t es, size_t chunk, size_t gmax, int dev)
+{
+    hc_ring_sched_t g;
+    hc_ring_sched_plan(&g, n, count, es, chunk, gmax, dev);
+    ck_assert_int_eq(g.n, n);
+    ck_assert_uint_eq(g.ce, chunk / es);
+    size_t next = 0, maxblk = 0;
+    for (int b = 0; b < n; b++) {
+        ck_assert_uint_eq(hc_ring_blk_off(&g, b), next);
+        size_t bc = hc_ring_blk_cnt(&g, b);
+        ck_assert_uint_le(bc, count / (size_t)n + 1);
+        ck_assert_uint_ge(bc, count / (size_t)n);
+        if (b > 0)
+            ck_assert_uint_le(bc, hc_ring_blk_cnt(&g, b - 1));
+        maxblk = bc > maxblk ? bc : maxblk;
+        next += bc;
+    }
+    ck_assert_uint_eq(next, count);
+    ck_assert_int_eq(g.gather, !dev && count * es <= gmax &&
+                                   (size_t)(n - 2) * count * es <=
+                                       (size_t)n * HC_RING_GATHER_HOP_BYTES &&
+                                   n - 1 <= HC_RING_EARLY_MAX);
+    if (g.gather) {
+        ck_assert_uint_eq(g.C, 1);
+        ck_assert_uint_eq(g.nmsg, (size_t)(n - 1));
+        return;
+    }
+    ck_assert_uint_eq(g.nmsg, (size_t)(n - 1) * g.C);
+    ck_assert_uint_ge(g.C * g.ce, maxblk);
+    if (maxblk)
+        ck_assert_uint_lt((g.C - 1) * g.ce, maxblk);
+    for (int b = 0; b < n; b++) {
+        size_t at = hc_ring_blk_off(&g, b), end = at + hc_ring_blk_cnt(&g, b);
+        for (size_t c = 0; c < g.C; c++) {
+            size_t off, cnt;
+            hc_ring_chunk_of(&g, b, c, &off, &cnt);
+            ck_assert_uint_le(cnt, g.ce);
+            if (at == end) {
+                ck_assert_uint_eq(cnt, 0);
+                ck_assert_uint_eq(off, hc_ring_blk_off(&g, b));
+                continue;
+            }
+            ck_assert_uint_eq(off, at);
+            ck_assert_uint_gt(cnt, 0);
+            at += cnt;
+        }
+        ck_assert_uint_eq(at, end);
+    }
+}
+
+START_TEST(test_schedule)
+{
+    static const size_t counts[] = { 1, 2, 3, 7, 8, 9, 100, 1000, 4097, 12345, (1u << 20) + 3 };
+    static const size_t sizes[] = { 1, 2, 4, 8 };
+    static const size_t chunks[] = { 8, 64, 4096, 65536, 1u << 20 };
+    for (int n = 2; n <= 9; n++)
+        for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++)
+            for (size_t j = 0; j < sizeof sizes / sizeof sizes[0]; j++)
+                for (size_t k = 0; k < sizeof chunks / sizeof chunks[0]; k++) {
+                    if (counts[i] * sizes[j] / chunks[k] > 4096)
+                        continue; /* thousands of chunks say nothing more */
+                    size_t gvec = chunks[k] / (size_t)n & ~(size_t)63;
+                    size_t gmax = gvec >= 16 ? gvec - 16 : 0;
+                    check_sched(n, counts[i], sizes[j], chunks[k], gmax, 0);
+                    check_sched(n, counts[i], sizes[j], chunks[k], gmax, 1);
+                }
+    /* Positions wrap both ways. */
+    ck_assert_int_eq(hc_ring_mod(5, -1), 4);
+    ck_assert_int_eq(hc_ring_mod(5, -11), 4);
+    ck_assert_int_eq(hc_ring_mod(5, 7), 2);
+    ck_assert_int_eq(hc_ring_mod(1, -3), 0);
+}
+END_TEST
+
 static Suite *ring_suite(void)
 {
     Suite *s = suite_create("ring");
-    TCase *tc = tcase_create("correctness");
+    TCase *tc = tcase_create("schedule");
+    tcase_set_timeout(tc, TEST_TIMEOUT_S);
+    tcase_add_test(tc, test_schedule);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("correctness");
     tcase_set_timeout(tc, TEST_TIMEOUT_S);
     tcase_add_test(tc, test_single_rank);
     tcase_add_loop_test(tc, test_matrix, 0, MAXR - 1);

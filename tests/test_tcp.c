@@ -1,8 +1,10 @@
 /*
- * TCP transport: transport choice, puts landing at their offsets with their
- * immediates (one and several sockets per peer), headers that lie about
- * their target rejected before a byte is written, a peer that dies, an
- * orderly close, a stranger on the port, a hello that never comes.
+ * What only the TCP transport promises: transport choice, headers that lie
+ * about their target rejected before a byte is written, a stranger on the
+ * port, a hello that never comes, a bind address that is not one; and the
+ * completion FIFO both transports report through. What every transport
+ * promises (puts landing, a peer that dies, an orderly close...) is in
+ * test_transport.c, run on TCP there.
  * All traffic on 127.0.0.0/8, ranks forked by tests/common/ranks.h.
  */
 #include <check.h>
@@ -92,114 +94,6 @@ END_TEST
 
 /* ------------------------------------------------------------------------ */
 
-#define GUARD 64
-static const struct { size_t off, len; } puts_tab[] = {
-    { 0, 0 }, { 0, 1 }, { 17, 4095 }, { 5000, 1 << 20 }, { 3u << 20, (1u << 20) + 3 },
-    { 100, 31 }, { (1u << 20) + 7, 65536 },
-};
-#define NPUTS (int)(sizeof puts_tab / sizeof puts_tab[0])
-#define REGION ((4u << 20) + 16)
-
-static unsigned char pat(size_t i)
-{
-    return (unsigned char)(i * 131 + (i >> 9) + 7);
-}
-
-static int rank_puts(int rank, int n, void *arg)
-{
-    shm_ag_t *shm = ((void **)arg)[0];
-    int nsocks = *(int *)((void **)arg)[1];
-    ag_ctx_t ag = { shm, rank };
-    hc_transport_params_t p = tparams(rank, n, nsocks, 10000);
-    hc_transport_t *tr;
-    HCT_REQUIRE(hc_tcp_ops.create(&p, &tr) == HCOLL_SUCCESS, "create: %s", eb.msg);
-    int peer = 1 - rank;
-    hc_ep_t *ep;
-    HCT_REQUIRE(hc_tcp_ops.connect(tr, &peer, 1, shm_allgather, &ag, &ep) == HCOLL_SUCCESS,
-                "connect: %s", eb.msg);
-    unsigned char *buf = malloc(REGION + 2 * GUARD);
-    HCT_REQUIRE(buf, "malloc");
-    hc_mr_t *mr;
-    hc_rkey_t rk;
-    hcoll_status_t st;
-    if (rank == 0) {
-        for (size_t i = 0; i < REGION; i++)
-            buf[GUARD + i] = pat(i);
-    } else {
-        memset(buf, 0xA5, REGION + 2 * GUARD);
-    }
-    HCT_REQUIRE(hc_tcp_ops.mr_reg(tr, buf + GUARD, REGION, &mr, &rk) == HCOLL_SUCCESS, "reg");
-    hc_rkey_t rks[2];
-    HCT_REQUIRE(shm_allgather(&ag, &rk, rks, sizeof rk) == HCOLL_SUCCESS, "exchange keys");
-    if (rank == 0) {
-        for (int k = 0; k < NPUTS; k++)
-            HCT_REQUIRE(hc_tcp_ops.put(ep, mr, puts_tab[k].off, &rks[1], puts_tab[k].off,
-                                       puts_tab[k].len, 1000u + (unsigned)k, (uint64_t)k) ==
-                            HCOLL_SUCCESS,
-                        "put %d: %s", k, eb.msg);
-        int got = hct_wait_comps(&hc_tcp_ops, tr, HC_COMP_PUT, NPUTS, NULL, 10000, &st);
-        HCT_REQUIRE(st == HCOLL_SUCCESS && got == NPUTS, "local completions %d/%d %s", got, NPUTS,
-                    eb.msg);
-        /* The peer's "all checked" notification. */
-        uint32_t imm = 0;
-        got = hct_wait_comps(&hc_tcp_ops, tr, HC_COMP_IMM, 1, &imm, 10000, &st);
-        HCT_REQUIRE(st == HCOLL_SUCCESS && got == 1 && imm == 4242u, "notify: %d %s", got, eb.msg);
-    } else {
-        uint32_t imms[NPUTS];
-        int got = hct_wait_comps(&hc_tcp_ops, tr, HC_COMP_IMM, NPUTS, imms, 10000, &st);
-        HCT_REQUIRE(st == HCOLL_SUCCESS && got == NPUTS, "immediates %d/%d %s", got, NPUTS, eb.msg);
-        unsigned seen = 0;
-        for (int k = 0; k < NPUTS; k++) {
-            HCT_REQUIRE(imms[k] >= 1000u && imms[k] < 1000u + NPUTS, "imm %u", imms[k]);
-            seen |= 1u << (imms[k] - 1000u);
-        }
-        HCT_REQUIRE(seen == (1u << NPUTS) - 1, "every immediate once: %x", seen);
-        /* Written ranges hold the pattern, everything else is untouched. */
-        unsigned char *want = malloc(REGION);
-        memset(want, 0xA5, REGION);
-        for (int k = 0; k < NPUTS; k++)
-            for (size_t i = puts_tab[k].off; i < puts_tab[k].off + puts_tab[k].len; i++)
-                want[i] = pat(i);
-        HCT_REQUIRE(memcmp(want, buf + GUARD, REGION) == 0, "region contents");
-        for (int i = 0; i < GUARD; i++)
-            HCT_REQUIRE(buf[i] == 0xA5 && buf[GUARD + REGION + i] == 0xA5, "guard %d", i);
-        free(want);
-        HCT_REQUIRE(hc_tcp_ops.put(ep, NULL, 0, NULL, 0, 0, 4242u, 99) == HCOLL_SUCCESS, "notify");
-        got = hct_wait_comps(&hc_tcp_ops, tr, HC_COMP_PUT, 1, NULL, 10000, &st);
-        HCT_REQUIRE(got == 1, "notify completion");
-    }
-    /* An orderly close: the survivor sees no failure. */
-    HCT_REQUIRE(shm_allgather(&ag, &rk, rks, sizeof rk) == HCOLL_SUCCESS, "barrier");
-    if (rank == 1) {
-        hc_tcp_ops.destroy(tr, 1);
-        tr = NULL;
-    } else {
-        uint32_t imm;
-        hct_wait_comps(&hc_tcp_ops, tr, HC_COMP_IMM, 1, &imm, 300, &st);
-        HCT_REQUIRE(st == HCOLL_SUCCESS, "peer's goodbye taken as a failure: %s", eb.msg);
-        hc_tcp_ops.destroy(tr, 1);
-    }
-    HCT_REQUIRE(shm_allgather(&ag, &rk, rks, sizeof rk) == HCOLL_SUCCESS, "barrier");
-    free(buf);
-    return 0;
-}
-
-START_TEST(test_puts)
-{
-    static const int nsocks_tab[] = { 1, 3 };
-    int nsocks = nsocks_tab[_i];
-    shm_ag_t *shm = hct_shared_alloc(sizeof *shm);
-    shm->nranks = 2;
-    void *arg[2] = { shm, &nsocks };
-    hct_opts_t o = { .nranks = 2, .ranks_per_node = 1, .timeout_ms = 60000 };
-    hct_result_t res[2];
-    ck_assert_int_eq(hct_run(&o, rank_puts, arg, res), 0);
-    hct_shared_free(shm, sizeof *shm);
-}
-END_TEST
-
-/* ------------------------------------------------------------------------ */
-
 static int rank_corrupt(int rank, int n, void *arg)
 {
     shm_ag_t *shm = arg;
@@ -252,48 +146,6 @@ START_TEST(test_corrupt_frames)
     hct_opts_t o = { .nranks = 2, .ranks_per_node = 1, .timeout_ms = 60000 };
     hct_result_t res[2];
     ck_assert_int_eq(hct_run(&o, rank_corrupt, shm, res), 0);
-    hct_shared_free(shm, sizeof *shm);
-}
-END_TEST
-
-/* ------------------------------------------------------------------------ */
-
-/* Rank 1 vanishes (exit without close, as a crash would); rank 0 must see
- * HCOLL_ERR_PEER_FAILED promptly, not wait for the timeout. */
-static int rank_death(int rank, int n, void *arg)
-{
-    shm_ag_t *shm = arg;
-    ag_ctx_t ag = { shm, rank };
-    hc_transport_params_t p = tparams(rank, n, 2, 20000);
-    hc_transport_t *tr;
-    HCT_REQUIRE(hc_tcp_ops.create(&p, &tr) == HCOLL_SUCCESS, "create");
-    int peer = 1 - rank;
-    hc_ep_t *ep;
-    HCT_REQUIRE(hc_tcp_ops.connect(tr, &peer, 1, shm_allgather, &ag, &ep) == HCOLL_SUCCESS,
-                "connect: %s", eb.msg);
-    if (rank == 1)
-        _exit(0);
-    double t0 = hct_now_ms();
-    hcoll_status_t st;
-    hct_wait_comps(&hc_tcp_ops, tr, HC_COMP_IMM, 1, NULL, 10000, &st);
-    HCT_REQUIRE(st == HCOLL_ERR_PEER_FAILED, "got %s (%s)", hcoll_status_name(st), eb.msg);
-    HCT_REQUIRE(hct_now_ms() - t0 < 5000, "took %.0f ms", hct_now_ms() - t0);
-    char buf[8];
-    hc_mr_t *mr;
-    hc_rkey_t rk;
-    hc_tcp_ops.mr_reg(tr, buf, sizeof buf, &mr, &rk);
-    HCT_REQUIRE(hc_tcp_ops.put(ep, mr, 0, &rk, 0, 8, 1, 0) == HCOLL_ERR_PEER_FAILED, "put after");
-    hc_tcp_ops.destroy(tr, 0);
-    return 0;
-}
-
-START_TEST(test_peer_death)
-{
-    shm_ag_t *shm = hct_shared_alloc(sizeof *shm);
-    shm->nranks = 2;
-    hct_opts_t o = { .nranks = 2, .ranks_per_node = 1, .timeout_ms = 30000 };
-    hct_result_t res[2];
-    ck_assert_int_eq(hct_run(&o, rank_death, shm, res), 0);
     hct_shared_free(shm, sizeof *shm);
 }
 END_TEST
@@ -449,9 +301,7 @@ static Suite *tcp_suite(void)
     tcase_add_test(tc, test_select);
     tcase_add_test(tc, test_compq_fifo);
     tcase_add_test(tc, test_bad_bind);
-    tcase_add_loop_test(tc, test_puts, 0, 2);
     tcase_add_test(tc, test_corrupt_frames);
-    tcase_add_test(tc, test_peer_death);
     tcase_add_test(tc, test_stranger);
     tcase_add_test(tc, test_connect_timeout);
     suite_add_tcase(s, tc);

@@ -1,0 +1,293 @@
+/*
+ * One ring operation, from start to done: the checks and the schedule at
+ * start, the descriptor that tells prev where this rank's output is, the
+ * messages that arrived early, and the progress loop that polls the
+ * transport, hands each completion to the protocol (ring.c) and enforces
+ * the no-progress deadline.
+ */
+#include "inter/ring_priv.h"
+#include "base/clock.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "base/reduce.h"
+
+static void op_finish(hc_ring_t *r)
+{
+    ring_op_t *o = &r->op;
+    if (o->send_mr && o->send_mr != o->recv_mr)
+        r->ops->mr_dereg(r->tr, o->send_mr);
+    if (o->recv_mr)
+        r->ops->mr_dereg(r->tr, o->recv_mr);
+    o->send_mr = o->recv_mr = NULL;
+    o->active = 0;
+    r->seq++;
+}
+
+static int op_complete(const hc_ring_t *r)
+{
+    const ring_op_t *o = &r->op;
+    /* Also wait for my credits and my puts: when an operation ends nothing
+     * of it is still in flight towards or from this rank. */
+    return o->rs_next == o->g.nmsg && o->rs_nrecv == o->g.nmsg && o->ag_next == o->g.nmsg &&
+           o->ag_nrecv == o->g.nmsg && r->puts_out == 0 && r->nbusy == 0;
+}
+
+/* What a start may not be called with; not sticky, the ring stays usable. */
+static hcoll_status_t start_check(hc_ring_t *r, const void *sendbuf, const void *recvbuf,
+                                  size_t count, hcoll_dtype_t dtype, hcoll_op_t op, int dev)
+{
+    hc_errbuf_t *eb = RING_ERRBUF(r);
+    if (r->err)
+        return r->err;
+    if (dev && !r->devops)
+        return hc_err_set(eb, HC_NET, RING_LOGRANK(r), HCOLL_ERR_INVALID_ARG,
+                          "ring: device buffers before hc_ring_enable_device");
+    if (r->op.active)
+        return hc_err_set(eb, HC_NET, RING_LOGRANK(r), HCOLL_ERR_INVALID_ARG,
+                          "ring: an operation is already active");
+    if (!hc_reduce_valid(dtype, op))
+        return hc_err_set(eb, HC_NET, RING_LOGRANK(r), HCOLL_ERR_INVALID_ARG,
+                          "ring: invalid dtype %d or op %d", (int)dtype, (int)op);
+    if (count && (!sendbuf || !recvbuf))
+        return hc_err_set(eb, HC_NET, RING_LOGRANK(r), HCOLL_ERR_INVALID_ARG,
+                          "ring: NULL buffer with count %zu", count);
+    return HCOLL_SUCCESS;
+}
+
+/* A 1-rank ring: the result is the input (divided, for AVG). */
+static hcoll_status_t start_alone(hc_ring_t *r, const void *sendbuf, void *recvbuf, size_t count,
+                                  hcoll_dtype_t dtype, hcoll_op_t op, int div, int dev)
+{
+    hcoll_status_t st;
+    const size_t es = hcoll_dtype_size(dtype);
+    if (dev) {
+        const hc_ring_devops_t *d = r->devops;
+        if (sendbuf != recvbuf && (st = d->copy(d->ctx, recvbuf, sendbuf, count * es)) != 0)
+            return st;
+        return d->avg(d->ctx, recvbuf, count, dtype, op, div);
+    }
+    if (sendbuf != recvbuf)
+        memmove(recvbuf, sendbuf, count * es);
+    hc_reduce_avg_finish(recvbuf, count, dtype, op, div);
+    return HCOLL_SUCCESS;
+}
+
+/* The operation's arguments, its schedule and its message flags; nothing
+ * is sent yet. Every rank decides alike: count, dtype, N and the chunk are
+ * equal. */
+static hcoll_status_t op_init(hc_ring_t *r, const void *sendbuf, void *recvbuf, size_t count,
+                              hcoll_dtype_t dtype, hcoll_op_t op, int div, int dev)
+{
+    hc_errbuf_t *eb = RING_ERRBUF(r);
+    ring_op_t *o = &r->op;
+    memset(o, 0, sizeof *o);
+    o->send = sendbuf;
+    o->recv = recvbuf;
+    o->count = count;
+    o->esize = hcoll_dtype_size(dtype);
+    o->dtype = dtype;
+    o->op = op;
+    o->avg_div = div;
+    o->dev = dev;
+    const size_t trailer = sizeof(gather_trailer_t);
+    hc_ring_sched_plan(&o->g, r->n, count, o->esize, r->chunk_bytes,
+                       r->gvec >= trailer ? r->gvec - trailer : 0, dev);
+    if (o->g.nmsg >= IMM_MSG_MAX)
+        return hc_err_set(eb, HC_NET, RING_LOGRANK(r), HCOLL_ERR_UNSUPPORTED,
+                          "ring: %zu elements need %zu messages of %zu bytes per phase, more "
+                          "than %zu; raise HCOLL_CHUNK_BYTES",
+                          count, o->g.nmsg, r->chunk_bytes, IMM_MSG_MAX - 1);
+    if (o->g.nmsg * 2 > r->flags_cap) {
+        uint8_t *f = realloc(r->flags, o->g.nmsg * 2);
+        if (!f)
+            return hc_err_set(eb, HC_NET, RING_LOGRANK(r), HCOLL_ERR_NO_MEMORY,
+                              "ring: out of memory");
+        r->flags = f;
+        r->flags_cap = o->g.nmsg * 2;
+    }
+    memset(r->flags, 0, o->g.nmsg * 2);
+    o->rs_done = r->flags;
+    o->ag_done = r->flags + o->g.nmsg;
+    return HCOLL_SUCCESS;
+}
+
+/* Reduce-scatter messages that arrived before this operation began. */
+static hcoll_status_t take_early(hc_ring_t *r)
+{
+    hcoll_status_t st = HCOLL_SUCCESS;
+    int nearly = r->nearly;
+    r->nearly = 0;
+    for (int i = 0; i < nearly && st == HCOLL_SUCCESS; i++)
+        st = hc_ring_on_rs(r, r->early[i]);
+    return st;
+}
+
+/* Gather mode: my vector and its trailer into my place of this
+ * operation's half, then round it goes. */
+static hcoll_status_t start_gather(hc_ring_t *r)
+{
+    hcoll_status_t st = HCOLL_SUCCESS;
+    ring_op_t *o = &r->op;
+    o->ghalf = r->gbuf + (size_t)(r->seq & 1) * (size_t)r->n * r->gvec;
+    char *mine = o->ghalf + (size_t)r->rank * r->gvec;
+    memcpy(mine, o->send, o->count * o->esize);
+    const gather_trailer_t t = { r->seq, ring_op_sig(o->count, o->dtype, o->op) };
+    memcpy(mine + o->count * o->esize, &t, sizeof t);
+    o->ag_next = o->ag_nrecv = o->g.nmsg; /* no all-gather half */
+    o->active = 1;
+    r->last_activity = hc_now_ms();
+    HC_CHECK(take_early(r), clean_active);
+    HC_CHECK(hc_ring_send_ready(r), clean_active);
+    return HCOLL_SUCCESS;
+
+clean_active:
+    return ring_fail(r, st);
+}
+
+/* The chunked ring: both buffers registered, prev told where my output
+ * is (its all-gather writes straight there), then the first chunks. */
+static hcoll_status_t start_chunked(hc_ring_t *r)
+{
+    hcoll_status_t st = HCOLL_SUCCESS;
+    ring_op_t *o = &r->op;
+    const size_t bytes = o->count * o->esize;
+    hc_rkey_t recv_rkey;
+    HC_CHECK(r->ops->mr_reg(r->tr, o->recv, bytes, &o->recv_mr, &recv_rkey), out);
+    if (o->send == o->recv) {
+        o->send_mr = o->recv_mr;
+    } else {
+        hc_rkey_t unused;
+        HC_CHECK(r->ops->mr_reg(r->tr, (void *)o->send, bytes, &o->send_mr, &unused),
+                 clean_recv_mr);
+    }
+    o->active = 1;
+
+    const size_t box = r->seq % DESC_SLOTS;
+    ring_desc_t d = { recv_rkey, r->seq, ring_op_sig(o->count, o->dtype, o->op) };
+    memcpy(r->ctrl + (DESC_SLOTS + box) * DESC_BYTES, &d, sizeof d);
+    HC_CHECK(hc_ring_put(r, r->ep_prev, r->ctrl_mr, (DESC_SLOTS + box) * DESC_BYTES, &r->prev_ctrl,
+                         box * DESC_BYTES, sizeof d, IMM(IMM_DESC, r->seq & 15, 0, 0)),
+             clean_active);
+
+    r->last_activity = hc_now_ms();
+    if (r->desc_seen[r->seq & 15])
+        HC_CHECK(hc_ring_on_desc(r), clean_active);
+    HC_CHECK(take_early(r), clean_active);
+    HC_CHECK(hc_ring_send_ready(r), clean_active);
+    HC_TRACE(HC_NET, RING_LOGRANK(r),
+             "ring: op %llu started: %zu x %s %s, %zu chunk(s) of %zu elements per block",
+             (unsigned long long)r->seq, o->count, hcoll_dtype_name(o->dtype),
+             hcoll_op_name(o->op), o->g.C, o->g.ce);
+    return HCOLL_SUCCESS;
+
+clean_active:
+    /* The ring is broken (sticky error); keep the op marked active so that
+     * destroy resets the connections. */
+    return ring_fail(r, st);
+clean_recv_mr:
+    r->ops->mr_dereg(r->tr, o->recv_mr);
+    o->recv_mr = NULL;
+out:
+    return ring_fail(r, st);
+}
+
+static hcoll_status_t ring_start(hc_ring_t *r, const void *sendbuf, void *recvbuf, size_t count,
+                                 hcoll_dtype_t dtype, hcoll_op_t op, int avg_divisor, int dev)
+{
+    hcoll_status_t st = start_check(r, sendbuf, recvbuf, count, dtype, op, dev);
+    if (st != HCOLL_SUCCESS)
+        return st;
+    const int div = avg_divisor > 0 ? avg_divisor : r->n;
+    /* Nothing to exchange: every rank sees the same count and skips alike,
+     * so sequence numbers stay in step. */
+    if (count == 0)
+        return HCOLL_SUCCESS;
+    if (r->n == 1)
+        return start_alone(r, sendbuf, recvbuf, count, dtype, op, div, dev);
+    st = op_init(r, sendbuf, recvbuf, count, dtype, op, div, dev);
+    if (st != HCOLL_SUCCESS)
+        return st;
+    return r->op.g.gather ? start_gather(r) : start_chunked(r);
+}
+
+hcoll_status_t hc_ring_start(hc_ring_t *r, const void *sendbuf, void *recvbuf, size_t count,
+                             hcoll_dtype_t dtype, hcoll_op_t op, int avg_divisor)
+{
+    return ring_start(r, sendbuf, recvbuf, count, dtype, op, avg_divisor, 0);
+}
+
+hcoll_status_t hc_ring_start_device(hc_ring_t *r, const void *sendbuf, void *recvbuf,
+                                    size_t count, hcoll_dtype_t dtype, hcoll_op_t op,
+                                    int avg_divisor)
+{
+    return ring_start(r, sendbuf, recvbuf, count, dtype, op, avg_divisor, 1);
+}
+
+hcoll_status_t hc_ring_progress(hc_ring_t *r, int wait_ms, int *done_out)
+{
+    hcoll_status_t st = HCOLL_SUCCESS;
+    *done_out = 0;
+    if (r->err)
+        return r->err;
+    if (!r->op.active) {
+        *done_out = 1;
+        return HCOLL_SUCCESS;
+    }
+    const double give_up = hc_now_ms() + wait_ms;
+    hc_comp_t comps[64];
+    for (;;) {
+        int n = 0;
+        HC_CHECK(r->ops->poll(r->tr, comps, (int)HC_ARRAY_LEN(comps), 0, &n), out);
+        if (n == 0) {
+            if (op_complete(r))
+                break;
+            double now = hc_now_ms();
+            if (now - r->last_activity > r->p.tp.timeout_ms) {
+                const ring_op_t *o = &r->op;
+                st = hc_err_set(RING_ERRBUF(r), HC_NET, RING_LOGRANK(r), HCOLL_ERR_TIMEOUT,
+                                "ring: no progress for %d ms in operation %llu (reduce-scatter "
+                                "%zu/%zu received from rank %d, all-gather %zu/%zu received, "
+                                "%d credit(s) owed by rank %d, %s)",
+                                r->p.tp.timeout_ms, (unsigned long long)r->seq, o->rs_nrecv,
+                                o->g.nmsg, hc_tp_rank(&r->p.tp, r->prev), o->ag_nrecv, o->g.nmsg,
+                                r->nbusy, hc_tp_rank(&r->p.tp, r->next),
+                                o->g.gather    ? "vectors gathered"
+                                : o->have_desc ? "descriptor received"
+                                               : "no descriptor from next rank");
+                goto out;
+            }
+            if (now >= give_up)
+                return HCOLL_SUCCESS;
+            double left = r->last_activity + r->p.tp.timeout_ms - now;
+            if (give_up - now < left)
+                left = give_up - now;
+            int wait = (int)left + 1;
+            HC_CHECK(r->ops->poll(r->tr, comps, (int)HC_ARRAY_LEN(comps), wait, &n), out);
+            if (n == 0)
+                continue;
+        }
+        r->last_activity = hc_now_ms();
+        for (int i = 0; i < n; i++)
+            HC_CHECK(hc_ring_on_comp(r, &comps[i]), out);
+        HC_CHECK(hc_ring_send_ready(r), out);
+    }
+    op_finish(r);
+    *done_out = 1;
+    return HCOLL_SUCCESS;
+
+out:
+    return ring_fail(r, st);
+}
+
+hcoll_status_t hc_ring_allreduce(hc_ring_t *r, const void *sendbuf, void *recvbuf, size_t count,
+                                 hcoll_dtype_t dtype, hcoll_op_t op)
+{
+    hcoll_status_t st = hc_ring_start(r, sendbuf, recvbuf, count, dtype, op, 0);
+    int done = 0;
+    while (st == HCOLL_SUCCESS && !done)
+        st = hc_ring_progress(r, 1000, &done);
+    return st;
+}

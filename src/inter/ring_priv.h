@@ -1,0 +1,161 @@
+/*
+ * The ring's objects and messages, shared by its files and by nothing
+ * else:
+ *
+ *   ring.c        the algorithm (its drawing): what to send next and what
+ *                 each arriving message means
+ *   ring_sched.c  the schedule arithmetic (blocks, chunks, gather mode)
+ *   ring_setup.c  creation (connect, staging slots, the info exchange),
+ *                 failure and destruction
+ *   ring_op.c     one operation: start, progress, finish
+ *   ring_dev.c    device buffers (GPUDirect staging slots)
+ *
+ * The calls go one way: ring_op.c -> ring.c -> ring_sched.h, and
+ * ring_setup.c -> ring_dev.c.
+ */
+#ifndef HC_INTER_RING_PRIV_H
+#define HC_INTER_RING_PRIV_H
+
+#include "inter/ring.h"
+#include "inter/ring_sched.h"
+
+/* Immediate (32 bits): kind:2 | seq:4 | slot:4 | message:22. */
+enum { IMM_RS = 0, IMM_AG = 1, IMM_CREDIT = 2, IMM_DESC = 3 };
+#define IMM(kind, seq, slot, m) \
+    (((uint32_t)(kind) << 30) | (((uint32_t)(seq)&15u) << 26) | (((uint32_t)(slot)&15u) << 22) | \
+     ((uint32_t)(m)&0x3fffffu))
+#define IMM_KIND(i) ((int)((i) >> 30))
+#define IMM_SEQ(i)  ((unsigned)(((i) >> 26) & 15u))
+#define IMM_SLOT(i) ((int)(((i) >> 22) & 15u))
+#define IMM_MSG(i)  ((size_t)((i)&0x3fffffu))
+#define IMM_MSG_MAX ((size_t)1 << 22)
+
+#define RING_MAGIC 0x48435247u /* "HCRG" */
+#define DESC_SLOTS 4           /* mailbox entries; neighbours differ by <= 1 op */
+#define DESC_BYTES 32
+#define EARLY_MAX  HC_RING_EARLY_MAX
+#define DEFAULT_SLOTS 4
+
+/* What each rank publishes once at creation. */
+typedef struct ring_info {
+    uint32_t magic;
+    uint32_t rank;
+    uint32_t nslots;
+    uint32_t pad;
+    uint64_t chunk_bytes;
+    hc_rkey_t slots_rkey;
+    hc_rkey_t ctrl_rkey;
+    hc_rkey_t gather_rkey;
+} ring_info_t;
+
+typedef struct ring_desc {
+    hc_rkey_t recv_rkey;
+    uint64_t seq;
+    uint64_t sig; /* ring_op_sig(): what this operation was called with */
+} ring_desc_t;
+
+/* count, dtype and op of an operation in one word, so that neighbours
+ * called with different arguments find out at the start of the operation
+ * instead of through an out-of-bounds frame or a deadline. */
+static inline uint64_t ring_op_sig(size_t count, hcoll_dtype_t dtype, hcoll_op_t op)
+{
+    return ((uint64_t)count << 16) | ((uint64_t)(dtype & 0xff) << 8) | (uint64_t)(op & 0xff);
+}
+
+/* Gather mode has no descriptor: each vector travels with this trailer
+ * right behind its last byte. A receiver reads it at the offset its own
+ * count gives, so a vector sent with another count (or dtype, op) shows a
+ * trailer that does not match, and the sequence number keeps a trailer
+ * left by an older operation in the same half from passing for a new one. */
+typedef struct gather_trailer {
+    uint64_t seq;
+    uint64_t sig;
+} gather_trailer_t;
+
+typedef struct ring_op {
+    int active;
+    const char *send;
+    char *recv;
+    size_t count, esize;
+    hcoll_dtype_t dtype;
+    hcoll_op_t op;
+    int avg_div;
+    hc_ring_sched_t g;   /* blocks, chunks, messages, gather mode */
+    hc_mr_t *send_mr, *recv_mr;
+    hc_rkey_t next_recv; /* next's receive buffer */
+    int have_desc;
+    size_t rs_next;      /* next reduce-scatter message to send */
+    size_t rs_nrecv;     /* reduced so far */
+    size_t ag_next;
+    size_t ag_nrecv;
+    int dev;             /* device buffers: device slots and devops */
+    char *ghalf;         /* gather mode: this operation's half of gbuf */
+    uint8_t *rs_done;    /* [nmsg] received and reduced */
+    uint8_t *ag_done;    /* [nmsg] landed */
+} ring_op_t;
+
+struct hc_ring {
+    hc_ring_params_t p;
+    int rank, n, next, prev;
+    const hc_transport_ops_t *ops;
+    hc_transport_t *tr;
+    hc_ep_t *ep_next, *ep_prev;
+    size_t chunk_bytes;
+    int nslots;
+    char *slots;          /* my staging slots, written by prev */
+    hc_mr_t *slots_mr;
+    char *ctrl;           /* [mailbox DESC_SLOTS][outbox DESC_SLOTS] */
+    hc_mr_t *ctrl_mr;
+    hc_rkey_t next_slots, prev_ctrl;
+    uint8_t slot_busy[HC_RING_MAX_SLOTS]; /* next's slots I have filled */
+    int nbusy;
+    uint64_t seq;         /* operations started */
+    uint8_t desc_seen[16];
+    uint32_t early[EARLY_MAX];
+    int nearly;
+    size_t puts_out;
+    char *gbuf;           /* gather mode: 2 halves of N vectors of gvec bytes */
+    size_t gvec;
+    hc_mr_t *gbuf_mr;
+    hc_rkey_t next_gbuf;
+    const hc_ring_devops_t *devops; /* device buffers, once enabled */
+    void *dslots;         /* device staging slots, written by prev */
+    hc_mr_t *dslots_mr;
+    hc_rkey_t next_dslots;
+    uint8_t *flags;       /* storage for rs_done/ag_done */
+    size_t flags_cap;
+    ring_op_t op;
+    double last_activity;
+    hcoll_status_t err;
+};
+
+#define RING_ERRBUF(r) ((r)->p.tp.errbuf)
+#define RING_LOGRANK(r) ((r)->p.tp.log_rank)
+
+/* The ring's sticky error: the first one stays. */
+static inline hcoll_status_t ring_fail(hc_ring_t *r, hcoll_status_t st)
+{
+    if (r->err == HCOLL_SUCCESS)
+        r->err = st;
+    return r->err;
+}
+
+/* ---- ring.c: the protocol ----------------------------------------------- */
+
+/* A put that counts towards puts_out; a failure is the ring's. */
+hcoll_status_t hc_ring_put(hc_ring_t *r, hc_ep_t *ep, hc_mr_t *lmr, size_t loff,
+                           const hc_rkey_t *rkey, uint64_t roff, size_t len, uint32_t imm);
+
+/* Send every message of the active operation whose turn has come. */
+hcoll_status_t hc_ring_send_ready(hc_ring_t *r);
+
+/* A reduce-scatter (or gather) message of the active operation landed. */
+hcoll_status_t hc_ring_on_rs(hc_ring_t *r, uint32_t imm);
+
+/* next's descriptor for the active operation is in the mailbox. */
+hcoll_status_t hc_ring_on_desc(hc_ring_t *r);
+
+/* One completion from the transport, whatever it is. */
+hcoll_status_t hc_ring_on_comp(hc_ring_t *r, const hc_comp_t *c);
+
+#endif

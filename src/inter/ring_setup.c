@@ -1,0 +1,168 @@
+/*
+ * The ring's set-up and teardown: connecting to next and prev over the
+ * transport, the host staging slots, mailbox and gather region each rank
+ * registers, the one exchange that tells every rank its neighbours' keys,
+ * and the two ways a ring ends (an orderly goodbye, or a reset so that the
+ * neighbours fail at once).
+ */
+#include "inter/ring_priv.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+
+/* Every rank's ring info, checked: the same slots and chunk everywhere. */
+static hcoll_status_t exchange_info(hc_ring_t *r, const ring_info_t *mine)
+{
+    hcoll_status_t st = HCOLL_SUCCESS;
+    hc_errbuf_t *eb = RING_ERRBUF(r);
+    const int lr = RING_LOGRANK(r), n = r->n;
+    ring_info_t *all = calloc((size_t)n, sizeof *all);
+    if (!all)
+        return hc_err_set(eb, HC_NET, lr, HCOLL_ERR_NO_MEMORY, "ring: out of memory");
+    HC_CHECK(r->p.allgather(r->p.ag_ctx, mine, all, sizeof *mine), clean_all);
+    for (int i = 0; i < n; i++) {
+        if (all[i].magic != RING_MAGIC || all[i].rank != (uint32_t)i) {
+            st = hc_err_set(eb, HC_NET, lr, HCOLL_ERR_INTERNAL,
+                            "ring: rank %d published no valid ring info",
+                            hc_tp_rank(&r->p.tp, i));
+            goto clean_all;
+        }
+        if (all[i].nslots != mine->nslots || all[i].chunk_bytes != mine->chunk_bytes) {
+            st = hc_err_set(eb, HC_NET, lr, HCOLL_ERR_MISMATCH,
+                            "ring: rank %d uses %u slots of %llu bytes, rank %d %u of %llu "
+                            "(HCOLL_CHUNK_BYTES must be equal everywhere)",
+                            hc_tp_rank(&r->p.tp, i), all[i].nslots,
+                            (unsigned long long)all[i].chunk_bytes, lr, mine->nslots,
+                            (unsigned long long)mine->chunk_bytes);
+            goto clean_all;
+        }
+    }
+    r->next_slots = all[r->next].slots_rkey;
+    r->prev_ctrl = all[r->prev].ctrl_rkey;
+    r->next_gbuf = all[r->next].gather_rkey;
+clean_all:
+    free(all);
+    return st;
+}
+
+hcoll_status_t hc_ring_create(const hc_ring_params_t *params, hc_ring_t **ring_out)
+{
+    hcoll_status_t st = HCOLL_SUCCESS;
+    hc_errbuf_t *eb = params->tp.errbuf;
+    const int lr = params->tp.log_rank;
+    const int n = params->tp.nranks, me = params->tp.rank;
+    if (n < 1 || me < 0 || me >= n || !params->ops || !params->allgather ||
+        params->chunk_bytes < 8 || params->nslots < 0 || params->nslots > HC_RING_MAX_SLOTS)
+        return hc_err_set(eb, HC_NET, lr, HCOLL_ERR_INVALID_ARG,
+                          "ring: bad parameters (position %d of %d, chunk %llu bytes, %d slots)",
+                          me, n, (unsigned long long)params->chunk_bytes, params->nslots);
+
+    hc_ring_t *r = calloc(1, sizeof *r);
+    if (!r)
+        return hc_err_set(eb, HC_NET, lr, HCOLL_ERR_NO_MEMORY, "ring: out of memory");
+    r->p = *params;
+    r->rank = me;
+    r->n = n;
+    r->next = (me + 1) % n;
+    r->prev = (me + n - 1) % n;
+    r->ops = params->ops;
+    r->chunk_bytes = (size_t)params->chunk_bytes & ~(size_t)7; /* whole elements of any type */
+    r->nslots = params->nslots ? params->nslots : DEFAULT_SLOTS;
+    if (n == 1) {
+        *ring_out = r;
+        return HCOLL_SUCCESS;
+    }
+
+    HC_CHECK(r->ops->create(&params->tp, &r->tr), clean_ring);
+    int peers[2] = { r->next, r->prev };
+    hc_ep_t *eps[2] = { NULL, NULL };
+    HC_CHECK(r->ops->connect(r->tr, peers, n == 2 ? 1 : 2, params->allgather, params->ag_ctx, eps),
+             clean_tr);
+    r->ep_next = eps[0];
+    r->ep_prev = n == 2 ? eps[0] : eps[1];
+
+    r->slots = aligned_alloc(64, (size_t)r->nslots * r->chunk_bytes);
+    r->ctrl = aligned_alloc(64, 2 * DESC_SLOTS * DESC_BYTES);
+    r->gvec = r->chunk_bytes / (size_t)n & ~(size_t)63;
+    r->gbuf = aligned_alloc(64, 2 * (size_t)n * r->gvec + 64);
+    if (!r->slots || !r->ctrl || !r->gbuf) {
+        st = hc_err_set(eb, HC_NET, lr, HCOLL_ERR_NO_MEMORY,
+                        "ring: out of memory for %d staging slots of %zu bytes", r->nslots,
+                        r->chunk_bytes);
+        goto clean_bufs;
+    }
+    memset(r->ctrl, 0, 2 * DESC_SLOTS * DESC_BYTES);
+    ring_info_t mine = { RING_MAGIC, (uint32_t)me, (uint32_t)r->nslots, 0, r->chunk_bytes,
+                         { { 0, 0 } }, { { 0, 0 } }, { { 0, 0 } } };
+    HC_CHECK(r->ops->mr_reg(r->tr, r->slots, (size_t)r->nslots * r->chunk_bytes, &r->slots_mr,
+                            &mine.slots_rkey),
+             clean_bufs);
+    HC_CHECK(r->ops->mr_reg(r->tr, r->ctrl, 2 * DESC_SLOTS * DESC_BYTES, &r->ctrl_mr,
+                            &mine.ctrl_rkey),
+             clean_slots_mr);
+    HC_CHECK(r->ops->mr_reg(r->tr, r->gbuf, 2 * (size_t)n * r->gvec + 64, &r->gbuf_mr,
+                            &mine.gather_rkey),
+             clean_ctrl_mr);
+    HC_CHECK(exchange_info(r, &mine), clean_gbuf_mr);
+    HC_INFO(HC_NET, lr,
+            "ring: position %d of %d, next rank %d, prev rank %d, %d slots of %zu bytes over %s",
+            me, n, hc_tp_rank(&r->p.tp, r->next), hc_tp_rank(&r->p.tp, r->prev), r->nslots,
+            r->chunk_bytes, r->ops->name);
+    *ring_out = r;
+    return HCOLL_SUCCESS;
+
+clean_gbuf_mr:
+    r->ops->mr_dereg(r->tr, r->gbuf_mr);
+clean_ctrl_mr:
+    r->ops->mr_dereg(r->tr, r->ctrl_mr);
+clean_slots_mr:
+    r->ops->mr_dereg(r->tr, r->slots_mr);
+clean_bufs:
+    free(r->gbuf);
+    free(r->ctrl);
+    free(r->slots);
+clean_tr:
+    r->ops->destroy(r->tr, 0);
+clean_ring:
+    free(r);
+    return st;
+}
+
+void hc_ring_destroy(hc_ring_t *r)
+{
+    if (!r)
+        return;
+    int graceful = r->err == HCOLL_SUCCESS && !r->op.active;
+    hc_ring_disable_device(r); /* normally done already, by the device path */
+    if (r->tr) {
+        /* Only an idle, healthy ring says goodbye; anything else resets so
+         * that the neighbours stop waiting for us at once. */
+        r->ops->destroy(r->tr, graceful); /* frees its regions too */
+        r->tr = NULL;
+    }
+    free(r->flags);
+    free(r->gbuf);
+    free(r->ctrl);
+    free(r->slots);
+    free(r);
+}
+
+void hc_ring_fail(hc_ring_t *r, hcoll_status_t st)
+{
+    if (!r)
+        return;
+    if (r->err == HCOLL_SUCCESS)
+        r->err = st;
+    if (r->tr) {
+        r->ops->destroy(r->tr, 0);
+        r->tr = NULL;
+        r->ep_next = r->ep_prev = NULL;
+    }
+}
+
+hc_ep_t *hc_ring_debug_ep_next(hc_ring_t *r)
+{
+    return r->ep_next;
+}

@@ -1,0 +1,164 @@
+/*
+ * The TCP transport's objects, shared by its files and by nothing else:
+ *
+ *   tcp.c       the instance: create, regions, destroy, the ops table
+ *   tcp_conn.c  connection set-up: socket options, dial + hello, accept
+ *   tcp_ep.c    the data path: send queues, frame parsing, progress, poll
+ *
+ * The calls go one way, tcp.c -> tcp_conn.c / tcp_ep.c; what all three
+ * need (the failure recorder, region lookup) is inline here.
+ */
+#ifndef HC_INTER_TCP_PRIV_H
+#define HC_INTER_TCP_PRIV_H
+
+#include <netinet/in.h>
+#include <stdio.h>
+#include <sys/epoll.h>
+
+#include "inter/tcp.h"
+
+#define HC_TCP_ADDR_MAGIC  0x48434144u /* "HCAD" */
+#define HC_TCP_HELLO_MAGIC 0x4843484cu /* "HCHL" */
+#define HC_TCP_RXBUF       4096
+#define HC_TCP_IOV_MAX     64
+#define HC_TCP_HDR         ((size_t)sizeof(hc_tcp_hdr_t))
+
+/* Published through the allgather. */
+typedef struct tcp_addr {
+    uint32_t magic;
+    uint32_t ip;     /* network order */
+    uint32_t port;   /* host order */
+    uint32_t rank;
+    uint64_t token;  /* random per instance: proves a dialer saw this blob */
+} tcp_addr_t;
+
+/* First bytes a dialer sends. */
+typedef struct tcp_hello {
+    uint32_t magic;
+    uint32_t rank;
+    uint32_t sock_idx;
+    uint32_t nsocks;
+    uint64_t token; /* the acceptor's token */
+} tcp_hello_t;
+
+struct hc_mr {
+    uint64_t id;
+    char *base;
+    size_t len;
+    struct hc_mr *next;
+};
+
+typedef struct tx_entry {
+    hc_tcp_hdr_t hdr;
+    const char *src;
+    size_t len;  /* payload bytes actually sent (hdr.len may be corrupted) */
+    size_t done; /* bytes of header + payload written so far */
+    uint64_t wr_id;
+    int signal;  /* report HC_COMP_PUT */
+} tx_entry_t;
+
+typedef struct tcp_sock {
+    int fd;
+    hc_ep_t *ep;
+    int in_epoll;
+    int want_out;                  /* EPOLLOUT armed */
+    tx_entry_t *txq;               /* circular */
+    size_t txcap, txhead, txcount;
+    /* receive state */
+    int rx_payload;                /* 1: reading a payload directly */
+    char *rx_dst;
+    size_t rx_left;
+    uint32_t rx_imm;
+    size_t rxpos, rxfill;
+    char rxbuf[HC_TCP_RXBUF];
+} tcp_sock_t;
+
+struct hc_ep {
+    hc_transport_t *tr;
+    int peer;
+    int nsocks;
+    tcp_sock_t *socks;
+    unsigned rr;
+    int bye;      /* peer said goodbye: its EOF is not a failure */
+    int corrupt;  /* enum hc_tcp_corrupt, test hook */
+};
+
+struct hc_transport {
+    hc_transport_params_t p;
+    char bind_addr[64];
+    char ifname[64];
+    struct in_addr ip;
+    int listen_fd;
+    int port;
+    int epfd;
+    uint64_t token;
+    hc_mr_t *mrs;
+    uint64_t next_mr_id;
+    hc_ep_t **eps;
+    int neps;
+    hc_compq_t cq; /* found, not yet reported */
+    hcoll_status_t err; /* sticky: the first failure */
+};
+
+/* ---- shared by the three files ------------------------------------------ */
+
+static inline hcoll_status_t hc_tcp_fail(hc_transport_t *tr, hcoll_status_t st, const char *fmt,
+                                         ...) __attribute__((format(printf, 3, 4)));
+
+/* The first failure is recorded and logged; later ones (cascades of the
+ * first) only return the sticky status. */
+static inline hcoll_status_t hc_tcp_fail(hc_transport_t *tr, hcoll_status_t st, const char *fmt,
+                                         ...)
+{
+    char who[96];
+    snprintf(who, sizeof who, "tcp rank %d (%s)", tr->p.log_rank, tr->bind_addr);
+    va_list ap;
+    va_start(ap, fmt);
+    st = hc_tp_failv(&tr->p, &tr->err, st, who, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+static inline void hc_tcp_sock_unwatch(hc_transport_t *tr, tcp_sock_t *s)
+{
+    if (s->in_epoll) {
+        epoll_ctl(tr->epfd, EPOLL_CTL_DEL, s->fd, NULL);
+        s->in_epoll = 0;
+    }
+}
+
+static inline hc_mr_t *hc_tcp_mr_find(hc_transport_t *tr, uint64_t id)
+{
+    /* Most-recent first; a ring holds a handful of regions. */
+    for (hc_mr_t *mr = tr->mrs; mr; mr = mr->next)
+        if (mr->id == id)
+            return mr;
+    return NULL;
+}
+
+/* ---- tcp_conn.c: connection set-up -------------------------------------- */
+
+/* SO_SNDBUF/SO_RCVBUF from the parameters; before listen/connect, as they
+ * decide window scaling. */
+void hc_tcp_set_bufs(const hc_transport_t *tr, int fd);
+
+/* connect() of the ops table. */
+hcoll_status_t hc_tcp_connect(hc_transport_t *tr, const int *peers, int npeers,
+                              hc_allgather_fn allgather, void *ag_ctx, hc_ep_t **eps_out);
+
+/* Close an endpoint's sockets and free it (not unwatched: the caller's). */
+void hc_tcp_ep_free(hc_ep_t *ep);
+
+/* ---- tcp_ep.c: the data path -------------------------------------------- */
+
+/* put() and poll() of the ops table. */
+hcoll_status_t hc_tcp_put(hc_ep_t *ep, hc_mr_t *lmr, size_t loff, const hc_rkey_t *rkey,
+                          uint64_t roff, size_t len, uint32_t imm, uint64_t wr_id);
+hcoll_status_t hc_tcp_poll(hc_transport_t *tr, hc_comp_t *comps, int max, int wait_ms,
+                           int *n_out);
+
+/* Queue a goodbye frame on every open socket and write the queues out for
+ * up to a second (or the timeout, if shorter). */
+void hc_tcp_say_goodbye(hc_transport_t *tr);
+
+#endif
