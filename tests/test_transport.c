@@ -110,6 +110,7 @@ static hcoll_status_t tp_params(const tp_kind_t *k, int rank, int n, int timeout
         .has_gpu = 0,
         .gpu = -1,
         .peer_ranks = NULL,
+        .settings = &knobs,
     };
     *p_out = p;
     return HCOLL_SUCCESS;
