@@ -54,6 +54,7 @@
 
 #include "core/coll.h"
 #include "core/comm.h"
+#include "core/ringdrv.h"
 #include "base/err.h"
 #include "base/log.h"
 #include "base/reduce.h"
@@ -61,97 +62,8 @@
 #include "inter/ring.h"
 #include "intra/intra.h"
 
-/* The ring thread's poll, as in coll.c: how long a ring wait sleeps in the
- * transport before it looks at the abort flag again. */
-#define DEV_RING_POLL_MS 20
-/* Staging buffers: each holds one piece of this many bytes at most (the
- * executor's piece; large enough for the ring's pipeline). */
-#define DEV_STAGE_MIN_BYTES (1u << 20)
-/* A three-stage device call is cut into at most this many segments (each
- * at least one staging buffer per local rank), so that its stages overlap. */
-#define DEV_SEGMENTS 4
 /* After abort, how long destroy waits for streams to pass the flag. */
 #define DEV_ABORT_DRAIN_MS 2000
-
-/* ------------------------------------------------------------------------ */
-/* Sequence and schedule (pure)                                               */
-/* ------------------------------------------------------------------------ */
-
-void hc_devseq_init(hc_devseq_t *s, uint32_t start)
-{
-    s->issued = s->released = start;
-}
-
-uint32_t hc_devseq_issue(hc_devseq_t *s)
-{
-    return ++s->issued;
-}
-
-int hc_devseq_release(hc_devseq_t *s, uint32_t seq)
-{
-    if (seq != s->released + 1 || hc_devseq_pending(s) == 0)
-        return -1;
-    s->released = seq;
-    return 0;
-}
-
-int hc_devseq_passes(uint32_t flag, uint32_t seq)
-{
-    return (int32_t)(flag - seq) >= 0;
-}
-
-uint32_t hc_devseq_pending(const hc_devseq_t *s)
-{
-    return s->issued - s->released;
-}
-
-void hc_devstage_init(hc_devstage_t *s, size_t npieces)
-{
-    s->npieces = npieces;
-    s->k = 0;
-    s->phase = 0;
-}
-
-hc_devstage_step_t hc_devstage_next(hc_devstage_t *s)
-{
-    hc_devstage_step_t st = { HC_DEVSTAGE_DONE, 0, 0 };
-    if (s->k >= s->npieces)
-        return st;
-    for (;;) {
-        switch (s->phase) {
-        case 0: /* prologue */
-            s->phase = 1;
-            st.kind = HC_DEVSTAGE_D2H;
-            st.piece = 0;
-            break;
-        case 1:
-            s->phase = 2;
-            st.kind = HC_DEVSTAGE_WAIT;
-            st.piece = s->k;
-            break;
-        case 2:
-            s->phase = 3;
-            if (s->k + 1 >= s->npieces)
-                continue;
-            st.kind = HC_DEVSTAGE_D2H;
-            st.piece = s->k + 1;
-            break;
-        case 3:
-            s->phase = 4;
-            st.kind = HC_DEVSTAGE_RING;
-            st.piece = s->k;
-            break;
-        default:
-            st.kind = HC_DEVSTAGE_H2D;
-            st.piece = s->k;
-            s->k++;
-            s->phase = 1;
-            break;
-        }
-        st.buf = (int)(st.piece % 2);
-        return st;
-    }
-}
 
 /* ------------------------------------------------------------------------ */
 /* State                                                                      */
@@ -169,7 +81,7 @@ typedef struct hc_dev_seg {
 /* Timing events on the caller's stream: [0] before the first RS, [1]
  * after the last; [2+2k], [3+2k] around segment k's AG. One node: [0], [1]
  * around the all-reduce (fused). NULL where one could not be made. */
-#define DEV_TEV (2 + 2 * DEV_SEGMENTS)
+#define DEV_TEV (2 + 2 * HC_DEVSCHED_SEGMENTS)
 
 struct hc_dev_op {
     hcoll_status_t status; /* an enqueue failure after the first stream wait */
@@ -291,9 +203,7 @@ hcoll_status_t hc_coll_dev_create(struct hcoll_comm *c, int plan, struct hc_ring
     d->ring = ring;
     d->node_ag = node_ag;
     d->node_ag_ctx = node_ag_ctx;
-    d->stage_bytes = piece_bytes < DEV_STAGE_MIN_BYTES ? DEV_STAGE_MIN_BYTES : piece_bytes;
-    /* Whole 16-byte vectors, whatever the dtype. */
-    d->stage_bytes &= ~(size_t)15;
+    d->stage_bytes = hc_devsched_stage_bytes(piece_bytes);
     d->dev = -1;
     pthread_mutex_init(&d->lock, NULL);
     hc_devseq_init(&d->seq, 0);
@@ -648,15 +558,6 @@ static hcoll_status_t capture_refused(struct hcoll_comm *c)
                       "it outside the capture");
 }
 
-/* Elements per segment of a three-stage device call (the same on every
- * rank: it depends on count, the node size and the settings only). */
-static size_t dev_segment_count(const hc_coll_dev_t *d, size_t count, size_t es)
-{
-    size_t min = d->stage_bytes / es * (size_t)d->c->local_size;
-    size_t seg = (count + DEV_SEGMENTS - 1) / DEV_SEGMENTS;
-    return seg < min ? min : seg;
-}
-
 /* Record timing event i of o on stream. Timing is best effort: an event
  * that cannot be made leaves its stage untimed, never fails the call. */
 static void tev_mark(hc_coll_dev_t *d, hc_dev_op_t *o, int i, void *stream)
@@ -791,7 +692,7 @@ hcoll_status_t hc_coll_dev_enqueue(hc_coll_dev_t *d, const void *sendbuf, void *
     const size_t es = hcoll_dtype_size(dtype);
     size_t segc = count, nseg = 1;
     if (d->plan == HC_PLAN_3STAGE && es) {
-        segc = dev_segment_count(d, count, es);
+        segc = hc_devsched_segment_count(count, es, d->stage_bytes, d->c->local_size);
         nseg = (count + segc - 1) / segc;
     }
     hc_dev_op_t *o = calloc(1, sizeof *o + nseg * sizeof o->seg[0]);
@@ -908,16 +809,9 @@ static hcoll_status_t ring_run(hc_coll_dev_t *d, const void *src, void *buf, siz
                                hcoll_dtype_t dtype, hcoll_op_t op, int dev)
 {
     struct hcoll_comm *c = d->c;
-    int done = 0;
-    hcoll_status_t st = dev ? hc_ring_start_device(d->ring, src, buf, n, dtype, op, c->nranks)
-                            : hc_ring_start(d->ring, buf, buf, n, dtype, op, c->nranks);
-    while (st == HCOLL_SUCCESS && !done) {
-        if (atomic_load(&c->aborted))
-            return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_ABORTED,
-                              "communicator aborted during the inter-node stage");
-        st = hc_ring_progress(d->ring, DEV_RING_POLL_MS, &done);
-    }
-    return st;
+    const hc_ringdrv_op_t rop = { dev ? src : buf, buf, n, dtype, op, c->nranks, dev };
+    const hc_ringdrv_env_t env = { &c->aborted, &c->err, c->rank, "the inter-node stage" };
+    return hc_ringdrv_run(d->ring, &rop, &env);
 }
 
 static hcoll_status_t host_stage(hc_coll_dev_t *d, const hc_dev_op_t *o, const hc_dev_seg_t *g,
@@ -927,7 +821,7 @@ static hcoll_status_t host_stage(hc_coll_dev_t *d, const hc_dev_op_t *o, const h
     const int tmo = (int)d->c->params.timeout_ms;
     const size_t es = hcoll_dtype_size(o->dtype);
     const size_t piece = d->stage_bytes / es;
-    const size_t npieces = (g->count + piece - 1) / piece;
+    const size_t npieces = hc_devsched_pieces(g->count, es, d->stage_bytes);
     hcoll_status_t st;
     HC_CHECK(event_wait(d, g->ev_ready, tmo, 1, "the intra-node stage on the caller's stream"),
              out);
