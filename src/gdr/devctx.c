@@ -90,7 +90,7 @@ static hcoll_status_t dev_make_locals(hc_gdr_dev_t *g)
     }
     /* The kernels are optional: only AVG on one node and a GPUDirect ring
      * need them. */
-    if (hc_gdr_kern_load(&g->kern, g->kern_why, sizeof g->kern_why) != 0)
+    if (hc_gdr_kern_load(&g->kern, g->kern_why, sizeof g->kern_why) != HCOLL_SUCCESS)
         g->kern = NULL;
 out:
     return st;
