@@ -38,6 +38,10 @@
  * async error is set, queued requests fail with it, and later calls fail
  * at once: the ring and the segment are in an unknown state after a peer
  * died, so the only way forward is a new communicator.
+ *
+ * Around this file: the ring thread is ringthr.c, the loop that drives a
+ * ring ringdrv.c, plan choice and argument checks plan.c, device buffers
+ * coll_dev.c; the public entry points are src/api/allreduce.c.
  */
 #include "core/coll.h"
 #include "base/clock.h"
@@ -152,7 +156,10 @@ static hcoll_status_t group_init(hc_group_ag_t *g, struct hcoll_comm *c, int n)
     g->nranks = c->nranks;
     g->nmembers = n;
     g->members = calloc((size_t)n, sizeof *g->members);
-    return g->members ? HCOLL_SUCCESS : HCOLL_ERR_NO_MEMORY;
+    if (!g->members)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_NO_MEMORY,
+                          "no memory for the set-up exchanges");
+    return HCOLL_SUCCESS;
 }
 
 /* ------------------------------------------------------------------------ */

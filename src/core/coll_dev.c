@@ -429,7 +429,7 @@ static hcoll_status_t staged_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, const voi
             HC_CHECK(d->nccl->ops->reduce_scatter(d->nccl, (const char *)sendbuf + off * es,
                                                   (char *)recvbuf + off * es, n, o->dtype, o->op,
                                                   stream),
-                     undo);
+                     clean_ready);
             hc_intra_shard(n, c->local_size, c->local_rank, &soff, &slen);
             g->src = (const unsigned char *)recvbuf + (off + soff) * es;
         } else {
@@ -437,7 +437,7 @@ static hcoll_status_t staged_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, const voi
         }
         g->dst = (unsigned char *)recvbuf + (off + soff) * es;
         g->count = slen;
-        HC_CHECK(hc_gdr_dev_event_mark(d->gpu, stream, &g->ev_ready), undo);
+        HC_CHECK(hc_gdr_dev_event_mark(d->gpu, stream, &g->ev_ready), clean_ready);
     }
     if (three)
         tev_mark(d, o, 1, stream);
@@ -446,7 +446,7 @@ static hcoll_status_t staged_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, const voi
         st = seq_wait(d, stream, &seq);
         if (st != HCOLL_SUCCESS) {
             if (k == 0)
-                goto undo;
+                goto clean_ready;
             o->status = st;
             break;
         }
@@ -469,7 +469,7 @@ static hcoll_status_t staged_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, const voi
         hc_gdr_dev_event_free(d->gpu, o->seg[k].ev_ready);
     return HCOLL_SUCCESS;
 
-undo:
+clean_ready:
     for (size_t k = 0; k < made; k++)
         hc_gdr_dev_event_free(d->gpu, o->seg[k].ev_ready);
     tev_free(d, o);

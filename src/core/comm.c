@@ -188,7 +188,7 @@ static hcoll_status_t comm_create(init_args_t *ia, const hcoll_config_t *config,
     struct hcoll_comm *c = calloc(1, sizeof *c);
     if (!c) {
         st = hc_err_set(NULL, HC_INIT, ia->rank, HCOLL_ERR_NO_MEMORY, "init: out of memory");
-        goto err_fd;
+        goto clean_fd;
     }
     hc_errbuf_init(&c->err);
     c->rank = ia->rank;
@@ -198,7 +198,7 @@ static hcoll_status_t comm_create(init_args_t *ia, const hcoll_config_t *config,
     atomic_init(&c->aborted, 0);
     if (hc_params_load(&c->params, config, err, sizeof err) != HCOLL_SUCCESS) {
         st = hc_err_set(NULL, HC_INIT, ia->rank, HCOLL_ERR_INVALID_ARG, "init: %s", err);
-        goto err_comm;
+        goto clean_comm;
     }
 
     /* This rank's GPU: the caller's current device now, so that the NIC
@@ -213,7 +213,7 @@ static hcoll_status_t comm_create(init_args_t *ia, const hcoll_config_t *config,
         st = hc_err_set(NULL, HC_INIT, ia->rank,
                         me.naddrs < 0 ? HCOLL_ERR_INVALID_ARG : HCOLL_ERR_NETWORK,
                         "init: HCOLL_SOCKET_IFNAME: %s", err);
-        goto err_comm;
+        goto clean_comm;
     }
     rec_encode(&me, ia->rank, rec);
 
@@ -222,7 +222,7 @@ static hcoll_status_t comm_create(init_args_t *ia, const hcoll_config_t *config,
     if (!recs || !c->peers) {
         st = hc_err_set(NULL, HC_INIT, ia->rank, HCOLL_ERR_NO_MEMORY,
                         "init: out of memory for %d ranks", ia->nranks);
-        goto err_comm;
+        goto clean_comm;
     }
 
     hc_boot_args_t ba;
@@ -239,35 +239,35 @@ static hcoll_status_t comm_create(init_args_t *ia, const hcoll_config_t *config,
     st = hc_boot_create(&ba, rec, REC_BYTES, recs, &c->boot);
     hc_secure_zero(ba.key, sizeof ba.key);
     if (st != HCOLL_SUCCESS)
-        goto err_comm;
+        goto clean_comm;
 
     for (int r = 0; r < ia->nranks; r++) {
         if (rec_decode(recs + (size_t)r * REC_BYTES, r, &c->peers[r], err, sizeof err) != 0) {
             st = hc_err_set(NULL, HC_INIT, ia->rank, HCOLL_ERR_NETWORK, "init: %s", err);
-            goto err_comm;
+            goto clean_comm;
         }
     }
     st = hc_comm_topo_build(c);
     if (st != HCOLL_SUCCESS) {
         init_error_keep(c);
-        goto err_comm;
+        goto clean_comm;
     }
     hc_boot_set_errbuf(c->boot, &c->err);
     hc_comm_topo_log(c);
     st = hc_coll_create(c);
     if (st != HCOLL_SUCCESS) {
         init_error_keep(c);
-        goto err_comm;
+        goto clean_comm;
     }
     free(recs);
     *comm_out = c;
     return HCOLL_SUCCESS;
 
-err_comm:
+clean_comm:
     free(recs);
     if (c)
         hc_comm_free(c, 1);
-err_fd:
+clean_fd:
     if (ia->listen_fd >= 0)
         close(ia->listen_fd);
     ia->listen_fd = -1;

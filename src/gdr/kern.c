@@ -91,12 +91,12 @@ hcoll_status_t hc_gdr_kern_load(hc_gdr_kern_t **out, char *why, size_t whylen)
             snprintf(name, sizeof name, "hc_k_reduce_%s_%s", dt_names[d], op_names[o]);
             r = cu->module_get_function(&k->reduce[d][o], k->module, name);
             if (r != HC_CU_SUCCESS)
-                goto missing;
+                goto clean_module;
         }
         snprintf(name, sizeof name, "hc_k_avg_%s", dt_names[d]);
         r = cu->module_get_function(&k->avg[d], k->module, name);
         if (r != HC_CU_SUCCESS)
-            goto missing;
+            goto clean_module;
     }
     /* Enough blocks to fill the current device; the loops stride over
      * the rest. */
@@ -107,7 +107,7 @@ hcoll_status_t hc_gdr_kern_load(hc_gdr_kern_t **out, char *why, size_t whylen)
     k->max_blocks = sms > 0 ? (unsigned)sms * KERN_BLOCKS_PER_SM : 256u * KERN_BLOCKS_PER_SM;
     *out = k;
     return HCOLL_SUCCESS;
-missing:
+clean_module:
     snprintf(why, whylen, "the embedded kernels lack %s: %s", name,
              hc_gdr_cu_errstr(r, eb, sizeof eb));
     cu->module_unload(k->module);

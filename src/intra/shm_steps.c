@@ -234,15 +234,15 @@ static hcoll_status_t hc_shm_run(hc_shm_t *s, hc_shm_call_t *c)
     c->base = s->step;
     if (c->nsteps == 0)
         return HCOLL_SUCCESS;
-    HC_CHECK(hc_shm_publish(s, c, 0), fail);
+    HC_CHECK(hc_shm_publish(s, c, 0), clean_steps);
     for (uint64_t k = 0; k < c->nsteps; k++) {
         if (k + 1 < c->nsteps)
-            HC_CHECK(hc_shm_publish(s, c, k + 1), fail);
-        HC_CHECK(hc_shm_consume(s, c, k), fail);
+            HC_CHECK(hc_shm_publish(s, c, k + 1), clean_steps);
+        HC_CHECK(hc_shm_consume(s, c, k), clean_steps);
     }
     s->step += c->nsteps;
     return HCOLL_SUCCESS;
-fail:
+clean_steps:
     /* The step counters no longer agree between ranks: this context is
      * finished, and peers must not wait for us. */
     s->broken = st;
