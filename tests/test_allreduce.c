@@ -681,18 +681,41 @@ START_TEST(small_path_never)
 END_TEST
 
 /* Ranks that disagree on HCOLL_SMALL_BYTES would take different paths on
- * the same call: every rank's init refuses. */
+ * the same call: every rank's init refuses, and says why in one warning
+ * (the failure is logged where it is decided, not again by init). */
 typedef struct small_mismatch {
     hct_id_slot_t slot;
     hcoll_status_t st[MAX_RANKS];
     int named[MAX_RANKS];
+    int logged[MAX_RANKS]; /* warnings that name HCOLL_SMALL_BYTES */
 } small_mismatch_t;
+
+/* Lines of the file at path that contain needle; -1 when unreadable. */
+static int count_lines_with(const char *path, const char *needle)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    char line[2048];
+    int n = 0;
+    while (fgets(line, sizeof line, f))
+        n += strstr(line, needle) != NULL;
+    fclose(f);
+    return n;
+}
 
 static int rank_small_mismatch(int rank, int nranks, void *argp)
 {
     small_mismatch_t *m = argp;
     set_hostid("small-mismatch", rank / 2);
     setenv("HCOLL_SMALL_BYTES", rank == 3 ? "1K" : "64K", 1);
+    /* Each rank logs to its own file, and removes it once counted. */
+    char logpath[128];
+    snprintf(logpath, sizeof logpath, "/tmp/hct-ar-%d-small-mismatch-%d.log", (int)getppid(),
+             rank);
+    unlink(logpath);
+    setenv("HCOLL_DEBUG", "WARN", 1);
+    setenv("HCOLL_DEBUG_FILE", logpath, 1);
     hcoll_unique_id_t id;
     hcoll_config_t cfg = HCOLL_CONFIG_INITIALIZER;
     cfg.timeout_ms = FAIL_TIMEOUT_MS;
@@ -702,6 +725,8 @@ static int rank_small_mismatch(int rank, int nranks, void *argp)
     m->named[rank] = strstr(hcoll_comm_last_error(NULL), "HCOLL_SMALL_BYTES") != NULL;
     if (comm)
         hcoll_comm_destroy(comm);
+    m->logged[rank] = count_lines_with(logpath, "HCOLL_SMALL_BYTES");
+    unlink(logpath);
     return 0;
 }
 
@@ -716,6 +741,8 @@ START_TEST(small_bytes_mismatch)
         ck_assert_msg(m->st[r] == HCOLL_ERR_MISMATCH, "rank %d: %s", r,
                       hcoll_status_name(m->st[r]));
         ck_assert_msg(m->named[r], "rank %d: the message does not name HCOLL_SMALL_BYTES", r);
+        ck_assert_msg(m->logged[r] == 1, "rank %d: the mismatch is logged %d times, not once", r,
+                      m->logged[r]);
     }
     hct_shared_free(m, sizeof *m);
 }

@@ -101,8 +101,8 @@ START_TEST(host_pointers_without_driver)
         uint64_t off;
         size_t len;
         ck_assert_int_eq(hc_gdr_dmabuf_fd((void *)0x1000, 10, &fd, &off, &len, why, sizeof why),
-                         -1);
-        ck_assert_int_eq(hc_gdr_gpu_info(0, NULL, 0, NULL, NULL), -1);
+                         HCOLL_ERR_UNSUPPORTED);
+        ck_assert_int_eq(hc_gdr_gpu_info(0, NULL, 0, NULL, NULL), HCOLL_ERR_UNSUPPORTED);
         /* Nothing loaded libcuda into this process. */
         ck_assert_int_eq(hc_gdr_cuda_in_process(), 0);
     } else {

@@ -236,7 +236,7 @@ static int rank_stream(int rank, int nranks, void *arg)
     /* A kernel behind the all-reduces: two = buf + buf. */
     hc_gdr_kern_t *k = NULL;
     char why[200];
-    int have_k = hc_gdr_kern_load(&k, why, sizeof why) == 0;
+    int have_k = hc_gdr_kern_load(&k, why, sizeof why) == HCOLL_SUCCESS;
     if (have_k)
         GPU_OK(hc_gdr_kern_reduce(k, two, buf, buf, n, HCOLL_FLOAT32, HCOLL_SUM, stream));
     usleep(200000);

@@ -285,7 +285,7 @@ int main(void)
         printf("note: running on the emulated CUDA driver (%s): sizes capped, bandwidth not "
                "judged\n",
                mock);
-    if (hc_gdr_kern_load(&kern, why, sizeof why) != 0) {
+    if (hc_gdr_kern_load(&kern, why, sizeof why) != HCOLL_SUCCESS) {
         fprintf(stderr, "FAIL: kernels do not load: %s\n", why);
         return 1;
     }

@@ -38,6 +38,10 @@
  * async error is set, queued requests fail with it, and later calls fail
  * at once: the ring and the segment are in an unknown state after a peer
  * died, so the only way forward is a new communicator.
+ *
+ * Around this file: the ring thread is ringthr.c, the loop that drives a
+ * ring ringdrv.c, plan choice and argument checks plan.c, device buffers
+ * coll_dev.c; the public entry points are src/api/allreduce.c.
  */
 #include "core/coll.h"
 #include "base/clock.h"
@@ -54,6 +58,8 @@
 
 #include "core/coll_dev.h" /* device buffers (coll_dev.c) */
 #include "core/comm.h"
+#include "core/ringdrv.h"
+#include "core/ringthr.h"
 #include "base/err.h"
 #include "base/log.h"
 #include "base/reduce.h"
@@ -64,11 +70,6 @@
 /* Pieces of the pipeline hold this many ring chunks per shard: enough to
  * keep the ring's slots busy, small enough that the pipeline fills fast. */
 #define PIECE_CHUNKS 4
-/* How long the ring thread sleeps in the transport before it looks at the
- * abort flag again. */
-#define RING_POLL_MS 20
-/* Ring jobs in flight between executor and ring thread (a power of two). */
-#define RING_JOBS 8
 
 typedef struct hc_group_ag {
     hc_boot_t *boot;
@@ -76,15 +77,6 @@ typedef struct hc_group_ag {
     int nmembers;
     int *members;   /* communicator ranks, in group order */
 } hc_group_ag_t;
-
-typedef struct ring_job {
-    void *buf;
-    size_t count;
-    hcoll_dtype_t dtype;
-    hcoll_op_t op;
-    int avg_div;
-    double busy_us; /* written by the ring thread */
-} ring_job_t;
 
 struct hcoll_request {
     pthread_mutex_t lock;
@@ -130,43 +122,8 @@ struct hc_coll {
     int have_last_times;
     hc_coll_dev_t *dev; /* device-buffer path (coll_dev.c); CUDA only once used */
 
-    /* Ring thread (three-stage plan only). */
-    pthread_t ring_thread;
-    int ring_thread_started;
-    pthread_mutex_t rlock;
-    pthread_cond_t rcond;
-    ring_job_t jobs[RING_JOBS];
-    uint64_t jobs_posted, jobs_done; /* under rlock */
-    hcoll_status_t ring_status;     /* under rlock; sticky */
-    int ring_stop;
+    hc_ringthr_t *ringthr; /* the ring thread (three-stage plan only) */
 };
-
-/* ------------------------------------------------------------------------ */
-
-enum hc_plan hc_coll_plan_for(int nranks, int nnodes, int local_size, int uniform)
-{
-    if (nranks == 1)
-        return HC_PLAN_SINGLE;
-    if (nnodes == 1)
-        return HC_PLAN_INTRA;
-    if (!uniform)
-        return HC_PLAN_FLAT;
-    if (local_size == 1)
-        return HC_PLAN_RING;
-    return HC_PLAN_3STAGE;
-}
-
-const char *hc_coll_plan_name(enum hc_plan plan)
-{
-    switch (plan) {
-    case HC_PLAN_SINGLE: return "single rank (copy)";
-    case HC_PLAN_INTRA: return "one node: intra-node all-reduce";
-    case HC_PLAN_RING: return "one rank per node: inter-node ring";
-    case HC_PLAN_FLAT: return "unequal nodes: flat ring over all ranks";
-    case HC_PLAN_3STAGE: return "three stages: intra RS, ring per rail, intra AG";
-    }
-    return "?";
-}
 
 /* ------------------------------------------------------------------------ */
 /* Set-up exchanges over a subset of ranks                                    */
@@ -199,79 +156,10 @@ static hcoll_status_t group_init(hc_group_ag_t *g, struct hcoll_comm *c, int n)
     g->nranks = c->nranks;
     g->nmembers = n;
     g->members = calloc((size_t)n, sizeof *g->members);
-    return g->members ? HCOLL_SUCCESS : HCOLL_ERR_NO_MEMORY;
-}
-
-/* ------------------------------------------------------------------------ */
-/* Ring thread                                                                */
-/* ------------------------------------------------------------------------ */
-
-static void *ring_thread_main(void *arg)
-{
-    hc_coll_t *co = arg;
-    struct hcoll_comm *c = co->comm;
-    uint64_t next = 0;
-
-    for (;;) {
-        pthread_mutex_lock(&co->rlock);
-        while (!co->ring_stop && co->jobs_posted == next)
-            pthread_cond_wait(&co->rcond, &co->rlock);
-        if (co->ring_stop) {
-            pthread_mutex_unlock(&co->rlock);
-            return NULL;
-        }
-        ring_job_t *job = &co->jobs[next % RING_JOBS];
-        hcoll_status_t st = co->ring_status;
-        pthread_mutex_unlock(&co->rlock);
-
-        double t0 = hc_now_us();
-        if (st == HCOLL_SUCCESS)
-            st = hc_ring_start(co->ring, job->buf, job->buf, job->count, job->dtype, job->op,
-                               job->avg_div);
-        int done = 0;
-        while (st == HCOLL_SUCCESS && !done) {
-            if (atomic_load(&c->aborted)) {
-                st = hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_ABORTED,
-                                "communicator aborted during the inter-node stage");
-                break;
-            }
-            st = hc_ring_progress(co->ring, RING_POLL_MS, &done);
-        }
-        job->busy_us = hc_now_us() - t0;
-
-        pthread_mutex_lock(&co->rlock);
-        if (st != HCOLL_SUCCESS && co->ring_status == HCOLL_SUCCESS)
-            co->ring_status = st;
-        co->jobs_done = ++next;
-        pthread_cond_broadcast(&co->rcond);
-        pthread_mutex_unlock(&co->rlock);
-    }
-}
-
-/* Queue shard work for the ring thread; waits while RING_JOBS are in flight. */
-static uint64_t ring_post(hc_coll_t *co, const ring_job_t *job)
-{
-    pthread_mutex_lock(&co->rlock);
-    while (co->jobs_posted - co->jobs_done >= RING_JOBS)
-        pthread_cond_wait(&co->rcond, &co->rlock);
-    uint64_t id = co->jobs_posted;
-    co->jobs[id % RING_JOBS] = *job;
-    co->jobs_posted++;
-    pthread_cond_broadcast(&co->rcond);
-    pthread_mutex_unlock(&co->rlock);
-    return id;
-}
-
-/* Wait for ring job id; returns the ring's status and adds its busy time. */
-static hcoll_status_t ring_wait(hc_coll_t *co, uint64_t id, double *inter_us)
-{
-    pthread_mutex_lock(&co->rlock);
-    while (co->jobs_done <= id)
-        pthread_cond_wait(&co->rcond, &co->rlock);
-    *inter_us += co->jobs[id % RING_JOBS].busy_us;
-    hcoll_status_t st = co->ring_status;
-    pthread_mutex_unlock(&co->rlock);
-    return st;
+    if (!g->members)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_NO_MEMORY,
+                          "no memory for the set-up exchanges");
+    return HCOLL_SUCCESS;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -283,20 +171,14 @@ static hcoll_status_t ring_run_here(hc_coll_t *co, const void *send, void *recv,
                                     hcoll_dtype_t dtype, hcoll_op_t op)
 {
     struct hcoll_comm *c = co->comm;
-    int done = 0;
-    hcoll_status_t st = hc_ring_start(co->ring, send, recv, count, dtype, op, c->nranks);
-    while (st == HCOLL_SUCCESS && !done) {
-        if (atomic_load(&c->aborted))
-            return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_ABORTED,
-                              "communicator aborted during the all-reduce");
-        st = hc_ring_progress(co->ring, RING_POLL_MS, &done);
-    }
-    return st;
+    const hc_ringdrv_op_t rop = { send, recv, count, dtype, op, c->nranks, 0 };
+    const hc_ringdrv_env_t env = { &c->aborted, &c->err, c->rank, "the all-reduce" };
+    return hc_ringdrv_run(co->ring, &rop, &env);
 }
 
 /* Latency path of the three-stage plan (see the top of the file). The ring
  * thread is idle: run_3stage waits for every job it posts, and the ring is
- * handed over under rlock, so this thread may drive the ring itself. */
+ * handed over under the ring thread's lock, so this thread may drive the ring itself. */
 static hcoll_status_t run_3stage_small(hc_coll_t *co, struct hcoll_request *rq)
 {
     double t = hc_now_us();
@@ -345,26 +227,21 @@ static hcoll_status_t run_3stage(hc_coll_t *co, struct hcoll_request *rq)
                  * in recvbuf: the buffers go back to the caller only after
                  * it is done with them. */
                 if (have_pending)
-                    ring_wait(co, pending_id, &rq->times.inter_us);
+                    hc_ringthr_wait(co->ringthr, pending_id, &rq->times.inter_us);
                 break;
             }
             size_t soff, slen;
             hc_intra_shard(n, L, c->local_rank, &soff, &slen);
-            ring_job_t job = {
-                .buf = recv + (off + soff) * esize,
-                .count = slen,
-                .dtype = rq->dtype,
-                .op = rq->op,
-                .avg_div = c->nranks,
-            };
-            uint64_t id = ring_post(co, &job);
+            unsigned char *shard = recv + (off + soff) * esize;
+            const hc_ringdrv_op_t job = { shard, shard, slen, rq->dtype, rq->op, c->nranks, 0 };
+            uint64_t id = hc_ringthr_post(co->ringthr, &job);
             if (have_pending) {
-                rst = ring_wait(co, pending_id, &rq->times.inter_us);
+                rst = hc_ringthr_wait(co->ringthr, pending_id, &rq->times.inter_us);
                 if (rst != HCOLL_SUCCESS) {
                     st = rst;
                     /* Let the ring thread finish the job just posted (it
                      * fails at once) before the buffers go back. */
-                    ring_wait(co, id, &rq->times.inter_us);
+                    hc_ringthr_wait(co->ringthr, id, &rq->times.inter_us);
                     break;
                 }
                 t = hc_now_us();
@@ -372,7 +249,7 @@ static hcoll_status_t run_3stage(hc_coll_t *co, struct hcoll_request *rq)
                                       rq->dtype, NULL);
                 rq->times.intra_ag_us += hc_now_us() - t;
                 if (st != HCOLL_SUCCESS) {
-                    ring_wait(co, id, &rq->times.inter_us);
+                    hc_ringthr_wait(co->ringthr, id, &rq->times.inter_us);
                     break;
                 }
             }
@@ -381,7 +258,7 @@ static hcoll_status_t run_3stage(hc_coll_t *co, struct hcoll_request *rq)
             pending_n = n;
             have_pending = 1;
         } else if (have_pending) {
-            st = ring_wait(co, pending_id, &rq->times.inter_us);
+            st = hc_ringthr_wait(co->ringthr, pending_id, &rq->times.inter_us);
             if (st != HCOLL_SUCCESS)
                 break;
             t = hc_now_us();
@@ -534,48 +411,18 @@ static void *worker_main(void *arg)
         int detached = rq->detached;
         request_complete(rq, st);
         if (detached)
-            hcoll_request_free(rq);
+            hc_request_free(rq);
         pthread_mutex_lock(&co->lock);
     }
     pthread_mutex_unlock(&co->lock);
     return NULL;
 }
 
-hcoll_status_t hc_coll_check_args(struct hcoll_comm *c, const void *sendbuf,
-                                  const void *recvbuf, size_t count, hcoll_dtype_t dtype,
-                                  hcoll_op_t op, int require_ptrs)
+hcoll_status_t hc_coll_allreduce(hc_coll_t *co, const void *sendbuf, void *recvbuf, size_t count,
+                                 hcoll_dtype_t dtype, hcoll_op_t op, void *stream,
+                                 struct hcoll_request **req_out)
 {
-    if (!hc_reduce_valid(dtype, op))
-        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
-                          "dtype %d / op %d is not a known type and operation", (int)dtype,
-                          (int)op);
-    if (count == 0 && !require_ptrs)
-        return HCOLL_SUCCESS;
-    if (!sendbuf || !recvbuf)
-        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
-                          "%s is NULL with count %zu", !sendbuf ? "sendbuf" : "recvbuf", count);
-    size_t esize = hcoll_dtype_size(dtype);
-    if (count > SIZE_MAX / esize / 2)
-        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
-                          "count %zu of %s is larger than memory", count, hcoll_dtype_name(dtype));
-    uintptr_t s = (uintptr_t)sendbuf, r = (uintptr_t)recvbuf, bytes = count * esize;
-    if (s != r && s < r + bytes && r < s + bytes)
-        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
-                          "sendbuf and recvbuf overlap without being equal (in place means "
-                          "sendbuf == recvbuf)");
-    return HCOLL_SUCCESS;
-}
-
-static hcoll_status_t allreduce_common(hcoll_comm_t comm, const void *sendbuf, void *recvbuf,
-                                       size_t count, hcoll_dtype_t dtype, hcoll_op_t op,
-                                       void *stream, hcoll_request_t *req_out)
-{
-    if (!comm)
-        return hc_err_set(NULL, HC_COLL, -1, HCOLL_ERR_INVALID_ARG, "comm is NULL");
-    if (!comm->coll)
-        return hc_err_set(&comm->err, HC_COLL, comm->rank, HCOLL_ERR_INTERNAL,
-                          "communicator has no data plane");
-    hc_coll_t *co = comm->coll;
+    struct hcoll_comm *comm = co->comm;
     hcoll_status_t st;
     /* Device buffers: the GPU stages go on the stream now, the host stage
      * is queued as a request like any other (coll_dev.c). */
@@ -620,7 +467,7 @@ static hcoll_status_t allreduce_common(hcoll_comm_t comm, const void *sendbuf, v
                 if (dop) /* release its stream here, as nobody else will */
                     hc_coll_dev_execute(co->dev, dop, st, &rq->times);
                 rq->done = 1;
-                hcoll_request_free(rq);
+                hc_request_free(rq);
                 return st;
             }
             co->worker_started = 1;
@@ -668,111 +515,72 @@ static hcoll_status_t allreduce_common(hcoll_comm_t comm, const void *sendbuf, v
     return st;
 }
 
-HCOLL_API hcoll_status_t hcoll_allreduce(hcoll_comm_t comm, const void *sendbuf, void *recvbuf,
-                                         size_t count, hcoll_dtype_t dtype, hcoll_op_t op,
-                                         void *stream)
+hcoll_status_t hc_request_test(struct hcoll_request *rq, int *done_out)
 {
-    return allreduce_common(comm, sendbuf, recvbuf, count, dtype, op, stream, NULL);
-}
-
-HCOLL_API hcoll_status_t hcoll_allreduce_async(hcoll_comm_t comm, const void *sendbuf,
-                                               void *recvbuf, size_t count, hcoll_dtype_t dtype,
-                                               hcoll_op_t op, void *stream,
-                                               hcoll_request_t *req_out)
-{
-    if (!req_out)
-        return hc_err_set(comm ? &comm->err : NULL, HC_COLL, comm ? comm->rank : -1,
-                          HCOLL_ERR_INVALID_ARG, "req_out is NULL");
-    return allreduce_common(comm, sendbuf, recvbuf, count, dtype, op, stream, req_out);
-}
-
-HCOLL_API hcoll_status_t hcoll_test(hcoll_request_t req, int *done_out)
-{
-    if (!req || !done_out)
-        return hc_err_set(NULL, HC_COLL, -1, HCOLL_ERR_INVALID_ARG, "%s is NULL",
-                          req ? "done_out" : "req");
-    pthread_mutex_lock(&req->lock);
-    int done = req->done;
-    hcoll_status_t st = done ? req->status : HCOLL_SUCCESS;
-    pthread_mutex_unlock(&req->lock);
+    pthread_mutex_lock(&rq->lock);
+    int done = rq->done;
+    hcoll_status_t st = done ? rq->status : HCOLL_SUCCESS;
+    pthread_mutex_unlock(&rq->lock);
     *done_out = done;
     return st;
 }
 
-HCOLL_API hcoll_status_t hcoll_wait(hcoll_request_t req)
+hcoll_status_t hc_request_wait(struct hcoll_request *rq)
 {
-    if (!req)
-        return hc_err_set(NULL, HC_COLL, -1, HCOLL_ERR_INVALID_ARG, "req is NULL");
     /* No deadline of its own: the operation's every wait has one, so the
      * request always completes (with HCOLL_ERR_TIMEOUT at worst). */
-    pthread_mutex_lock(&req->lock);
-    while (!req->done)
-        pthread_cond_wait(&req->cond, &req->lock);
-    hcoll_status_t st = req->status;
-    pthread_mutex_unlock(&req->lock);
+    pthread_mutex_lock(&rq->lock);
+    while (!rq->done)
+        pthread_cond_wait(&rq->cond, &rq->lock);
+    hcoll_status_t st = rq->status;
+    pthread_mutex_unlock(&rq->lock);
     return st;
 }
 
-HCOLL_API hcoll_status_t hcoll_request_free(hcoll_request_t req)
+void hc_request_free(struct hcoll_request *rq)
 {
-    if (!req)
-        return HCOLL_SUCCESS;
-    hcoll_wait(req);
-    pthread_mutex_destroy(&req->lock);
-    pthread_cond_destroy(&req->cond);
-    free(req);
-    return HCOLL_SUCCESS;
+    hc_request_wait(rq);
+    pthread_mutex_destroy(&rq->lock);
+    pthread_cond_destroy(&rq->cond);
+    free(rq);
 }
 
-HCOLL_API hcoll_status_t hcoll_request_stage_times(hcoll_request_t req,
-                                                   hcoll_stage_times_t *times_out)
+hcoll_status_t hc_request_times(struct hcoll_request *rq, hcoll_stage_times_t *times_out)
 {
-    if (!req || !times_out)
-        return hc_err_set(NULL, HC_COLL, -1, HCOLL_ERR_INVALID_ARG, "%s is NULL",
-                          req ? "times_out" : "req");
-    pthread_mutex_lock(&req->lock);
-    int done = req->done;
-    hcoll_stage_times_t t = req->times;
-    pthread_mutex_unlock(&req->lock);
+    pthread_mutex_lock(&rq->lock);
+    int done = rq->done;
+    hcoll_stage_times_t t = rq->times;
+    pthread_mutex_unlock(&rq->lock);
     if (!done)
         return HCOLL_IN_PROGRESS;
     *times_out = t;
     return HCOLL_SUCCESS;
 }
 
-HCOLL_API hcoll_status_t hcoll_comm_last_stage_times(hcoll_comm_t comm,
-                                                     hcoll_stage_times_t *times_out)
+int hc_coll_last_times(hc_coll_t *co, hcoll_stage_times_t *times_out)
 {
-    if (!comm || !times_out)
-        return hc_err_set(NULL, HC_COLL, -1, HCOLL_ERR_INVALID_ARG, "%s is NULL",
-                          comm ? "times_out" : "comm");
-    if (!comm->coll)
-        return hc_err_set(&comm->err, HC_COLL, comm->rank, HCOLL_ERR_INVALID_ARG,
-                          "communicator has no data plane");
-    hc_coll_t *co = comm->coll;
     pthread_mutex_lock(&co->lock);
     int have = co->have_last_times;
     hcoll_stage_times_t t = co->last_times;
     pthread_mutex_unlock(&co->lock);
-    if (!have)
-        return hc_err_set(&comm->err, HC_COLL, comm->rank, HCOLL_ERR_INVALID_ARG,
-                          "no all-reduce has finished on this communicator yet");
-    *times_out = t;
-    return HCOLL_SUCCESS;
+    if (have)
+        *times_out = t;
+    return have;
 }
 
 /* ------------------------------------------------------------------------ */
 /* Creation and teardown                                                      */
 /* ------------------------------------------------------------------------ */
 
-static void coll_teardown(struct hcoll_comm *c, void *arg, int aborting)
+void hc_coll_destroy(hc_coll_t *co, int aborting)
 {
-    hc_coll_t *co = arg;
-    (void)c;
+    if (!co)
+        return;
+    struct hcoll_comm *c = co->comm;
 
     if (aborting) {
         /* Make every blocked stage return: the shm waits watch this flag,
-         * the ring threads poll c->aborted every RING_POLL_MS. */
+         * the ring drivers poll c->aborted every HC_RINGDRV_POLL_MS. */
         hc_intra_abort(co->intra);
     }
     /* Stop the worker after it has drained the queue; on abort each queued
@@ -788,13 +596,7 @@ static void coll_teardown(struct hcoll_comm *c, void *arg, int aborting)
     pthread_mutex_unlock(&co->lock);
     if (co->worker_started)
         pthread_join(co->worker, NULL);
-    if (co->ring_thread_started) {
-        pthread_mutex_lock(&co->rlock);
-        co->ring_stop = 1;
-        pthread_cond_broadcast(&co->rcond);
-        pthread_mutex_unlock(&co->rlock);
-        pthread_join(co->ring_thread, NULL);
-    }
+    hc_ringthr_stop(co->ringthr);
     /* Device path: the worker has released every stream it queued; free
      * the flag only once the streams are past it. Before the ring goes. */
     hc_coll_dev_destroy(co->dev, aborting);
@@ -808,8 +610,6 @@ static void coll_teardown(struct hcoll_comm *c, void *arg, int aborting)
     free(co->ring_ag.members);
     pthread_mutex_destroy(&co->lock);
     pthread_cond_destroy(&co->cond);
-    pthread_mutex_destroy(&co->rlock);
-    pthread_cond_destroy(&co->rcond);
     c->coll = NULL;
     free(co);
 }
@@ -902,14 +702,11 @@ hcoll_status_t hc_coll_create(struct hcoll_comm *c)
     co->comm = c;
     pthread_mutex_init(&co->lock, NULL);
     pthread_cond_init(&co->cond, NULL);
-    pthread_mutex_init(&co->rlock, NULL);
-    pthread_cond_init(&co->rcond, NULL);
     co->plan = hc_coll_plan_for(c->nranks, c->nnodes, c->local_size, c->uniform);
     /* A piece holds PIECE_CHUNKS ring chunks per local rank's shard. */
     co->piece_bytes = (size_t)c->params.chunk_bytes * PIECE_CHUNKS * (size_t)c->local_size;
     co->small_bytes = (size_t)c->params.small_bytes;
     c->coll = co;
-    HC_CHECK(hc_comm_add_teardown(c, coll_teardown, co), fail_early);
 
     if (c->rank == 0)
         HC_INFO(HC_INIT, c->rank, "all-reduce plan: %s (%d nodes x %d ranks%s)",
@@ -954,13 +751,9 @@ hcoll_status_t hc_coll_create(struct hcoll_comm *c)
         for (int n = 0; n < c->nnodes; n++)
             co->ring_ag.members[n] = hc_comm_rank_at(c, n, c->local_rank);
         HC_CHECK(ring_setup(co, c->nnodes, c->node), out);
-        int rc = pthread_create(&co->ring_thread, NULL, ring_thread_main, co);
-        if (rc != 0) {
-            st = hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_SYSTEM,
-                            "cannot start the ring thread: %s", strerror(rc));
-            goto out;
-        }
-        co->ring_thread_started = 1;
+        const hc_ringdrv_env_t env = { &c->aborted, &c->err, c->rank,
+                                       "the inter-node stage" };
+        HC_CHECK(hc_ringthr_start(co->ring, &env, &co->ringthr), out);
     }
     /* Device-buffer path: bookkeeping only; CUDA and NCCL are set up by the
      * first device call (coll_dev.c), so host-only users never pay. */
@@ -970,14 +763,6 @@ hcoll_status_t hc_coll_create(struct hcoll_comm *c)
     return HCOLL_SUCCESS;
 
 out:
-    /* The teardown hook is registered: the caller's cleanup frees the rest. */
-    return st;
-fail_early:
-    c->coll = NULL;
-    pthread_mutex_destroy(&co->lock);
-    pthread_cond_destroy(&co->cond);
-    pthread_mutex_destroy(&co->rlock);
-    pthread_cond_destroy(&co->rcond);
-    free(co);
+    /* c->coll is set: the caller's hc_coll_destroy frees the rest. */
     return st;
 }

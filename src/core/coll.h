@@ -35,9 +35,38 @@ hcoll_status_t hc_coll_check_args(struct hcoll_comm *c, const void *sendbuf,
 
 /*
  * Build the communicator's data plane: collective over all ranks (it
- * connects rings and attaches shared memory through the bootstrap).
- * Registers its teardown with the communicator; sets comm->coll.
+ * connects rings and attaches shared memory through the bootstrap). Sets
+ * comm->coll first: on failure, hc_coll_destroy(comm->coll, 1) frees what
+ * was built.
  */
 hcoll_status_t hc_coll_create(struct hcoll_comm *comm);
+
+/*
+ * Stop the worker after it drained its queue (aborting: queued requests
+ * fail at once and blocked stages are woken), stop the ring thread, free
+ * the device path, the ring and the intra-node backend; clears
+ * comm->coll. NULL is a no-op. Any thread, once per communicator.
+ */
+void hc_coll_destroy(hc_coll_t *co, int aborting);
+
+/*
+ * hcoll_allreduce (req_out NULL) and hcoll_allreduce_async: the checks,
+ * the device stages, then the request, queued for the worker or (blocking,
+ * host buffers) run on this thread after every earlier one.
+ */
+hcoll_status_t hc_coll_allreduce(hc_coll_t *co, const void *sendbuf, void *recvbuf, size_t count,
+                                 hcoll_dtype_t dtype, hcoll_op_t op, void *stream,
+                                 struct hcoll_request **req_out);
+
+/* The stage times of the last all-reduce that succeeded: 1 and *times_out,
+ * or 0 when none has finished yet. */
+int hc_coll_last_times(hc_coll_t *co, hcoll_stage_times_t *times_out);
+
+/* Requests (hcoll.h's hcoll_test, hcoll_wait, hcoll_request_free and
+ * hcoll_request_stage_times, on a request that is not NULL). */
+hcoll_status_t hc_request_test(struct hcoll_request *rq, int *done_out);
+hcoll_status_t hc_request_wait(struct hcoll_request *rq);
+void hc_request_free(struct hcoll_request *rq);
+hcoll_status_t hc_request_times(struct hcoll_request *rq, hcoll_stage_times_t *times_out);
 
 #endif

@@ -43,115 +43,27 @@
  * communicator's life.
  */
 #include "core/coll_dev.h"
-#include "base/clock.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "core/coll.h"
-#include "core/comm.h"
 #include "base/err.h"
 #include "base/log.h"
 #include "base/reduce.h"
+#include "core/coll.h"
+#include "core/comm.h"
+#include "core/ringdrv.h"
+#include "gdr/devctx.h"
+#include "gdr/event.h"
 #include "gdr/gdr.h"
 #include "inter/ring.h"
 #include "intra/intra.h"
 
-/* The ring thread's poll, as in coll.c: how long a ring wait sleeps in the
- * transport before it looks at the abort flag again. */
-#define DEV_RING_POLL_MS 20
-/* Staging buffers: each holds one piece of this many bytes at most (the
- * executor's piece; large enough for the ring's pipeline). */
-#define DEV_STAGE_MIN_BYTES (1u << 20)
-/* A three-stage device call is cut into at most this many segments (each
- * at least one staging buffer per local rank), so that its stages overlap. */
-#define DEV_SEGMENTS 4
 /* After abort, how long destroy waits for streams to pass the flag. */
 #define DEV_ABORT_DRAIN_MS 2000
-
-/* ------------------------------------------------------------------------ */
-/* Sequence and schedule (pure)                                               */
-/* ------------------------------------------------------------------------ */
-
-void hc_devseq_init(hc_devseq_t *s, uint32_t start)
-{
-    s->issued = s->released = start;
-}
-
-uint32_t hc_devseq_issue(hc_devseq_t *s)
-{
-    return ++s->issued;
-}
-
-int hc_devseq_release(hc_devseq_t *s, uint32_t seq)
-{
-    if (seq != s->released + 1 || hc_devseq_pending(s) == 0)
-        return -1;
-    s->released = seq;
-    return 0;
-}
-
-int hc_devseq_passes(uint32_t flag, uint32_t seq)
-{
-    return (int32_t)(flag - seq) >= 0;
-}
-
-uint32_t hc_devseq_pending(const hc_devseq_t *s)
-{
-    return s->issued - s->released;
-}
-
-void hc_devstage_init(hc_devstage_t *s, size_t npieces)
-{
-    s->npieces = npieces;
-    s->k = 0;
-    s->phase = 0;
-}
-
-hc_devstage_step_t hc_devstage_next(hc_devstage_t *s)
-{
-    hc_devstage_step_t st = { HC_DEVSTAGE_DONE, 0, 0 };
-    if (s->k >= s->npieces)
-        return st;
-    for (;;) {
-        switch (s->phase) {
-        case 0: /* prologue */
-            s->phase = 1;
-            st.kind = HC_DEVSTAGE_D2H;
-            st.piece = 0;
-            break;
-        case 1:
-            s->phase = 2;
-            st.kind = HC_DEVSTAGE_WAIT;
-            st.piece = s->k;
-            break;
-        case 2:
-            s->phase = 3;
-            if (s->k + 1 >= s->npieces)
-                continue;
-            st.kind = HC_DEVSTAGE_D2H;
-            st.piece = s->k + 1;
-            break;
-        case 3:
-            s->phase = 4;
-            st.kind = HC_DEVSTAGE_RING;
-            st.piece = s->k;
-            break;
-        default:
-            st.kind = HC_DEVSTAGE_H2D;
-            st.piece = s->k;
-            s->k++;
-            s->phase = 1;
-            break;
-        }
-        st.buf = (int)(st.piece % 2);
-        return st;
-    }
-}
 
 /* ------------------------------------------------------------------------ */
 /* State                                                                      */
@@ -169,7 +81,7 @@ typedef struct hc_dev_seg {
 /* Timing events on the caller's stream: [0] before the first RS, [1]
  * after the last; [2+2k], [3+2k] around segment k's AG. One node: [0], [1]
  * around the all-reduce (fused). NULL where one could not be made. */
-#define DEV_TEV (2 + 2 * DEV_SEGMENTS)
+#define DEV_TEV (2 + 2 * HC_DEVSCHED_SEGMENTS)
 
 struct hc_dev_op {
     hcoll_status_t status; /* an enqueue failure after the first stream wait */
@@ -184,6 +96,7 @@ struct hc_dev_op {
 
 struct hc_coll_dev {
     struct hcoll_comm *c;
+    hc_gdr_report_t rp; /* the communicator's errbuf, rank and abort flag */
     int plan;
     hc_ring_t *ring;
     hc_allgather_fn node_ag;
@@ -193,75 +106,16 @@ struct hc_coll_dev {
     /* Set up by the first device call. */
     int ready;
     hcoll_status_t setup_failed; /* sticky */
-    const hc_cu_api_t *cu;
-    int dev;   /* ordinal */
-    int cudev; /* its CUdevice */
-    void *ctx; /* retained primary context */
-    void *istream;
-    hc_cu_dptr_t flag;
-    void *stage[2];
-    void *ev_d2h[2];
-    void *ev_fence; /* istream drained */
+    int dev;            /* ordinal, -1 before the set-up */
+    hc_gdr_dev_t *gpu;  /* context, internal stream, flag, staging, kernels */
     hc_intra_t *nccl;
-    hc_gdr_kern_t *kern;
-    char kern_why[200];
     int gdr;                  /* stage ② on device memory (GPUDirect ring) */
-    hc_ring_devops_t devops;  /* the ring's device operations (ctx = d) */
+    hc_ring_devops_t devops;  /* the ring's device operations (ctx = gpu) */
 
-    pthread_mutex_t lock; /* seq and the done events */
+    pthread_mutex_t lock; /* seq */
     hc_devseq_t seq;
-    void **done_ev; /* recorded after each call's last stream work */
-    size_t ndone, capdone;
+    hc_gdr_evlist_t done; /* recorded after each call's last stream work */
 };
-
-static hcoll_status_t cu_fail(hc_coll_dev_t *d, hc_cu_res_t r, const char *what)
-{
-    char eb[200];
-    return hc_err_set(&d->c->err, HC_GDR, d->c->rank, HCOLL_ERR_CUDA, "%s: %s", what,
-                      hc_gdr_cu_errstr(r, eb, sizeof eb));
-}
-
-#define CU_TRY(d, call, what, label)                                                         \
-    do {                                                                                     \
-        hc_cu_res_t r_ = (call);                                                             \
-        if (r_ != HC_CU_SUCCESS) {                                                           \
-            st = cu_fail((d), r_, (what));                                                   \
-            goto label;                                                                      \
-        }                                                                                    \
-    } while (0)
-
-/*
- * Poll an event until it completes: the only way to wait for GPU work with
- * a deadline and an abort check. A short spin keeps small calls fast; then
- * sleeps that grow to 200 us.
- */
-static hcoll_status_t event_wait(hc_coll_dev_t *d, void *ev, int timeout_ms, int check_abort,
-                                 const char *what)
-{
-    struct hcoll_comm *c = d->c;
-    double deadline = hc_now_ms() + timeout_ms;
-    long sleep_ns = 2000;
-    for (int spins = 0;; spins++) {
-        hc_cu_res_t r = d->cu->event_query(ev);
-        if (r == HC_CU_SUCCESS)
-            return HCOLL_SUCCESS;
-        if (r != HC_CU_ERROR_NOT_READY)
-            return cu_fail(d, r, what);
-        if (check_abort && atomic_load(&c->aborted))
-            return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_ABORTED,
-                              "communicator aborted while waiting for %s", what);
-        if (spins > 64) {
-            if (hc_now_ms() > deadline)
-                return hc_err_set(&c->err, HC_GDR, c->rank, HCOLL_ERR_TIMEOUT,
-                                  "%s did not happen within %d ms (HCOLL_TIMEOUT_MS)", what,
-                                  timeout_ms);
-            struct timespec ts = { 0, sleep_ns };
-            nanosleep(&ts, NULL);
-            if (sleep_ns < 200000)
-                sleep_ns *= 2;
-        }
-    }
-}
 
 /* ------------------------------------------------------------------------ */
 /* Which calls, and set-up                                                    */
@@ -287,16 +141,16 @@ hcoll_status_t hc_coll_dev_create(struct hcoll_comm *c, int plan, struct hc_ring
         return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_NO_MEMORY,
                           "no memory for the device path");
     d->c = c;
+    d->rp = (hc_gdr_report_t){ &c->err, c->rank, &c->aborted };
     d->plan = plan;
     d->ring = ring;
     d->node_ag = node_ag;
     d->node_ag_ctx = node_ag_ctx;
-    d->stage_bytes = piece_bytes < DEV_STAGE_MIN_BYTES ? DEV_STAGE_MIN_BYTES : piece_bytes;
-    /* Whole 16-byte vectors, whatever the dtype. */
-    d->stage_bytes &= ~(size_t)15;
+    d->stage_bytes = hc_devsched_stage_bytes(piece_bytes);
     d->dev = -1;
     pthread_mutex_init(&d->lock, NULL);
     hc_devseq_init(&d->seq, 0);
+    hc_gdr_evlist_init(&d->done);
     *out = d;
     return HCOLL_SUCCESS;
 }
@@ -311,179 +165,56 @@ static int plan_stages(int plan)
     return plan == HC_PLAN_RING || plan == HC_PLAN_FLAT || plan == HC_PLAN_3STAGE;
 }
 
-/* Free what local_setup made; the context must be current. */
-static void local_free(hc_coll_dev_t *d)
-{
-    const hc_cu_api_t *cu = d->cu;
-    if (!cu)
-        return;
-    hc_gdr_kern_unload(d->kern);
-    d->kern = NULL;
-    for (int i = 0; i < 2; i++) {
-        if (d->ev_d2h[i])
-            cu->event_destroy(d->ev_d2h[i]);
-        if (d->stage[i])
-            cu->host_free(d->stage[i]);
-        d->ev_d2h[i] = d->stage[i] = NULL;
-    }
-    if (d->ev_fence)
-        cu->event_destroy(d->ev_fence);
-    /* Stream-ordered: cuMemFree would wait for every stream of the context,
-     * the application's included, and destroy must not hang on those. */
-    if (d->flag && (!d->istream || cu->mem_free_async(d->flag, d->istream) != HC_CU_SUCCESS))
-        HC_WARN(HC_GDR, d->c->rank, "the stream flag could not be freed; left allocated");
-    if (d->istream)
-        cu->stream_destroy(d->istream);
-    d->ev_fence = d->istream = NULL;
-    d->flag = 0;
-}
-
-/* This rank's half of the set-up: context, internal stream, flag,
- * staging, kernels. Nothing collective. */
-static hcoll_status_t local_setup(hc_coll_dev_t *d, int dev)
-{
-    hcoll_status_t st = HCOLL_SUCCESS;
-    const hc_cu_api_t *cu = d->cu;
-    void *popped;
-    CU_TRY(d, cu->device_get(&d->cudev, dev), "cuDeviceGet", out);
-    CU_TRY(d, cu->primary_retain(&d->ctx, d->cudev), "cuDevicePrimaryCtxRetain", out);
-    d->dev = dev;
-    CU_TRY(d, cu->ctx_push(d->ctx), "cuCtxPushCurrent", release);
-    CU_TRY(d, cu->stream_create(&d->istream, HC_CU_STREAM_NON_BLOCKING), "cuStreamCreate", fail);
-    CU_TRY(d, cu->mem_alloc(&d->flag, 256), "cuMemAlloc (stream flag)", fail);
-    /* The flag is 0 before any stream waits on it (fresh memory holds
-     * anything). On the internal stream, not with cuMemsetD32: that goes on
-     * the legacy stream, which is unordered with non-blocking streams and
-     * refused while a blocking stream of the context is being captured. */
-    static const uint32_t zero = 0;
-    CU_TRY(d, cu->memcpy_htod_async(d->flag, &zero, sizeof zero, d->istream),
-           "cuMemcpyHtoDAsync (stream flag)", fail);
-    CU_TRY(d, cu->stream_synchronize(d->istream), "cuStreamSynchronize (stream flag)", fail);
-    CU_TRY(d, cu->event_create(&d->ev_fence, HC_CU_EVENT_DISABLE_TIMING), "cuEventCreate", fail);
-    if (plan_stages(d->plan))
-        for (int i = 0; i < 2; i++) {
-            CU_TRY(d, cu->host_alloc(&d->stage[i], d->stage_bytes, 0),
-                   "cuMemHostAlloc (staging)", fail);
-            CU_TRY(d, cu->event_create(&d->ev_d2h[i], HC_CU_EVENT_DISABLE_TIMING),
-                   "cuEventCreate", fail);
-        }
-    /* The kernels are optional: only AVG on one node needs them. */
-    if (hc_gdr_kern_load(&d->kern, d->kern_why, sizeof d->kern_why) != 0)
-        d->kern = NULL;
-    cu->ctx_pop(&popped);
-    return HCOLL_SUCCESS;
-
-fail:
-    local_free(d);
-    cu->ctx_pop(&popped);
-release:
-    cu->primary_release(d->cudev);
-    d->ctx = NULL;
-    d->dev = -1;
-out:
-    return st;
-}
-
 typedef struct dev_hello {
     int32_t ok;
     int32_t dev;
     int32_t gdr; /* this rank's ring can take device memory, and kernels loaded */
 } dev_hello_t;
 
-/* The ring's device operations (GPUDirect stage ②): on the internal
- * stream, each complete on return, with the context pushed (they run on
- * hcoll's threads). */
-static hcoll_status_t devop_done(hc_coll_dev_t *d, hc_cu_res_t r, const char *what)
-{
-    hcoll_status_t st = HCOLL_SUCCESS;
-    if (r == HC_CU_SUCCESS)
-        r = d->cu->stream_synchronize(d->istream);
-    if (r != HC_CU_SUCCESS)
-        st = cu_fail(d, r, what);
-    void *popped;
-    d->cu->ctx_pop(&popped);
-    return st;
-}
-
+/* The ring's device operations (GPUDirect stage ②): the GPU's own. */
 static hcoll_status_t devop_alloc(void *ctx, size_t bytes, void **out)
 {
-    hc_coll_dev_t *d = ctx;
-    hc_cu_dptr_t p = 0;
-    d->cu->ctx_push(d->ctx);
-    hcoll_status_t st = devop_done(d, d->cu->mem_alloc(&p, bytes), "cuMemAlloc (device slots)");
-    *out = (void *)(uintptr_t)p;
-    return st;
+    return hc_gdr_dev_alloc(ctx, bytes, out);
 }
 
 static void devop_free(void *ctx, void *p)
 {
-    hc_coll_dev_t *d = ctx;
-    d->cu->ctx_push(d->ctx);
-    /* Stream-ordered, like the flag: never waits for other streams. */
-    devop_done(d, d->cu->mem_free_async((hc_cu_dptr_t)(uintptr_t)p, d->istream),
-               "cuMemFreeAsync (device slots)");
+    hc_gdr_dev_free(ctx, p);
 }
 
 static hcoll_status_t devop_reduce(void *ctx, void *dst, const void *a, const void *b,
                                    size_t count, hcoll_dtype_t dtype, hcoll_op_t op)
 {
-    hc_coll_dev_t *d = ctx;
-    d->cu->ctx_push(d->ctx);
-    return devop_done(d,
-                      hc_gdr_kern_reduce(d->kern, (hc_cu_dptr_t)(uintptr_t)dst,
-                                         (hc_cu_dptr_t)(uintptr_t)a, (hc_cu_dptr_t)(uintptr_t)b,
-                                         count, dtype, op, d->istream),
-                      "the reduction kernel (GPUDirect ring)");
+    return hc_gdr_dev_reduce(ctx, dst, a, b, count, dtype, op);
 }
 
 static hcoll_status_t devop_avg(void *ctx, void *buf, size_t count, hcoll_dtype_t dtype,
                                 hcoll_op_t op, int div)
 {
-    hc_coll_dev_t *d = ctx;
     if (op != HCOLL_AVG)
         return HCOLL_SUCCESS;
-    d->cu->ctx_push(d->ctx);
-    return devop_done(d,
-                      hc_gdr_kern_avg(d->kern, (hc_cu_dptr_t)(uintptr_t)buf, count, dtype, div,
-                                      d->istream),
-                      "the AVG kernel (GPUDirect ring)");
+    return hc_gdr_dev_avg(ctx, buf, count, dtype, div);
 }
 
 static hcoll_status_t devop_copy(void *ctx, void *dst, const void *src, size_t bytes)
 {
-    hc_coll_dev_t *d = ctx;
-    d->cu->ctx_push(d->ctx);
-    return devop_done(d,
-                      d->cu->memcpy_dtod_async((hc_cu_dptr_t)(uintptr_t)dst,
-                                               (hc_cu_dptr_t)(uintptr_t)src, bytes, d->istream),
-                      "cuMemcpyDtoDAsync (GPUDirect ring)");
+    return hc_gdr_dev_copy(ctx, dst, src, bytes);
 }
 
-/* Collective over all ranks: every rank reports whether its half worked,
- * so that one rank's missing GPU fails the call everywhere at once instead
- * of leaving the others in the ring until the timeout. */
-static hcoll_status_t dev_setup(hc_coll_dev_t *d, int dev)
+/* Every rank's hello: whether its half of the set-up worked and whether
+ * its ring can go GPUDirect. local is this rank's half's status. */
+static hcoll_status_t dev_hello(hc_coll_dev_t *d, hcoll_status_t local, int dev, int *all_gdr_out)
 {
     struct hcoll_comm *c = d->c;
-    hcoll_status_t st, local;
-    char why[200];
-    d->cu = hc_gdr_cu(why, sizeof why);
-    if (!d->cu)
-        local = hc_err_set(&c->err, HC_GDR, c->rank, HCOLL_ERR_UNSUPPORTED,
-                           "device buffers need the CUDA driver: %s", why);
-    else
-        local = local_setup(d, dev);
-
+    hcoll_status_t st;
     /* GPUDirect stage ②: where the rank's ring takes device memory (verbs
      * with GPUDirect on) and the kernels that reduce there are loaded. */
-    int gdr = local == HCOLL_SUCCESS && d->ring && plan_stages(d->plan) && d->kern &&
+    int gdr = local == HCOLL_SUCCESS && d->ring && plan_stages(d->plan) && d->gpu->kern &&
               hc_ring_gdr_capable(d->ring);
     dev_hello_t mine = { local == HCOLL_SUCCESS, dev, gdr },
                 *all = calloc((size_t)c->nranks, sizeof *all);
-    if (!all) {
-        st = hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_NO_MEMORY, "no memory");
-        goto undo;
-    }
+    if (!all)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_NO_MEMORY, "no memory");
     st = hc_boot_allgather(c->boot, &mine, all, sizeof mine);
     if (st == HCOLL_SUCCESS && local != HCOLL_SUCCESS)
         st = local;
@@ -497,9 +228,43 @@ static hcoll_status_t dev_setup(hc_coll_dev_t *d, int dev)
     for (int r = 0; all_gdr && r < c->nranks; r++)
         all_gdr = all[r].gdr;
     free(all);
-    if (st != HCOLL_SUCCESS)
-        goto undo;
+    *all_gdr_out = all_gdr;
+    return st;
+}
 
+/* Every rank's ring enables device slots (collective over each ring, and
+ * every rank is here). A failure leaves host staging. */
+static void dev_enable_gdr(hc_coll_dev_t *d)
+{
+    d->devops = (hc_ring_devops_t){ d->gpu, devop_alloc, devop_free, devop_reduce, devop_avg,
+                                    devop_copy };
+    hc_gdr_dev_push(d->gpu);
+    hcoll_status_t gst = hc_ring_enable_device(d->ring, &d->devops);
+    hc_gdr_dev_pop(d->gpu);
+    d->gdr = gst == HCOLL_SUCCESS;
+    if (!d->gdr)
+        HC_WARN(HC_GDR, d->c->rank, "GPUDirect stage 2 not possible (%s); staging through host "
+                "memory", hc_errbuf_get(&d->c->err));
+}
+
+/* Collective over all ranks: every rank reports whether its half worked,
+ * so that one rank's missing GPU fails the call everywhere at once instead
+ * of leaving the others in the ring until the timeout. */
+static hcoll_status_t dev_setup(hc_coll_dev_t *d, int dev)
+{
+    struct hcoll_comm *c = d->c;
+    hcoll_status_t st, local;
+    char why[200];
+    const hc_cu_api_t *cu = hc_gdr_cu(why, sizeof why);
+    if (!cu)
+        local = hc_err_set(&c->err, HC_GDR, c->rank, HCOLL_ERR_UNSUPPORTED,
+                           "device buffers need the CUDA driver: %s", why);
+    else
+        local = hc_gdr_dev_open(cu, dev, plan_stages(d->plan) ? d->stage_bytes : 0, &d->rp,
+                                &d->gpu);
+    int all_gdr = 0;
+    HC_CHECK(dev_hello(d, local, dev, &all_gdr), clean_gpu);
+    d->dev = dev;
     if (plan_needs_nccl(d->plan)) {
         hc_intra_params_t ip = {
             .local_rank = c->local_rank,
@@ -512,46 +277,28 @@ static hcoll_status_t dev_setup(hc_coll_dev_t *d, int dev)
             .allgather = d->node_ag,
             .allgather_ctx = d->node_ag_ctx,
         };
-        void *popped;
-        d->cu->ctx_push(d->ctx);
+        hc_gdr_dev_push(d->gpu);
         st = hc_intra_nccl_ops.create(&ip, &d->nccl);
-        d->cu->ctx_pop(&popped);
+        hc_gdr_dev_pop(d->gpu);
         if (st != HCOLL_SUCCESS)
-            goto undo;
+            goto clean_gpu;
     }
-    if (all_gdr) {
-        /* Every rank's ring enables device slots (collective over each
-         * ring, and every rank is here). A failure leaves host staging. */
-        d->devops = (hc_ring_devops_t){ d, devop_alloc, devop_free, devop_reduce, devop_avg,
-                                        devop_copy };
-        void *popped;
-        d->cu->ctx_push(d->ctx);
-        hcoll_status_t gst = hc_ring_enable_device(d->ring, &d->devops);
-        d->cu->ctx_pop(&popped);
-        d->gdr = gst == HCOLL_SUCCESS;
-        if (!d->gdr)
-            HC_WARN(HC_GDR, c->rank, "GPUDirect stage 2 not possible (%s); staging through host "
-                    "memory", hc_errbuf_get(&c->err));
-    }
+    if (all_gdr)
+        dev_enable_gdr(d);
     char bdf[32] = "?";
     hc_gdr_gpu_info(dev, bdf, sizeof bdf, NULL, NULL);
     HC_INFO(HC_GDR, c->rank,
             "device buffers: GPU %d (%s), %s, stage 2 %s, reduction kernels %s%s", dev, bdf,
             plan_needs_nccl(d->plan) ? "NCCL intra-node" : "no intra-node stage",
             d->gdr ? "on device memory (GPUDirect RDMA)" : "staged through pinned host memory",
-            d->kern ? "loaded" : "absent: ", d->kern ? "" : d->kern_why);
+            d->gpu->kern ? "loaded" : "absent: ", d->gpu->kern ? "" : d->gpu->kern_why);
     d->ready = 1;
     return HCOLL_SUCCESS;
 
-undo:
-    if (local == HCOLL_SUCCESS) {
-        void *popped;
-        d->cu->ctx_push(d->ctx);
-        local_free(d);
-        d->cu->ctx_pop(&popped);
-        d->cu->primary_release(d->cudev);
-        d->ctx = NULL;
-    }
+clean_gpu:
+    hc_gdr_dev_close(local == HCOLL_SUCCESS ? d->gpu : NULL);
+    d->gpu = NULL;
+    d->dev = -1;
     d->setup_failed = st;
     return st;
 }
@@ -602,72 +349,21 @@ static hcoll_status_t dev_validate(hc_coll_dev_t *d, const void *sendbuf, void *
                           "device of its first device-buffer call; no device was current at "
                           "hcoll_comm_init)",
                           sdev, d->dev);
-    if (d->plan == HC_PLAN_INTRA && op == HCOLL_AVG && d->ready && !d->kern)
+    if (d->plan == HC_PLAN_INTRA && op == HCOLL_AVG && d->ready && !d->gpu->kern)
         return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_UNSUPPORTED,
                           "AVG on device buffers within one node needs the division kernel: %s",
-                          d->kern_why);
+                          d->gpu->kern_why);
     *dev_out = sdev;
     return HCOLL_SUCCESS;
-}
-
-/* Keep the event that tells when the stream is past this call; reap those
- * that completed, so the list stays as long as the stream's backlog. */
-static void done_track(hc_coll_dev_t *d, void *ev)
-{
-    pthread_mutex_lock(&d->lock);
-    size_t keep = 0;
-    for (size_t i = 0; i < d->ndone; i++) {
-        if (d->cu->event_query(d->done_ev[i]) == HC_CU_SUCCESS)
-            d->cu->event_destroy(d->done_ev[i]);
-        else
-            d->done_ev[keep++] = d->done_ev[i];
-    }
-    d->ndone = keep;
-    if (d->ndone == d->capdone) {
-        size_t cap = d->capdone ? d->capdone * 2 : 16;
-        void **p = realloc(d->done_ev, cap * sizeof *p);
-        if (!p) {
-            /* Without a slot, wait for the GPU to pass it now (rare). */
-            pthread_mutex_unlock(&d->lock);
-            event_wait(d, ev, (int)d->c->params.timeout_ms, 0, "the end of a device all-reduce");
-            d->cu->event_destroy(ev);
-            return;
-        }
-        d->done_ev = p;
-        d->capdone = cap;
-    }
-    d->done_ev[d->ndone++] = ev;
-    pthread_mutex_unlock(&d->lock);
-}
-
-static hcoll_status_t capture_refused(struct hcoll_comm *c)
-{
-    return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_UNSUPPORTED,
-                      "the stream is being captured into a CUDA graph: hcoll's device "
-                      "all-reduce waits on a host thread, which a graph cannot replay; call "
-                      "it outside the capture");
-}
-
-/* Elements per segment of a three-stage device call (the same on every
- * rank: it depends on count, the node size and the settings only). */
-static size_t dev_segment_count(const hc_coll_dev_t *d, size_t count, size_t es)
-{
-    size_t min = d->stage_bytes / es * (size_t)d->c->local_size;
-    size_t seg = (count + DEV_SEGMENTS - 1) / DEV_SEGMENTS;
-    return seg < min ? min : seg;
 }
 
 /* Record timing event i of o on stream. Timing is best effort: an event
  * that cannot be made leaves its stage untimed, never fails the call. */
 static void tev_mark(hc_coll_dev_t *d, hc_dev_op_t *o, int i, void *stream)
 {
-    void *e = NULL;
-    if (d->cu->event_create(&e, 0) != HC_CU_SUCCESS)
+    void *e = hc_gdr_tev_mark(d->gpu->cu, stream);
+    if (!e)
         return;
-    if (d->cu->event_record(e, stream) != HC_CU_SUCCESS) {
-        d->cu->event_destroy(e);
-        return;
-    }
     o->tev[i] = e;
     if (i + 1 > o->ntev)
         o->ntev = i + 1;
@@ -676,19 +372,34 @@ static void tev_mark(hc_coll_dev_t *d, hc_dev_op_t *o, int i, void *stream)
 static void tev_free(hc_coll_dev_t *d, hc_dev_op_t *o)
 {
     for (int i = 0; i < o->ntev; i++)
-        if (o->tev[i])
-            d->cu->event_destroy(o->tev[i]);
+        hc_gdr_dev_event_free(d->gpu, o->tev[i]);
     o->ntev = 0;
 }
 
 /* Microseconds between timing events a and b of o, or -1. */
 static double tev_us(hc_coll_dev_t *d, const hc_dev_op_t *o, int a, int b)
 {
-    float ms = 0;
-    if (a >= o->ntev || b >= o->ntev || !o->tev[a] || !o->tev[b] ||
-        d->cu->event_elapsed(&ms, o->tev[a], o->tev[b]) != HC_CU_SUCCESS)
+    if (a >= o->ntev || b >= o->ntev)
         return -1;
-    return ms * 1e3;
+    return hc_gdr_tev_us(d->gpu->cu, o->tev[a], o->tev[b]);
+}
+
+/* Issue the next flag number and make stream wait for it; on failure the
+ * number is given back, so that numbers stay dense. */
+static hcoll_status_t seq_wait(hc_coll_dev_t *d, void *stream, uint32_t *seq_out)
+{
+    pthread_mutex_lock(&d->lock);
+    uint32_t seq = hc_devseq_issue(&d->seq);
+    pthread_mutex_unlock(&d->lock);
+    hcoll_status_t st = hc_gdr_dev_stream_wait(d->gpu, stream, seq);
+    if (st != HCOLL_SUCCESS) {
+        pthread_mutex_lock(&d->lock);
+        d->seq.issued--;
+        pthread_mutex_unlock(&d->lock);
+        return st;
+    }
+    *seq_out = seq;
+    return HCOLL_SUCCESS;
 }
 
 /*
@@ -704,7 +415,6 @@ static hcoll_status_t staged_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, const voi
                                      void *stream)
 {
     struct hcoll_comm *c = d->c;
-    const hc_cu_api_t *cu = d->cu;
     const size_t es = hcoll_dtype_size(o->dtype);
     const int three = d->plan == HC_PLAN_3STAGE;
     hcoll_status_t st = HCOLL_SUCCESS;
@@ -719,7 +429,7 @@ static hcoll_status_t staged_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, const voi
             HC_CHECK(d->nccl->ops->reduce_scatter(d->nccl, (const char *)sendbuf + off * es,
                                                   (char *)recvbuf + off * es, n, o->dtype, o->op,
                                                   stream),
-                     undo);
+                     clean_ready);
             hc_intra_shard(n, c->local_size, c->local_rank, &soff, &slen);
             g->src = (const unsigned char *)recvbuf + (off + soff) * es;
         } else {
@@ -727,31 +437,16 @@ static hcoll_status_t staged_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, const voi
         }
         g->dst = (unsigned char *)recvbuf + (off + soff) * es;
         g->count = slen;
-        CU_TRY(d, cu->event_create(&g->ev_ready, HC_CU_EVENT_DISABLE_TIMING), "cuEventCreate",
-               undo);
-        hc_cu_res_t rr = cu->event_record(g->ev_ready, stream);
-        if (rr != HC_CU_SUCCESS) {
-            cu->event_destroy(g->ev_ready);
-            g->ev_ready = NULL;
-            st = cu_fail(d, rr, "cuEventRecord");
-            goto undo;
-        }
+        HC_CHECK(hc_gdr_dev_event_mark(d->gpu, stream, &g->ev_ready), clean_ready);
     }
     if (three)
         tev_mark(d, o, 1, stream);
     for (size_t k = 0; k < nseg; k++) {
-        pthread_mutex_lock(&d->lock);
-        uint32_t seq = hc_devseq_issue(&d->seq);
-        pthread_mutex_unlock(&d->lock);
-        hc_cu_res_t rr = cu->stream_wait_value32(stream, d->flag, seq, HC_CU_STREAM_WAIT_VALUE_GEQ);
-        if (rr != HC_CU_SUCCESS) {
-            /* Nothing waits for seq: give it back so numbers stay dense. */
-            pthread_mutex_lock(&d->lock);
-            d->seq.issued--;
-            pthread_mutex_unlock(&d->lock);
-            st = cu_fail(d, rr, "cuStreamWaitValue32");
+        uint32_t seq;
+        st = seq_wait(d, stream, &seq);
+        if (st != HCOLL_SUCCESS) {
             if (k == 0)
-                goto undo;
+                goto clean_ready;
             o->status = st;
             break;
         }
@@ -771,13 +466,64 @@ static hcoll_status_t staged_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, const voi
     }
     /* Ready events of segments that will not run. */
     for (size_t k = (size_t)o->nseg; k < made; k++)
-        cu->event_destroy(o->seg[k].ev_ready);
+        hc_gdr_dev_event_free(d->gpu, o->seg[k].ev_ready);
     return HCOLL_SUCCESS;
 
-undo:
+clean_ready:
     for (size_t k = 0; k < made; k++)
-        cu->event_destroy(o->seg[k].ev_ready);
+        hc_gdr_dev_event_free(d->gpu, o->seg[k].ev_ready);
     tev_free(d, o);
+    return st;
+}
+
+/* Put the plan's GPU stages on stream (context pushed). */
+static hcoll_status_t plan_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, const void *sendbuf,
+                                   void *recvbuf, size_t count, size_t segc, size_t nseg,
+                                   void *stream)
+{
+    struct hcoll_comm *c = d->c;
+    const size_t es = hcoll_dtype_size(o->dtype);
+    hcoll_status_t st = HCOLL_SUCCESS;
+    switch (d->plan) {
+    case HC_PLAN_SINGLE:
+        if (sendbuf != recvbuf)
+            st = hc_gdr_dev_copy_async(d->gpu, recvbuf, sendbuf, count * es, stream);
+        break;
+    case HC_PLAN_INTRA: {
+        const hc_intra_ops_t *iops = d->nccl->ops;
+        tev_mark(d, o, 0, stream);
+        o->fused = 1;
+        HC_CHECK(iops->allreduce(d->nccl, sendbuf, recvbuf, count, o->dtype, o->op, stream),
+                 out);
+        if (o->op == HCOLL_AVG)
+            HC_CHECK(hc_gdr_dev_avg_async(d->gpu, recvbuf, count, o->dtype, c->nranks, stream),
+                     out);
+        tev_mark(d, o, 1, stream);
+        break;
+    }
+    case HC_PLAN_RING:
+    case HC_PLAN_FLAT:
+    case HC_PLAN_3STAGE:
+        st = staged_enqueue(d, o, sendbuf, recvbuf, count, segc, nseg, stream);
+        break;
+    }
+out:
+    return st;
+}
+
+/* The first device call sets the path up (collective). Asked before the
+ * set-up as well (with the caller's context, which owns the stream), so
+ * that a capture is refused as such and not turned into a set-up failure,
+ * which would be sticky. */
+static hcoll_status_t dev_first_call(hc_coll_dev_t *d, const void *sendbuf, void *recvbuf,
+                                     size_t count, hcoll_dtype_t dtype, hcoll_op_t op,
+                                     void *stream, int dev)
+{
+    hcoll_status_t st;
+    HC_CHECK(hc_gdr_stream_refuse_capture(hc_gdr_cu(NULL, 0), stream, &d->rp), out);
+    HC_CHECK(dev_setup(d, dev), out);
+    st = dev_validate(d, sendbuf, recvbuf, count, dtype, op, stream, &dev);
+out:
     return st;
 }
 
@@ -791,7 +537,7 @@ hcoll_status_t hc_coll_dev_enqueue(hc_coll_dev_t *d, const void *sendbuf, void *
     const size_t es = hcoll_dtype_size(dtype);
     size_t segc = count, nseg = 1;
     if (d->plan == HC_PLAN_3STAGE && es) {
-        segc = dev_segment_count(d, count, es);
+        segc = hc_devsched_segment_count(count, es, d->stage_bytes, c->local_size);
         nseg = (count + segc - 1) / segc;
     }
     hc_dev_op_t *o = calloc(1, sizeof *o + nseg * sizeof o->seg[0]);
@@ -812,88 +558,32 @@ hcoll_status_t hc_coll_dev_enqueue(hc_coll_dev_t *d, const void *sendbuf, void *
         return HCOLL_SUCCESS;
     }
     int dev = -1;
-    HC_CHECK(dev_validate(d, sendbuf, recvbuf, count, dtype, op, stream, &dev), free_op);
+    HC_CHECK(dev_validate(d, sendbuf, recvbuf, count, dtype, op, stream, &dev), clean_op);
     if (d->setup_failed != HCOLL_SUCCESS) {
         st = hc_err_set(&c->err, HC_COLL, c->rank, d->setup_failed,
                         "the device path could not be set up earlier (%s)",
                         hcoll_strerror(d->setup_failed));
-        goto free_op;
+        goto clean_op;
     }
-    if (!d->ready) {
-        /* Asked before the set-up as well (with the caller's context, which
-         * owns the stream), so that a capture is refused as such and not
-         * turned into a set-up failure, which would be sticky. */
-        const hc_cu_api_t *cu0 = hc_gdr_cu(NULL, 0);
-        int cap0 = HC_CU_STREAM_CAPTURE_STATUS_NONE;
-        if (cu0 && cu0->stream_is_capturing(stream, &cap0) == HC_CU_SUCCESS &&
-            cap0 != HC_CU_STREAM_CAPTURE_STATUS_NONE) {
-            st = capture_refused(c);
-            goto free_op;
-        }
-        HC_CHECK(dev_setup(d, dev), free_op);
-        HC_CHECK(dev_validate(d, sendbuf, recvbuf, count, dtype, op, stream, &dev), free_op);
-    }
+    if (!d->ready)
+        HC_CHECK(dev_first_call(d, sendbuf, recvbuf, count, dtype, op, stream, dev), clean_op);
 
-    const hc_cu_api_t *cu = d->cu;
-    void *popped;
-    CU_TRY(d, cu->ctx_push(d->ctx), "cuCtxPushCurrent", free_op);
-    int cap = HC_CU_STREAM_CAPTURE_STATUS_NONE;
-    CU_TRY(d, cu->stream_is_capturing(stream, &cap), "cuStreamIsCapturing (is the stream valid?)",
-           pop);
-    if (cap != HC_CU_STREAM_CAPTURE_STATUS_NONE) {
-        st = capture_refused(c);
-        goto pop;
-    }
-    void *sctx = NULL;
-    if (cu->stream_get_ctx(stream, &sctx) == HC_CU_SUCCESS && sctx && sctx != d->ctx) {
-        st = hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
-                        "the stream belongs to another CUDA context than GPU %d's primary "
-                        "context, which this communicator uses",
-                        d->dev);
-        goto pop;
-    }
-
-    const hc_cu_dptr_t s = (hc_cu_dptr_t)(uintptr_t)sendbuf, r = (hc_cu_dptr_t)(uintptr_t)recvbuf;
+    HC_CHECK(hc_gdr_dev_enter(d->gpu), clean_op);
+    HC_CHECK(hc_gdr_dev_stream_check(d->gpu, stream), clean_ctx);
     void *ev_done = NULL;
-    CU_TRY(d, cu->event_create(&ev_done, HC_CU_EVENT_DISABLE_TIMING), "cuEventCreate", pop);
-
-    switch (d->plan) {
-    case HC_PLAN_SINGLE:
-        if (s != r)
-            CU_TRY(d, cu->memcpy_dtod_async(r, s, count * es, stream), "cuMemcpyDtoDAsync",
-                   free_ev);
-        break;
-    case HC_PLAN_INTRA: {
-        const hc_intra_ops_t *iops = d->nccl->ops;
-        tev_mark(d, o, 0, stream);
-        o->fused = 1;
-        HC_CHECK(iops->allreduce(d->nccl, sendbuf, recvbuf, count, dtype, op, stream), free_ev);
-        if (op == HCOLL_AVG)
-            CU_TRY(d, hc_gdr_kern_avg(d->kern, r, count, dtype, c->nranks, stream),
-                   "launching the AVG kernel", free_ev);
-        tev_mark(d, o, 1, stream);
-        break;
-    }
-    case HC_PLAN_RING:
-    case HC_PLAN_FLAT:
-    case HC_PLAN_3STAGE:
-        HC_CHECK(staged_enqueue(d, o, sendbuf, recvbuf, count, segc, nseg, stream), free_ev);
-        break;
-    }
-    if (cu->event_record(ev_done, stream) == HC_CU_SUCCESS)
-        done_track(d, ev_done);
-    else
-        cu->event_destroy(ev_done);
-    cu->ctx_pop(&popped);
+    HC_CHECK(hc_gdr_dev_event_new(d->gpu, &ev_done), clean_ctx);
+    HC_CHECK(plan_enqueue(d, o, sendbuf, recvbuf, count, segc, nseg, stream), clean_ev);
+    hc_gdr_dev_event_track(d->gpu, ev_done, stream, &d->done, (int)c->params.timeout_ms);
+    hc_gdr_dev_pop(d->gpu);
     *op_out = o;
     return o->status;
 
-free_ev:
-    cu->event_destroy(ev_done);
+clean_ev:
+    hc_gdr_dev_event_free(d->gpu, ev_done);
     tev_free(d, o);
-pop:
-    cu->ctx_pop(&popped);
-free_op:
+clean_ctx:
+    hc_gdr_dev_pop(d->gpu);
+clean_op:
     free(o);
     return st;
 }
@@ -903,43 +593,36 @@ free_op:
 /* ------------------------------------------------------------------------ */
 
 /* The ring on buf in place (host staging), or from src to dst in device
- * memory (GPUDirect: dev). */
+ * memory (GPUDirect: dev); adds its time to *ring_us. */
 static hcoll_status_t ring_run(hc_coll_dev_t *d, const void *src, void *buf, size_t n,
-                               hcoll_dtype_t dtype, hcoll_op_t op, int dev)
+                               const hc_dev_op_t *o, int dev, double *ring_us)
 {
     struct hcoll_comm *c = d->c;
-    int done = 0;
-    hcoll_status_t st = dev ? hc_ring_start_device(d->ring, src, buf, n, dtype, op, c->nranks)
-                            : hc_ring_start(d->ring, buf, buf, n, dtype, op, c->nranks);
-    while (st == HCOLL_SUCCESS && !done) {
-        if (atomic_load(&c->aborted))
-            return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_ABORTED,
-                              "communicator aborted during the inter-node stage");
-        st = hc_ring_progress(d->ring, DEV_RING_POLL_MS, &done);
-    }
+    const hc_ringdrv_op_t rop = { dev ? src : buf, buf, n, o->dtype, o->op, c->nranks, dev };
+    const hc_ringdrv_env_t env = { &c->aborted, &c->err, c->rank, "the inter-node stage" };
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    hcoll_status_t st = hc_ringdrv_run(d->ring, &rop, &env);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    *ring_us += (b.tv_sec - a.tv_sec) * 1e6 + (b.tv_nsec - a.tv_nsec) / 1e3;
     return st;
 }
 
 static hcoll_status_t host_stage(hc_coll_dev_t *d, const hc_dev_op_t *o, const hc_dev_seg_t *g,
                                  double *ring_us)
 {
-    const hc_cu_api_t *cu = d->cu;
+    hc_gdr_dev_t *gpu = d->gpu;
     const int tmo = (int)d->c->params.timeout_ms;
     const size_t es = hcoll_dtype_size(o->dtype);
     const size_t piece = d->stage_bytes / es;
-    const size_t npieces = (g->count + piece - 1) / piece;
+    const size_t npieces = hc_devsched_pieces(g->count, es, d->stage_bytes);
     hcoll_status_t st;
-    HC_CHECK(event_wait(d, g->ev_ready, tmo, 1, "the intra-node stage on the caller's stream"),
+    HC_CHECK(hc_gdr_event_wait(gpu->cu, g->ev_ready, tmo, 1, &d->rp,
+                               "the intra-node stage on the caller's stream"),
              out);
-    if (d->gdr) {
-        /* GPUDirect: the ring reads and writes the device range itself. */
-        struct timespec a, b;
-        clock_gettime(CLOCK_MONOTONIC, &a);
-        st = ring_run(d, g->src, g->dst, g->count, o->dtype, o->op, 1);
-        clock_gettime(CLOCK_MONOTONIC, &b);
-        *ring_us += (b.tv_sec - a.tv_sec) * 1e6 + (b.tv_nsec - a.tv_nsec) / 1e3;
-        return st;
-    }
+    /* GPUDirect: the ring reads and writes the device range itself. */
+    if (d->gdr)
+        return ring_run(d, g->src, g->dst, g->count, o, 1, ring_us);
     hc_devstage_t it;
     hc_devstage_init(&it, npieces);
     for (;;) {
@@ -950,31 +633,17 @@ static hcoll_status_t host_stage(hc_coll_dev_t *d, const hc_dev_op_t *o, const h
         size_t n = g->count - off < piece ? g->count - off : piece;
         switch (step.kind) {
         case HC_DEVSTAGE_D2H:
-            CU_TRY(d,
-                   cu->memcpy_dtoh_async(d->stage[step.buf],
-                                         (hc_cu_dptr_t)(uintptr_t)(g->src + off * es), n * es,
-                                         d->istream),
-                   "cuMemcpyDtoHAsync (staging)", out);
-            CU_TRY(d, cu->event_record(d->ev_d2h[step.buf], d->istream), "cuEventRecord", out);
+            HC_CHECK(hc_gdr_dev_stage_in(gpu, step.buf, g->src + off * es, n * es), out);
             break;
         case HC_DEVSTAGE_WAIT:
-            HC_CHECK(event_wait(d, d->ev_d2h[step.buf], tmo, 1, "a copy into staging"), out);
+            HC_CHECK(hc_gdr_dev_stage_wait(gpu, step.buf, tmo), out);
             break;
-        case HC_DEVSTAGE_RING: {
-            struct timespec a, b;
-            clock_gettime(CLOCK_MONOTONIC, &a);
-            st = ring_run(d, d->stage[step.buf], d->stage[step.buf], n, o->dtype, o->op, 0);
-            clock_gettime(CLOCK_MONOTONIC, &b);
-            *ring_us += (b.tv_sec - a.tv_sec) * 1e6 + (b.tv_nsec - a.tv_nsec) / 1e3;
-            if (st != HCOLL_SUCCESS)
-                goto out;
+        case HC_DEVSTAGE_RING:
+            HC_CHECK(ring_run(d, gpu->stage[step.buf], gpu->stage[step.buf], n, o, 0, ring_us),
+                     out);
             break;
-        }
         case HC_DEVSTAGE_H2D:
-            CU_TRY(d,
-                   cu->memcpy_htod_async((hc_cu_dptr_t)(uintptr_t)(g->dst + off * es),
-                                         d->stage[step.buf], n * es, d->istream),
-                   "cuMemcpyHtoDAsync (staging)", out);
+            HC_CHECK(hc_gdr_dev_stage_out(gpu, step.buf, g->dst + off * es, n * es), out);
             break;
         case HC_DEVSTAGE_DONE:
             break;
@@ -990,10 +659,8 @@ out:
  * may complete). */
 static hcoll_status_t release(hc_coll_dev_t *d, uint32_t seq, int check_abort)
 {
-    const hc_cu_api_t *cu = d->cu;
     hcoll_status_t st;
-    CU_TRY(d, cu->stream_write_value32(d->istream, d->flag, seq, HC_CU_STREAM_WRITE_VALUE_DEFAULT),
-           "cuStreamWriteValue32 (releasing the caller's stream)", out);
+    HC_CHECK(hc_gdr_dev_write_flag(d->gpu, seq), out);
     pthread_mutex_lock(&d->lock);
     int order = hc_devseq_release(&d->seq, seq);
     pthread_mutex_unlock(&d->lock);
@@ -1002,14 +669,42 @@ static hcoll_status_t release(hc_coll_dev_t *d, uint32_t seq, int check_abort)
                         "stream flag released out of order (seq %u)", seq);
         goto out;
     }
-    CU_TRY(d, cu->event_record(d->ev_fence, d->istream), "cuEventRecord", out);
-    st = event_wait(d, d->ev_fence, (int)d->c->params.timeout_ms, check_abort,
-                    "the copy back from staging");
+    st = hc_gdr_dev_fence(d->gpu, (int)d->c->params.timeout_ms, check_abort,
+                          "the copy back from staging");
 out:
     if (st != HCOLL_SUCCESS)
         HC_WARN(HC_GDR, d->c->rank,
                 "releasing device all-reduce %u failed; a stream waiting for it may hang", seq);
     return st;
+}
+
+/* The NCCL stages' times, from the timing events once the GPU has passed
+ * the last one (the request completes with the whole all-reduce); -1
+ * where a stage could not be timed. */
+static void gpu_times(hc_coll_dev_t *d, const hc_dev_op_t *o, hcoll_status_t st,
+                      hcoll_stage_times_t *times)
+{
+    if (plan_needs_nccl(d->plan))
+        times->intra_rs_us = times->intra_ag_us = -1;
+    void *last = NULL;
+    for (int i = o->ntev - 1; i >= 0 && !last; i--)
+        last = o->tev[i];
+    if (st != HCOLL_SUCCESS || !last ||
+        hc_gdr_event_wait(d->gpu->cu, last, (int)d->c->params.timeout_ms, 1, &d->rp,
+                          "the GPU stages of the call") != HCOLL_SUCCESS)
+        return;
+    if (o->fused) {
+        double us = tev_us(d, o, 0, 1);
+        times->intra_rs_us = times->intra_ag_us = us >= 0 ? us / 2 : -1;
+        return;
+    }
+    times->intra_rs_us = tev_us(d, o, 0, 1);
+    double ag = 0;
+    for (int k = 0; k < o->nseg && ag >= 0; k++) {
+        double us = tev_us(d, o, 2 + 2 * k, 3 + 2 * k);
+        ag = us >= 0 ? ag + us : -1;
+    }
+    times->intra_ag_us = o->nseg > 0 ? ag : -1;
 }
 
 hcoll_status_t hc_coll_dev_execute(hc_coll_dev_t *d, hc_dev_op_t *o, hcoll_status_t status_in,
@@ -1022,10 +717,9 @@ hcoll_status_t hc_coll_dev_execute(hc_coll_dev_t *d, hc_dev_op_t *o, hcoll_statu
     memset(times, 0, sizeof *times);
     /* Pushed, not set: without a worker thread this runs on the caller's
      * thread, whose current context is the application's. */
-    void *popped;
     const int gpu = o->nseg > 0 || o->ntev > 0;
     if (gpu)
-        d->cu->ctx_push(d->ctx);
+        hc_gdr_dev_push(d->gpu);
     for (int k = 0; k < o->nseg; k++) {
         if (st == HCOLL_SUCCESS)
             st = host_stage(d, o, &o->seg[k], &ring_us);
@@ -1033,36 +727,16 @@ hcoll_status_t hc_coll_dev_execute(hc_coll_dev_t *d, hc_dev_op_t *o, hcoll_statu
         hcoll_status_t rst = release(d, o->seg[k].seq, 0);
         if (st == HCOLL_SUCCESS)
             st = rst;
-        d->cu->event_destroy(o->seg[k].ev_ready);
+        hc_gdr_dev_event_free(d->gpu, o->seg[k].ev_ready);
     }
     times->inter_us = ring_us;
-    /* The NCCL stages, from the timing events once the GPU has passed the
-     * last one (the request completes with the whole all-reduce); -1 where
-     * a stage could not be timed. */
-    if (plan_needs_nccl(d->plan))
+    if (gpu) {
+        gpu_times(d, o, st, times);
+        tev_free(d, o);
+        hc_gdr_dev_pop(d->gpu);
+    } else if (plan_needs_nccl(d->plan)) {
         times->intra_rs_us = times->intra_ag_us = -1;
-    void *last = NULL;
-    for (int i = o->ntev - 1; i >= 0 && !last; i--)
-        last = o->tev[i];
-    if (st == HCOLL_SUCCESS && last &&
-        event_wait(d, last, (int)d->c->params.timeout_ms, 1, "the GPU stages of the call") ==
-            HCOLL_SUCCESS) {
-        if (o->fused) {
-            double us = tev_us(d, o, 0, 1);
-            times->intra_rs_us = times->intra_ag_us = us >= 0 ? us / 2 : -1;
-        } else {
-            times->intra_rs_us = tev_us(d, o, 0, 1);
-            double ag = 0;
-            for (int k = 0; k < o->nseg && ag >= 0; k++) {
-                double us = tev_us(d, o, 2 + 2 * k, 3 + 2 * k);
-                ag = us >= 0 ? ag + us : -1;
-            }
-            times->intra_ag_us = o->nseg > 0 ? ag : -1;
-        }
     }
-    tev_free(d, o);
-    if (gpu)
-        d->cu->ctx_pop(&popped);
     free(o);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     times->total_us = (t1.tv_sec - t0.tv_sec) * 1e6 + (t1.tv_nsec - t0.tv_nsec) / 1e3;
@@ -1078,17 +752,14 @@ void hc_coll_dev_destroy(hc_coll_dev_t *d, int aborting)
     if (!d)
         return;
     if (d->ready) {
-        const hc_cu_api_t *cu = d->cu;
         struct hcoll_comm *c = d->c;
-        void *popped;
-        cu->ctx_push(d->ctx);
+        hc_gdr_dev_push(d->gpu);
         /* The executor has drained its queue, so every issued number was
          * released; this is the safety net should one not have been. */
         if (hc_devseq_pending(&d->seq) != 0) {
             HC_WARN(HC_GDR, c->rank, "%u device all-reduces were never released; releasing",
                     hc_devseq_pending(&d->seq));
-            if (cu->stream_write_value32(d->istream, d->flag, d->seq.issued,
-                                         HC_CU_STREAM_WRITE_VALUE_DEFAULT) == HC_CU_SUCCESS)
+            if (hc_gdr_dev_write_flag(d->gpu, d->seq.issued) == HCOLL_SUCCESS)
                 d->seq.released = d->seq.issued;
         }
         /* On abort, NCCL goes first: ncclCommAbort ends its kernels, which
@@ -1100,15 +771,7 @@ void hc_coll_dev_destroy(hc_coll_dev_t *d, int aborting)
         }
         /* Streams must be past the flag before its memory goes. */
         int drain_ms = aborting ? DEV_ABORT_DRAIN_MS : (int)c->params.timeout_ms;
-        int stuck = 0;
-        for (size_t i = 0; i < d->ndone; i++) {
-            if (!stuck && event_wait(d, d->done_ev[i], drain_ms, 0,
-                                     "a stream to pass hcoll's all-reduce") != HCOLL_SUCCESS)
-                stuck = 1;
-            if (!stuck)
-                cu->event_destroy(d->done_ev[i]);
-        }
-        free(d->done_ev);
+        int stuck = hc_gdr_evlist_drain(&d->done, d->gpu->cu, drain_ms, &d->rp) != HCOLL_SUCCESS;
         hc_intra_destroy(d->nccl);
         if (stuck) {
             /* Leaving the flag allocated is the lesser harm: freeing memory a
@@ -1116,13 +779,14 @@ void hc_coll_dev_destroy(hc_coll_dev_t *d, int aborting)
             HC_WARN(HC_GDR, c->rank,
                     "a CUDA stream is still inside a device all-reduce; its flag is left "
                     "allocated");
-            d->flag = 0;
+            hc_gdr_dev_leak_flag(d->gpu);
         }
         if (d->gdr)
             hc_ring_disable_device(d->ring);
-        local_free(d);
-        cu->ctx_pop(&popped);
-        cu->primary_release(d->cudev);
+        hc_gdr_dev_pop(d->gpu);
+        hc_gdr_dev_close(d->gpu);
+    } else {
+        hc_gdr_evlist_drain(&d->done, NULL, 0, &d->rp);
     }
     pthread_mutex_destroy(&d->lock);
     free(d);

@@ -7,8 +7,8 @@
  * later runs hc_coll_dev_execute, the host stage, in issue order with the
  * host-buffer requests (they share the ring).
  *
- * The pure parts, the flag sequence and the staging schedule, are exposed
- * so that tests check them without a GPU.
+ * The pure parts, the flag sequence, the staging schedule and the
+ * segment sizes, are in devsched.h, which tests check without a GPU.
  */
 #ifndef HC_CORE_COLL_DEV_H
 #define HC_CORE_COLL_DEV_H
@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "base/exchange.h"
+#include "core/devsched.h"
 #include "hcoll.h"
 
 struct hcoll_comm;
@@ -24,55 +25,6 @@ struct hc_ring;
 
 typedef struct hc_coll_dev hc_coll_dev_t;
 typedef struct hc_dev_op hc_dev_op_t;
-
-/* ---- Stream release sequence --------------------------------------------
- * Every staged operation gets the next 32-bit sequence number s; the user's
- * stream waits until (int32_t)(flag - s) >= 0 (CU_STREAM_WAIT_VALUE_GEQ, a
- * cyclic compare), and the host stage writes flag = s when it is done.
- * Operations are released strictly in issue order, so writing s releases
- * s and everything before it, and never anything after it. */
-typedef struct hc_devseq {
-    uint32_t issued;   /* last number handed out */
-    uint32_t released; /* last number written to the flag */
-} hc_devseq_t;
-
-/* Both start at start (the flag's initial value). */
-void hc_devseq_init(hc_devseq_t *s, uint32_t start);
-/* The next operation's number. */
-uint32_t hc_devseq_issue(hc_devseq_t *s);
-/* Record that the flag now holds seq: 0, or -1 (nothing recorded) when seq
- * is not the oldest unreleased number. */
-int hc_devseq_release(hc_devseq_t *s, uint32_t seq);
-/* Does a stream waiting for seq pass with this flag value? (What the GPU
- * evaluates.) */
-int hc_devseq_passes(uint32_t flag, uint32_t seq);
-/* Numbers issued and not released yet. */
-uint32_t hc_devseq_pending(const hc_devseq_t *s);
-
-/* ---- Staging schedule ---------------------------------------------------
- * The host stage moves its range through two pinned buffers:
- *   D2H(0); for k: WAIT(k); D2H(k+1) unless last; RING(k); H2D(k)
- * all copies on one internal stream, so D2H(k+1) into buffer (k+1)%2 runs
- * after H2D(k-1) out of it, and RING(k) overlaps both copies. */
-enum hc_devstage_kind {
-    HC_DEVSTAGE_D2H,  /* enqueue device → staging[buf] for piece, record its event */
-    HC_DEVSTAGE_WAIT, /* wait for piece's D2H event */
-    HC_DEVSTAGE_RING, /* host ring all-reduce of staging[buf] */
-    HC_DEVSTAGE_H2D,  /* enqueue staging[buf] → device for piece */
-    HC_DEVSTAGE_DONE,
-};
-typedef struct hc_devstage_step {
-    enum hc_devstage_kind kind;
-    size_t piece;
-    int buf; /* piece % 2 */
-} hc_devstage_step_t;
-typedef struct hc_devstage {
-    size_t npieces, k;
-    int phase;
-} hc_devstage_t;
-
-void hc_devstage_init(hc_devstage_t *s, size_t npieces);
-hc_devstage_step_t hc_devstage_next(hc_devstage_t *s);
 
 /* ---- The device path ---------------------------------------------------- */
 

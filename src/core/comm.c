@@ -125,147 +125,13 @@ static int rec_decode(const unsigned char *p, int rank, hc_peer_t *out, char *er
 }
 
 /* ------------------------------------------------------------------------ */
-/* Topology                                                                   */
+/* Lifecycle                                                                  */
 /* ------------------------------------------------------------------------ */
 
-hcoll_status_t hc_comm_topo_build(struct hcoll_comm *c)
+void hc_comm_free(struct hcoll_comm *c, int aborting)
 {
-    const int n = c->nranks;
-    int *node_of = calloc((size_t)n, sizeof *node_of);
-    int *local_of = calloc((size_t)n, sizeof *local_of);
-    int *start = calloc((size_t)n + 1, sizeof *start);
-    int *ranks = calloc((size_t)n, sizeof *ranks);
-    int *first = calloc((size_t)n, sizeof *first); /* first rank of node k */
-    if (!node_of || !local_of || !start || !ranks || !first) {
-        free(node_of), free(local_of), free(start), free(ranks), free(first);
-        return hc_err_set(&c->err, HC_INIT, c->rank, HCOLL_ERR_NO_MEMORY,
-                          "topology: out of memory");
-    }
-    int nnodes = 0;
-    for (int r = 0; r < n; r++) {
-        int k = 0;
-        while (k < nnodes && c->peers[first[k]].hostid != c->peers[r].hostid)
-            k++;
-        if (k == nnodes)
-            first[nnodes++] = r;
-        node_of[r] = k;
-        start[k + 1]++;
-    }
-    for (int k = 0; k < nnodes; k++)
-        start[k + 1] += start[k];
-    /* Fill each node's slice in rank order: local rank = position. */
-    int *fill = first; /* reused as a cursor per node */
-    for (int k = 0; k < nnodes; k++)
-        fill[k] = start[k];
-    for (int r = 0; r < n; r++) {
-        int k = node_of[r];
-        local_of[r] = fill[k] - start[k];
-        ranks[fill[k]++] = r;
-    }
-    free(first);
-
-    int uniform = 1;
-    for (int k = 1; k < nnodes; k++)
-        uniform &= start[k + 1] - start[k] == start[1] - start[0];
-
-    free(c->node_of), free(c->local_of), free(c->node_start), free(c->node_ranks);
-    c->node_of = node_of;
-    c->local_of = local_of;
-    c->node_start = start;
-    c->node_ranks = ranks;
-    c->nnodes = nnodes;
-    c->uniform = uniform;
-    c->node = node_of[c->rank];
-    c->local_rank = local_of[c->rank];
-    c->local_size = start[c->node + 1] - start[c->node];
-    return HCOLL_SUCCESS;
-}
-
-int hc_comm_node_size(const struct hcoll_comm *c, int node)
-{
-    if (node < 0 || node >= c->nnodes)
-        return 0;
-    return c->node_start[node + 1] - c->node_start[node];
-}
-
-int hc_comm_rank_at(const struct hcoll_comm *c, int node, int local)
-{
-    if (local < 0 || local >= hc_comm_node_size(c, node))
-        return -1;
-    return c->node_ranks[c->node_start[node] + local];
-}
-
-void hc_comm_topo_log(const struct hcoll_comm *c)
-{
-    if (!hc_log_enabled(HC_LOG_INFO, HC_INIT))
-        return;
-    char as[80], gpu[32] = "no current GPU";
-    const hc_peer_t *me = &c->peers[c->rank];
-    if (c->gpu >= 0)
-        snprintf(gpu, sizeof gpu, "GPU %d", c->gpu);
-    const hc_iface_t *rail = &me->addrs[c->local_rank % me->naddrs];
-    HC_INFO(HC_INIT, c->rank,
-            "rank %d/%d: node %d/%d '%s', local rank %d/%d, rail %d via %s %s (%d address%s), "
-            "%s",
-            c->rank, c->nranks, c->node, c->nnodes, me->host, c->local_rank, c->local_size,
-            c->local_rank, rail->name, hc_sockaddr_str(&rail->addr, as, sizeof as), me->naddrs,
-            me->naddrs == 1 ? "" : "es", gpu);
-    if (c->rank != 0)
-        return;
-    HC_INFO(HC_INIT, 0, "topology: %d ranks on %d node%s, %s, %s", c->nranks, c->nnodes,
-            c->nnodes == 1 ? "" : "s",
-            c->authenticated ? "authenticated rendezvous" : "UNAUTHENTICATED rendezvous",
-            c->uniform ? "same number of ranks on every node" : "nodes differ in size");
-    for (int k = 0; k < c->nnodes; k++) {
-        char line[700];
-        size_t o = 0;
-        const int r0 = hc_comm_rank_at(c, k, 0);
-        for (int l = 0; l < hc_comm_node_size(c, k) && o < sizeof line - 80; l++) {
-            const int r = hc_comm_rank_at(c, k, l);
-            const hc_peer_t *p = &c->peers[r];
-            const hc_iface_t *f = &p->addrs[l % p->naddrs];
-            o += (size_t)snprintf(line + o, sizeof line - o, "%s rank %d (pid %d) rail %d %s %s",
-                                  l ? ";" : "", r, p->pid, l, f->name,
-                                  hc_sockaddr_str(&f->addr, as, sizeof as));
-        }
-        HC_INFO(HC_INIT, 0, "node %d '%s' (%d ranks):%s", k, c->peers[r0].host,
-                hc_comm_node_size(c, k), line);
-    }
-    if (!c->uniform) {
-        char sizes[256];
-        size_t o = 0;
-        for (int k = 0; k < c->nnodes && o < sizeof sizes - 16; k++)
-            o += (size_t)snprintf(sizes + o, sizeof sizes - o, "%s%d", k ? "," : "",
-                                  hc_comm_node_size(c, k));
-        HC_INFO(HC_INIT, 0,
-                "flat ring only: nodes have %s ranks (the three-stage plan needs the same "
-                "number on every node)", sizes);
-    }
-}
-
-/* ------------------------------------------------------------------------ */
-
-hcoll_status_t hc_comm_add_teardown(struct hcoll_comm *c, hc_teardown_fn fn, void *arg)
-{
-    if (c->nteardown == HC_COMM_TEARDOWN_MAX)
-        return hc_err_set(&c->err, HC_INIT, c->rank, HCOLL_ERR_NO_MEMORY,
-                          "too many teardown hooks (at most %d)", HC_COMM_TEARDOWN_MAX);
-    c->teardown[c->nteardown].fn = fn;
-    c->teardown[c->nteardown].arg = arg;
-    c->nteardown++;
-    return HCOLL_SUCCESS;
-}
-
-void hc_comm_set_async_error(struct hcoll_comm *c, hcoll_status_t st)
-{
-    int expected = HCOLL_SUCCESS;
-    atomic_compare_exchange_strong(&c->async_error, &expected, (int)st);
-}
-
-static void comm_free(struct hcoll_comm *c, int aborting)
-{
-    for (int i = c->nteardown - 1; i >= 0; i--)
-        c->teardown[i].fn(c, c->teardown[i].arg, aborting);
+    /* The data plane goes before the bootstrap it set itself up with. */
+    hc_coll_destroy(c->coll, aborting);
     hc_boot_destroy(c->boot);
     free(c->node_of);
     free(c->local_of);
@@ -274,6 +140,29 @@ static void comm_free(struct hcoll_comm *c, int aborting)
     free(c->peers);
     hc_errbuf_fini(&c->err);
     free(c);
+}
+
+void hc_comm_abort(struct hcoll_comm *c)
+{
+    atomic_store(&c->aborted, 1);
+    hc_comm_set_async_error(c, HCOLL_ERR_ABORTED);
+    HC_INFO(HC_INIT, c->rank, "communicator aborted");
+    /* Wake whatever is blocked, then free: hc_comm_free waits for the woken
+     * call to leave the bootstrap before closing its sockets. */
+    hc_boot_abort(c->boot);
+    hc_comm_free(c, 1);
+}
+
+/* Hand the message of a failed init from the communicator, which goes, to
+ * the calling thread's buffer, where hcoll_comm_last_error(NULL) reads it.
+ * Not logged again: whoever decided the failure logged it. */
+static void init_error_keep(struct hcoll_comm *c)
+{
+    hc_errbuf_t *t = hc_errbuf_thread();
+    const char *msg = hc_errbuf_get(&c->err);
+    pthread_mutex_lock(&t->lock);
+    snprintf(t->msg, sizeof t->msg, "init: %s", msg);
+    pthread_mutex_unlock(&t->lock);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -300,7 +189,7 @@ static hcoll_status_t comm_create(init_args_t *ia, const hcoll_config_t *config,
     struct hcoll_comm *c = calloc(1, sizeof *c);
     if (!c) {
         st = hc_err_set(NULL, HC_INIT, ia->rank, HCOLL_ERR_NO_MEMORY, "init: out of memory");
-        goto err_fd;
+        goto clean_fd;
     }
     hc_errbuf_init(&c->err);
     c->rank = ia->rank;
@@ -310,7 +199,7 @@ static hcoll_status_t comm_create(init_args_t *ia, const hcoll_config_t *config,
     atomic_init(&c->aborted, 0);
     if (hc_params_load(&c->params, config, err, sizeof err) != HCOLL_SUCCESS) {
         st = hc_err_set(NULL, HC_INIT, ia->rank, HCOLL_ERR_INVALID_ARG, "init: %s", err);
-        goto err_comm;
+        goto clean_comm;
     }
 
     /* This rank's GPU: the caller's current device now, so that the NIC
@@ -324,7 +213,7 @@ static hcoll_status_t comm_create(init_args_t *ia, const hcoll_config_t *config,
                         sizeof err);
     if (st != HCOLL_SUCCESS) {
         st = hc_err_set(NULL, HC_INIT, ia->rank, st, "init: HCOLL_SOCKET_IFNAME: %s", err);
-        goto err_comm;
+        goto clean_comm;
     }
     rec_encode(&me, ia->rank, rec);
 
@@ -333,7 +222,7 @@ static hcoll_status_t comm_create(init_args_t *ia, const hcoll_config_t *config,
     if (!recs || !c->peers) {
         st = hc_err_set(NULL, HC_INIT, ia->rank, HCOLL_ERR_NO_MEMORY,
                         "init: out of memory for %d ranks", ia->nranks);
-        goto err_comm;
+        goto clean_comm;
     }
 
     hc_boot_args_t ba;
@@ -350,35 +239,35 @@ static hcoll_status_t comm_create(init_args_t *ia, const hcoll_config_t *config,
     st = hc_boot_create(&ba, rec, REC_BYTES, recs, &c->boot);
     hc_secure_zero(ba.key, sizeof ba.key);
     if (st != HCOLL_SUCCESS)
-        goto err_comm;
+        goto clean_comm;
 
     for (int r = 0; r < ia->nranks; r++) {
         if (rec_decode(recs + (size_t)r * REC_BYTES, r, &c->peers[r], err, sizeof err) != 0) {
             st = hc_err_set(NULL, HC_INIT, ia->rank, HCOLL_ERR_NETWORK, "init: %s", err);
-            goto err_comm;
+            goto clean_comm;
         }
     }
     st = hc_comm_topo_build(c);
     if (st != HCOLL_SUCCESS) {
-        hc_err_set(NULL, HC_INIT, ia->rank, st, "init: %s", hc_errbuf_get(&c->err));
-        goto err_comm;
+        init_error_keep(c);
+        goto clean_comm;
     }
     hc_boot_set_errbuf(c->boot, &c->err);
     hc_comm_topo_log(c);
     st = hc_coll_create(c);
     if (st != HCOLL_SUCCESS) {
-        hc_err_set(NULL, HC_INIT, ia->rank, st, "init: %s", hc_errbuf_get(&c->err));
-        goto err_comm;
+        init_error_keep(c);
+        goto clean_comm;
     }
     free(recs);
     *comm_out = c;
     return HCOLL_SUCCESS;
 
-err_comm:
+clean_comm:
     free(recs);
     if (c)
-        comm_free(c, 1);
-err_fd:
+        hc_comm_free(c, 1);
+clean_fd:
     if (ia->listen_fd >= 0)
         close(ia->listen_fd);
     ia->listen_fd = -1;
@@ -480,62 +369,3 @@ HCOLL_API hcoll_status_t hcoll_comm_init_env(hcoll_comm_t *comm_out, const hcoll
     hc_secure_zero(ia.key, sizeof ia.key);
     return st;
 }
-
-/* ------------------------------------------------------------------------ */
-/* Lifecycle and queries                                                      */
-/* ------------------------------------------------------------------------ */
-
-HCOLL_API hcoll_status_t hcoll_comm_destroy(hcoll_comm_t comm)
-{
-    if (!comm)
-        return HCOLL_SUCCESS;
-    comm_free(comm, 0);
-    return HCOLL_SUCCESS;
-}
-
-HCOLL_API hcoll_status_t hcoll_comm_abort(hcoll_comm_t comm)
-{
-    if (!comm)
-        return HCOLL_SUCCESS;
-    atomic_store(&comm->aborted, 1);
-    hc_comm_set_async_error(comm, HCOLL_ERR_ABORTED);
-    HC_INFO(HC_INIT, comm->rank, "communicator aborted");
-    /* Wake whatever is blocked, then free: comm_free waits for the woken
-     * call to leave the bootstrap before closing its sockets. */
-    hc_boot_abort(comm->boot);
-    comm_free(comm, 1);
-    return HCOLL_SUCCESS;
-}
-
-HCOLL_API hcoll_status_t hcoll_comm_get_async_error(hcoll_comm_t comm,
-                                                    hcoll_status_t *async_error_out)
-{
-    if (!comm || !async_error_out)
-        return hc_err_set(NULL, HC_INIT, -1, HCOLL_ERR_INVALID_ARG,
-                          "get_async_error: %s is NULL", comm ? "async_error_out" : "comm");
-    hcoll_status_t st = (hcoll_status_t)atomic_load(&comm->async_error);
-    if (st == HCOLL_SUCCESS && comm->boot)
-        st = hc_boot_status(comm->boot);
-    *async_error_out = st;
-    return HCOLL_SUCCESS;
-}
-
-HCOLL_API const char *hcoll_comm_last_error(hcoll_comm_t comm)
-{
-    return hc_errbuf_get(comm ? &comm->err : hc_errbuf_thread());
-}
-
-#define QUERY(fn, field)                                                             \
-    HCOLL_API hcoll_status_t fn(hcoll_comm_t comm, int *out)                         \
-    {                                                                                \
-        if (!comm || !out)                                                           \
-            return hc_err_set(NULL, HC_INIT, -1, HCOLL_ERR_INVALID_ARG, "%s: %s is NULL", \
-                              #fn, comm ? "output" : "comm");                        \
-        *out = comm->field;                                                          \
-        return HCOLL_SUCCESS;                                                        \
-    }
-QUERY(hcoll_comm_rank, rank)
-QUERY(hcoll_comm_size, nranks)
-QUERY(hcoll_comm_local_rank, local_rank)
-QUERY(hcoll_comm_local_size, local_size)
-QUERY(hcoll_comm_node_count, nnodes)

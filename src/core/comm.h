@@ -10,10 +10,12 @@
  *   - uniform: every node has the same number of local ranks, which the
  *     three-stage plan needs; otherwise only the flat ring is possible.
  *
- * Data-plane modules (transport, ring, intra-node backend, progress thread)
- * add their state at the end of struct hcoll_comm and register a teardown
- * hook with hc_comm_add_teardown; destroy and abort run the hooks, newest
- * first, before the bootstrap goes.
+ * The data plane (core/coll.h: transport, ring, intra-node backend,
+ * threads) hangs off comm->coll; destroy and abort free it with
+ * hc_coll_destroy before the bootstrap goes.
+ *
+ * Files: comm.c the lifecycle (init, free, abort), topo.c the topology;
+ * the public entry points are in src/api.
  */
 #ifndef HC_CORE_COMM_H
 #define HC_CORE_COMM_H
@@ -28,7 +30,6 @@
 #include "sys/ifaces.h"
 
 #define HC_HOST_LABEL_MAX 64
-#define HC_COMM_TEARDOWN_MAX 16
 /* Bytes of the record each rank sends at the rendezvous (layout in comm.c);
  * part of the authenticated handshake, so versions that differ fail clearly. */
 #define HC_COMM_REC_BYTES (88 + HC_IFACE_MAX * 40)
@@ -41,11 +42,6 @@ typedef struct hc_peer {
     int naddrs;                   /* >= 1 */
     hc_iface_t addrs[HC_IFACE_MAX]; /* in rail order; ports are 0 */
 } hc_peer_t;
-
-/* aborting: 1 from hcoll_comm_abort (peers may be dead: do not wait for
- * them, fail pending operations with HCOLL_ERR_ABORTED), 0 from destroy.
- * A hook must not fail and must free everything its module holds. */
-typedef void (*hc_teardown_fn)(struct hcoll_comm *comm, void *arg, int aborting);
 
 struct hcoll_comm {
     hc_errbuf_t err;
@@ -68,15 +64,7 @@ struct hcoll_comm {
     atomic_int async_error; /* hcoll_status_t: first background failure */
     atomic_int aborted;
 
-    struct {
-        hc_teardown_fn fn;
-        void *arg;
-    } teardown[HC_COMM_TEARDOWN_MAX];
-    int nteardown;
-
-    /* ---- data-plane state (transport, ring, intra backend, progress) ----
-     * goes below this line; tear it down through hc_comm_add_teardown. */
-    struct hc_coll *coll; /* the all-reduce executor (core/coll.c) */
+    struct hc_coll *coll; /* the data plane and executor (core/coll.h) */
 };
 
 /* Rank with local rank `local` on node `node`, or -1 when there is none. */
@@ -85,12 +73,20 @@ int hc_comm_rank_at(const struct hcoll_comm *c, int node, int local);
 /* Number of ranks on node n. */
 int hc_comm_node_size(const struct hcoll_comm *c, int node);
 
-/* Register a hook run by destroy/abort (newest first). HCOLL_ERR_NO_MEMORY
- * when HC_COMM_TEARDOWN_MAX are registered. */
-hcoll_status_t hc_comm_add_teardown(struct hcoll_comm *c, hc_teardown_fn fn, void *arg);
-
 /* Record a background failure; only the first one sticks. Thread-safe. */
-void hc_comm_set_async_error(struct hcoll_comm *c, hcoll_status_t st);
+static inline void hc_comm_set_async_error(struct hcoll_comm *c, hcoll_status_t st)
+{
+    int expected = HCOLL_SUCCESS;
+    atomic_compare_exchange_strong(&c->async_error, &expected, (int)st);
+}
+
+/* Free c and everything it holds: the data plane (aborting: peers may be
+ * dead; do not wait for them, fail pending operations with
+ * HCOLL_ERR_ABORTED), then the bootstrap. */
+void hc_comm_free(struct hcoll_comm *c, int aborting);
+
+/* hcoll_comm_abort: mark c aborted, wake whatever is blocked, free it. */
+void hc_comm_abort(struct hcoll_comm *c);
 
 /*
  * Fill node_of/local_of/node_start/node_ranks/nnodes/uniform and this

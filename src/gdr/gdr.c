@@ -242,13 +242,13 @@ uint64_t hc_gdr_ptr_buffer_id(const void *p)
     return id;
 }
 
-int hc_gdr_gpu_info(int dev, char *bdf, size_t bdflen, int *cc_major_out, int *dmabuf_out)
+hcoll_status_t hc_gdr_gpu_info(int dev, char *bdf, size_t bdflen, int *cc_major_out, int *dmabuf_out)
 {
     if (!hc_gdr_cuda_available(NULL, 0))
-        return -1;
+        return HCOLL_ERR_UNSUPPORTED;
     int d;
     if (g_cuda.dev_get(&d, dev) != CU_OK)
-        return -1;
+        return HCOLL_ERR_CUDA;
     char id[64] = "";
     if (bdf && g_cuda.dev_busid(id, (int)sizeof id, d) == CU_OK) {
         for (char *c = id; *c; c++)
@@ -265,17 +265,17 @@ int hc_gdr_gpu_info(int dev, char *bdf, size_t bdflen, int *cc_major_out, int *d
     if (dmabuf_out)
         *dmabuf_out = g_cuda.range_handle &&
                       g_cuda.dev_attr(&v, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, d) == CU_OK && v;
-    return 0;
+    return HCOLL_SUCCESS;
 }
 
-int hc_gdr_dmabuf_fd(void *p, size_t len, int *fd_out, uint64_t *offset_out, size_t *len_out,
+hcoll_status_t hc_gdr_dmabuf_fd(void *p, size_t len, int *fd_out, uint64_t *offset_out, size_t *len_out,
                      char *why, size_t whylen)
 {
     if (!hc_gdr_cuda_available(why, whylen))
-        return -1;
+        return HCOLL_ERR_UNSUPPORTED;
     if (!g_cuda.range_handle) {
         snprintf(why, whylen, "the CUDA driver has no cuMemGetHandleForAddressRange (< 11.7)");
-        return -1;
+        return HCOLL_ERR_UNSUPPORTED;
     }
     /* The driver exports whole pages (host page size granularity). */
     const uintptr_t page = 4096;
@@ -286,12 +286,12 @@ int hc_gdr_dmabuf_fd(void *p, size_t len, int *fd_out, uint64_t *offset_out, siz
                                         CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
     if (r != CU_OK || fd < 0) {
         snprintf(why, whylen, "cuMemGetHandleForAddressRange failed (CUresult %d)", r);
-        return -1;
+        return HCOLL_ERR_CUDA;
     }
     *fd_out = fd;
     *offset_out = a - base;
     *len_out = alen;
-    return 0;
+    return HCOLL_SUCCESS;
 }
 
 /* ------------------------------------------------------------------------ */

@@ -21,6 +21,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "hcoll.h"
+
 enum hc_mem_kind { HC_MEM_HOST = 0, HC_MEM_DEVICE = 1, HC_MEM_MANAGED = 2 };
 enum hc_gdr_reg { HC_GDR_REG_STAGING = 0, HC_GDR_REG_PEERMEM = 1, HC_GDR_REG_DMABUF = 2 };
 
@@ -80,13 +82,18 @@ int hc_gdr_ptr_kind(const void *p, int *dev_out);
 uint64_t hc_gdr_ptr_buffer_id(const void *p);
 
 /* PCI bus id ("0000:3b:00.0"), compute capability major and dma-buf
- * support of device ordinal dev. Returns 0, or -1 without a driver. */
-int hc_gdr_gpu_info(int dev, char *bdf, size_t bdflen, int *cc_major_out, int *dmabuf_out);
+ * support of device ordinal dev. HCOLL_ERR_UNSUPPORTED without a driver,
+ * HCOLL_ERR_CUDA for an ordinal the driver does not know; a query, so
+ * nothing is recorded: callers fall back to "?". */
+hcoll_status_t hc_gdr_gpu_info(int dev, char *bdf, size_t bdflen, int *cc_major_out, int *dmabuf_out);
 
 /* A dma-buf fd for the device range [p, p+len) (page-aligned as the
  * driver wants; *offset_out is p's offset inside it, *len_out the aligned
- * length). Returns 0, or -1 with a reason. The caller closes the fd. */
-int hc_gdr_dmabuf_fd(void *p, size_t len, int *fd_out, uint64_t *offset_out, size_t *len_out,
+ * length). The caller closes the fd. A probe: HCOLL_ERR_UNSUPPORTED (no
+ * driver, or one without dma-buf export) or HCOLL_ERR_CUDA leave the
+ * reason in why, and the caller, which falls back to another registration,
+ * decides whether it is an error and records it; nothing is logged here. */
+hcoll_status_t hc_gdr_dmabuf_fd(void *p, size_t len, int *fd_out, uint64_t *offset_out, size_t *len_out,
                      char *why, size_t whylen);
 
 /* ---- CUDA driver table for the device data path ------------------------- */
@@ -177,9 +184,11 @@ typedef struct hc_gdr_kern hc_gdr_kern_t;
 /* 1 when this build embeds the kernels (nvcc was found at build time). */
 int hc_gdr_kern_built(void);
 
-/* Load into the calling thread's current context. Returns 0, or -1 with a
- * reason (not built, no driver, no SASS/PTX for this GPU). */
-int hc_gdr_kern_load(hc_gdr_kern_t **out, char *why, size_t whylen);
+/* Load into the calling thread's current context. A probe, as the kernels
+ * are optional: HCOLL_ERR_UNSUPPORTED (not built, no driver),
+ * HCOLL_ERR_NO_MEMORY or HCOLL_ERR_CUDA (no SASS/PTX for this GPU) leave
+ * the reason in why for the caller to report; nothing is logged here. */
+hcoll_status_t hc_gdr_kern_load(hc_gdr_kern_t **out, char *why, size_t whylen);
 void hc_gdr_kern_unload(hc_gdr_kern_t *k);
 
 /* Enqueue on stream (a CUstream; NULL: the legacy default stream). dtype,

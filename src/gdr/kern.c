@@ -58,22 +58,22 @@ int hc_gdr_kern_built(void)
     return HCOLL_BUILD_KERNELS;
 }
 
-int hc_gdr_kern_load(hc_gdr_kern_t **out, char *why, size_t whylen)
+hcoll_status_t hc_gdr_kern_load(hc_gdr_kern_t **out, char *why, size_t whylen)
 {
 #if !HCOLL_BUILD_KERNELS
     snprintf(why, whylen,
              "this libhcoll was built without the CUDA kernels (no nvcc under CUDA_HOME at "
              "build time, or HCOLL_CUDA=0)");
     (void)out;
-    return -1;
+    return HCOLL_ERR_UNSUPPORTED;
 #else
     const hc_cu_api_t *cu = hc_gdr_cu(why, whylen);
     if (!cu)
-        return -1;
+        return HCOLL_ERR_UNSUPPORTED;
     hc_gdr_kern_t *k = calloc(1, sizeof *k);
     if (!k) {
         snprintf(why, whylen, "out of memory");
-        return -1;
+        return HCOLL_ERR_NO_MEMORY;
     }
     k->cu = cu;
     char eb[160];
@@ -83,7 +83,7 @@ int hc_gdr_kern_load(hc_gdr_kern_t **out, char *why, size_t whylen)
         snprintf(why, whylen, "cuModuleLoadData of the embedded kernels failed: %s",
                  hc_gdr_cu_errstr(r, eb, sizeof eb));
         free(k);
-        return -1;
+        return HCOLL_ERR_CUDA;
     }
     char name[64];
     for (int d = 0; d < HCOLL_DTYPE_COUNT_; d++) {
@@ -91,12 +91,12 @@ int hc_gdr_kern_load(hc_gdr_kern_t **out, char *why, size_t whylen)
             snprintf(name, sizeof name, "hc_k_reduce_%s_%s", dt_names[d], op_names[o]);
             r = cu->module_get_function(&k->reduce[d][o], k->module, name);
             if (r != HC_CU_SUCCESS)
-                goto missing;
+                goto clean_module;
         }
         snprintf(name, sizeof name, "hc_k_avg_%s", dt_names[d]);
         r = cu->module_get_function(&k->avg[d], k->module, name);
         if (r != HC_CU_SUCCESS)
-            goto missing;
+            goto clean_module;
     }
     /* Enough blocks to fill the current device; the loops stride over
      * the rest. */
@@ -106,13 +106,13 @@ int hc_gdr_kern_load(hc_gdr_kern_t **out, char *why, size_t whylen)
         sms = 0;
     k->max_blocks = sms > 0 ? (unsigned)sms * KERN_BLOCKS_PER_SM : 256u * KERN_BLOCKS_PER_SM;
     *out = k;
-    return 0;
-missing:
+    return HCOLL_SUCCESS;
+clean_module:
     snprintf(why, whylen, "the embedded kernels lack %s: %s", name,
              hc_gdr_cu_errstr(r, eb, sizeof eb));
     cu->module_unload(k->module);
     free(k);
-    return -1;
+    return HCOLL_ERR_CUDA;
 #endif
 }
 

@@ -11,10 +11,10 @@
  *
  * A backend never sees the communicator: it gets its inputs explicitly in
  * hc_intra_params_t, including a callback that all-gathers a few bytes over
- * the node's local ranks (the lead wires it to the bootstrap).
+ * the node's local ranks (the executor wires it to the bootstrap).
  *
  * Backends: hc_intra_shm_ops (host memory, POSIX shared memory, shm.c);
- * later nccl.c (device memory on the caller's stream).
+ * hc_intra_nccl_ops (device memory on the caller's stream, nccl.c).
  *
  * AVG: no intra operation ever divides. reduce_scatter, all_gather and
  * allreduce treat HCOLL_AVG as HCOLL_SUM; the caller finishes AVG exactly

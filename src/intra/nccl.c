@@ -234,30 +234,30 @@ static hcoll_status_t nccl_create(const hc_intra_params_t *p, hc_intra_t **out)
     }
     /* Everyone joins the exchange even when it cannot go on, so that the
      * node fails together instead of waiting for the missing rank. */
-    HC_CHECK(p->allgather(p->allgather_ctx, &mine, all, sizeof mine), free_all);
+    HC_CHECK(p->allgather(p->allgather_ctx, &mine, all, sizeof mine), clean_hello);
     if (!api) {
         st = hc_err_set(p->errbuf, HC_COLL, p->rank, HCOLL_ERR_UNSUPPORTED,
                         "device buffers on a node with several ranks need NCCL: %s",
                         why);
-        goto free_all;
+        goto clean_hello;
     }
     if (r != HC_NCCL_SUCCESS) {
         st = hc_err_set(p->errbuf, HC_COLL, p->rank, HCOLL_ERR_NCCL, "ncclGetUniqueId: %s",
                         api->err_string(r));
-        goto free_all;
+        goto clean_hello;
     }
     for (int i = 0; i < p->local_size; i++)
         if (!all[i].ok) {
             st = hc_err_set(p->errbuf, HC_COLL, p->rank, HCOLL_ERR_NCCL,
                             "local rank %d cannot use NCCL (see its log)", i);
-            goto free_all;
+            goto clean_hello;
         }
 
     nccl_ctx_t *x = calloc(1, sizeof *x);
     if (!x) {
         st = hc_err_set(p->errbuf, HC_COLL, p->rank, HCOLL_ERR_NO_MEMORY,
                         "no memory for the NCCL backend");
-        goto free_all;
+        goto clean_hello;
     }
     x->base.ops = &hc_intra_nccl_ops;
     x->nc = api;
@@ -275,21 +275,21 @@ static hcoll_status_t nccl_create(const hc_intra_params_t *p, hc_intra_t **out)
                         "ncclCommInitRankConfig (%d local ranks; ranks of one node need "
                         "distinct GPUs): %s",
                         p->local_size, api->err_string(r));
-        goto free_x;
+        goto clean_ctx;
     }
     HC_CHECK(nccl_settle(x, r, "ncclCommInitRankConfig (ranks of one node need distinct GPUs)"),
-             abort_comm);
+             clean_comm);
     HC_INFO(HC_INIT, p->rank, "NCCL %d intra-node communicator: local rank %d of %d",
             api->version, p->local_rank, p->local_size);
     free(all);
     *out = &x->base;
     return HCOLL_SUCCESS;
 
-abort_comm:
+clean_comm:
     api->abort(x->comm);
-free_x:
+clean_ctx:
     free(x);
-free_all:
+clean_hello:
     free(all);
     return st;
 }

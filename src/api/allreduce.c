@@ -1,0 +1,85 @@
+/*
+ * Public entry points of the all-reduce and its requests (hcoll.h):
+ * argument checks, then the executor (core/coll.h).
+ */
+#include "base/err.h"
+#include "base/log.h"
+#include "core/coll.h"
+#include "core/comm.h"
+#include "hcoll.h"
+
+static hcoll_status_t allreduce_entry(hcoll_comm_t comm, const void *sendbuf, void *recvbuf,
+                                      size_t count, hcoll_dtype_t dtype, hcoll_op_t op,
+                                      void *stream, hcoll_request_t *req_out)
+{
+    if (!comm)
+        return hc_err_set(NULL, HC_COLL, -1, HCOLL_ERR_INVALID_ARG, "comm is NULL");
+    if (!comm->coll)
+        return hc_err_set(&comm->err, HC_COLL, comm->rank, HCOLL_ERR_INTERNAL,
+                          "communicator has no data plane");
+    return hc_coll_allreduce(comm->coll, sendbuf, recvbuf, count, dtype, op, stream, req_out);
+}
+
+HCOLL_API hcoll_status_t hcoll_allreduce(hcoll_comm_t comm, const void *sendbuf, void *recvbuf,
+                                         size_t count, hcoll_dtype_t dtype, hcoll_op_t op,
+                                         void *stream)
+{
+    return allreduce_entry(comm, sendbuf, recvbuf, count, dtype, op, stream, NULL);
+}
+
+HCOLL_API hcoll_status_t hcoll_allreduce_async(hcoll_comm_t comm, const void *sendbuf,
+                                               void *recvbuf, size_t count, hcoll_dtype_t dtype,
+                                               hcoll_op_t op, void *stream,
+                                               hcoll_request_t *req_out)
+{
+    if (!req_out)
+        return hc_err_set(comm ? &comm->err : NULL, HC_COLL, comm ? comm->rank : -1,
+                          HCOLL_ERR_INVALID_ARG, "req_out is NULL");
+    return allreduce_entry(comm, sendbuf, recvbuf, count, dtype, op, stream, req_out);
+}
+
+HCOLL_API hcoll_status_t hcoll_test(hcoll_request_t req, int *done_out)
+{
+    if (!req || !done_out)
+        return hc_err_set(NULL, HC_COLL, -1, HCOLL_ERR_INVALID_ARG, "%s is NULL",
+                          req ? "done_out" : "req");
+    return hc_request_test(req, done_out);
+}
+
+HCOLL_API hcoll_status_t hcoll_wait(hcoll_request_t req)
+{
+    if (!req)
+        return hc_err_set(NULL, HC_COLL, -1, HCOLL_ERR_INVALID_ARG, "req is NULL");
+    return hc_request_wait(req);
+}
+
+HCOLL_API hcoll_status_t hcoll_request_free(hcoll_request_t req)
+{
+    if (req)
+        hc_request_free(req);
+    return HCOLL_SUCCESS;
+}
+
+HCOLL_API hcoll_status_t hcoll_request_stage_times(hcoll_request_t req,
+                                                   hcoll_stage_times_t *times_out)
+{
+    if (!req || !times_out)
+        return hc_err_set(NULL, HC_COLL, -1, HCOLL_ERR_INVALID_ARG, "%s is NULL",
+                          req ? "times_out" : "req");
+    return hc_request_times(req, times_out);
+}
+
+HCOLL_API hcoll_status_t hcoll_comm_last_stage_times(hcoll_comm_t comm,
+                                                     hcoll_stage_times_t *times_out)
+{
+    if (!comm || !times_out)
+        return hc_err_set(NULL, HC_COLL, -1, HCOLL_ERR_INVALID_ARG, "%s is NULL",
+                          comm ? "times_out" : "comm");
+    if (!comm->coll)
+        return hc_err_set(&comm->err, HC_COLL, comm->rank, HCOLL_ERR_INVALID_ARG,
+                          "communicator has no data plane");
+    if (!hc_coll_last_times(comm->coll, times_out))
+        return hc_err_set(&comm->err, HC_COLL, comm->rank, HCOLL_ERR_INVALID_ARG,
+                          "no all-reduce has finished on this communicator yet");
+    return HCOLL_SUCCESS;
+}

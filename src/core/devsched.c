@@ -1,0 +1,101 @@
+/*
+ * The device executor's schedule (devsched.h): pure arithmetic, no CUDA.
+ */
+#include "core/devsched.h"
+
+
+void hc_devseq_init(hc_devseq_t *s, uint32_t start)
+{
+    s->issued = s->released = start;
+}
+
+uint32_t hc_devseq_issue(hc_devseq_t *s)
+{
+    return ++s->issued;
+}
+
+int hc_devseq_release(hc_devseq_t *s, uint32_t seq)
+{
+    if (seq != s->released + 1 || hc_devseq_pending(s) == 0)
+        return -1;
+    s->released = seq;
+    return 0;
+}
+
+int hc_devseq_passes(uint32_t flag, uint32_t seq)
+{
+    return (int32_t)(flag - seq) >= 0;
+}
+
+uint32_t hc_devseq_pending(const hc_devseq_t *s)
+{
+    return s->issued - s->released;
+}
+
+void hc_devstage_init(hc_devstage_t *s, size_t npieces)
+{
+    s->npieces = npieces;
+    s->k = 0;
+    s->phase = 0;
+}
+
+hc_devstage_step_t hc_devstage_next(hc_devstage_t *s)
+{
+    hc_devstage_step_t st = { HC_DEVSTAGE_DONE, 0, 0 };
+    if (s->k >= s->npieces)
+        return st;
+    for (;;) {
+        switch (s->phase) {
+        case 0: /* prologue */
+            s->phase = 1;
+            st.kind = HC_DEVSTAGE_D2H;
+            st.piece = 0;
+            break;
+        case 1:
+            s->phase = 2;
+            st.kind = HC_DEVSTAGE_WAIT;
+            st.piece = s->k;
+            break;
+        case 2:
+            s->phase = 3;
+            if (s->k + 1 >= s->npieces)
+                continue;
+            st.kind = HC_DEVSTAGE_D2H;
+            st.piece = s->k + 1;
+            break;
+        case 3:
+            s->phase = 4;
+            st.kind = HC_DEVSTAGE_RING;
+            st.piece = s->k;
+            break;
+        default:
+            st.kind = HC_DEVSTAGE_H2D;
+            st.piece = s->k;
+            s->k++;
+            s->phase = 1;
+            break;
+        }
+        st.buf = (int)(st.piece % 2);
+        return st;
+    }
+}
+
+size_t hc_devsched_stage_bytes(size_t piece_bytes)
+{
+    size_t b = piece_bytes < HC_DEVSCHED_STAGE_MIN_BYTES ? HC_DEVSCHED_STAGE_MIN_BYTES
+                                                         : piece_bytes;
+    return b & ~(size_t)15;
+}
+
+size_t hc_devsched_segment_count(size_t count, size_t es, size_t stage_bytes, int local_size)
+{
+    size_t min = stage_bytes / es * (size_t)local_size;
+    size_t seg = (count + HC_DEVSCHED_SEGMENTS - 1) / HC_DEVSCHED_SEGMENTS;
+    return seg < min ? min : seg;
+}
+
+size_t hc_devsched_pieces(size_t count, size_t es, size_t stage_bytes)
+{
+    size_t piece = stage_bytes / es;
+    return (count + piece - 1) / piece;
+}

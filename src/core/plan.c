@@ -1,0 +1,64 @@
+/*
+ * What a call asks of the executors: the plan a topology calls for, and
+ * the argument checks every all-reduce makes, host or device. Below both
+ * executors (coll.c, coll_dev.c), which share them.
+ */
+#include "core/coll.h"
+
+#include <stdint.h>
+
+#include "base/err.h"
+#include "base/log.h"
+#include "base/reduce.h"
+#include "core/comm.h"
+
+enum hc_plan hc_coll_plan_for(int nranks, int nnodes, int local_size, int uniform)
+{
+    if (nranks == 1)
+        return HC_PLAN_SINGLE;
+    if (nnodes == 1)
+        return HC_PLAN_INTRA;
+    if (!uniform)
+        return HC_PLAN_FLAT;
+    if (local_size == 1)
+        return HC_PLAN_RING;
+    return HC_PLAN_3STAGE;
+}
+
+const char *hc_coll_plan_name(enum hc_plan plan)
+{
+    switch (plan) {
+    case HC_PLAN_SINGLE: return "single rank (copy)";
+    case HC_PLAN_INTRA: return "one node: intra-node all-reduce";
+    case HC_PLAN_RING: return "one rank per node: inter-node ring";
+    case HC_PLAN_FLAT: return "unequal nodes: flat ring over all ranks";
+    case HC_PLAN_3STAGE: return "three stages: intra RS, ring per rail, intra AG";
+    }
+    return "?";
+}
+
+
+hcoll_status_t hc_coll_check_args(struct hcoll_comm *c, const void *sendbuf,
+                                  const void *recvbuf, size_t count, hcoll_dtype_t dtype,
+                                  hcoll_op_t op, int require_ptrs)
+{
+    if (!hc_reduce_valid(dtype, op))
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
+                          "dtype %d / op %d is not a known type and operation", (int)dtype,
+                          (int)op);
+    if (count == 0 && !require_ptrs)
+        return HCOLL_SUCCESS;
+    if (!sendbuf || !recvbuf)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
+                          "%s is NULL with count %zu", !sendbuf ? "sendbuf" : "recvbuf", count);
+    size_t esize = hcoll_dtype_size(dtype);
+    if (count > SIZE_MAX / esize / 2)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
+                          "count %zu of %s is larger than memory", count, hcoll_dtype_name(dtype));
+    uintptr_t s = (uintptr_t)sendbuf, r = (uintptr_t)recvbuf, bytes = count * esize;
+    if (s != r && s < r + bytes && r < s + bytes)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
+                          "sendbuf and recvbuf overlap without being equal (in place means "
+                          "sendbuf == recvbuf)");
+    return HCOLL_SUCCESS;
+}

@@ -1,0 +1,26 @@
+/*
+ * The ring driver (ringdrv.h): start, then progress in slices of
+ * HC_RINGDRV_POLL_MS, looking at the abort flag between slices.
+ */
+#include "core/ringdrv.h"
+
+#include "base/log.h"
+#include "inter/ring.h"
+
+hcoll_status_t hc_ringdrv_run(struct hc_ring *ring, const hc_ringdrv_op_t *op,
+                              const hc_ringdrv_env_t *env)
+{
+    int done = 0;
+    hcoll_status_t st =
+        op->device ? hc_ring_start_device(ring, op->src, op->dst, op->count, op->dtype, op->op,
+                                          op->avg_div)
+                   : hc_ring_start(ring, op->src, op->dst, op->count, op->dtype, op->op,
+                                   op->avg_div);
+    while (st == HCOLL_SUCCESS && !done) {
+        if (atomic_load(env->aborted))
+            return hc_err_set(env->err, HC_COLL, env->rank, HCOLL_ERR_ABORTED,
+                              "communicator aborted during %s", env->stage);
+        st = hc_ring_progress(ring, HC_RINGDRV_POLL_MS, &done);
+    }
+    return st;
+}

@@ -1,0 +1,49 @@
+/*
+ * The ring driver: start one all-reduce on a ring and progress it until it
+ * is done, fails, or the communicator is aborted. The one loop that the
+ * host executor's ring thread, its caller-thread latency path and the
+ * device executor's host stage all run.
+ */
+#ifndef HC_CORE_RINGDRV_H
+#define HC_CORE_RINGDRV_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+
+#include "base/err.h"
+#include "hcoll.h"
+
+struct hc_ring;
+
+/* How long one progress call sleeps in the transport before the driver
+ * looks at the abort flag again. */
+#define HC_RINGDRV_POLL_MS 20
+
+/* One ring all-reduce: src into dst (equal: in place), the average divided
+ * by avg_div; device: both are device memory (hc_ring_start_device). */
+typedef struct hc_ringdrv_op {
+    const void *src;
+    void *dst;
+    size_t count;
+    hcoll_dtype_t dtype;
+    hcoll_op_t op;
+    int avg_div;
+    int device;
+} hc_ringdrv_op_t;
+
+/* Where the driver reports an abort: the communicator's abort flag, its
+ * error buffer and rank, and the stage named in the message
+ * ("communicator aborted during <stage>"). */
+typedef struct hc_ringdrv_env {
+    atomic_int *aborted;
+    hc_errbuf_t *err;
+    int rank;
+    const char *stage;
+} hc_ringdrv_env_t;
+
+/* Run op on ring to the end. Blocks; HCOLL_ERR_ABORTED (recorded here)
+ * once *env->aborted is set, else the ring's own status. */
+hcoll_status_t hc_ringdrv_run(struct hc_ring *ring, const hc_ringdrv_op_t *op,
+                              const hc_ringdrv_env_t *env);
+
+#endif

@@ -1,0 +1,344 @@
+/*
+ * One GPU for the device executor (devctx.h): open/close, the flag, the
+ * staging copies and the device memory operations of a GPUDirect ring.
+ */
+#include "gdr/devctx.h"
+
+#include <stdlib.h>
+
+#include "base/log.h"
+
+#define CU_TRY(g, call, what, label)                                                         \
+    do {                                                                                     \
+        hc_cu_res_t r_ = (call);                                                             \
+        if (r_ != HC_CU_SUCCESS) {                                                           \
+            st = hc_gdr_cu_fail(&(g)->rp, r_, (what));                                       \
+            goto label;                                                                      \
+        }                                                                                    \
+    } while (0)
+
+static hc_cu_dptr_t dptr(const void *p)
+{
+    return (hc_cu_dptr_t)(uintptr_t)p;
+}
+
+void hc_gdr_dev_push(hc_gdr_dev_t *g)
+{
+    g->cu->ctx_push(g->ctx);
+}
+
+hcoll_status_t hc_gdr_dev_enter(hc_gdr_dev_t *g)
+{
+    hcoll_status_t st = HCOLL_SUCCESS;
+    CU_TRY(g, g->cu->ctx_push(g->ctx), "cuCtxPushCurrent", out);
+out:
+    return st;
+}
+
+void hc_gdr_dev_pop(hc_gdr_dev_t *g)
+{
+    void *popped;
+    g->cu->ctx_pop(&popped);
+}
+
+/* Free what open made; the context must be current. */
+static void dev_free_locals(hc_gdr_dev_t *g)
+{
+    const hc_cu_api_t *cu = g->cu;
+    hc_gdr_kern_unload(g->kern);
+    g->kern = NULL;
+    for (int i = 0; i < 2; i++) {
+        if (g->ev_d2h[i])
+            cu->event_destroy(g->ev_d2h[i]);
+        if (g->stage[i])
+            cu->host_free(g->stage[i]);
+        g->ev_d2h[i] = g->stage[i] = NULL;
+    }
+    if (g->ev_fence)
+        cu->event_destroy(g->ev_fence);
+    /* Stream-ordered: cuMemFree would wait for every stream of the context,
+     * the application's included, and destroy must not hang on those. */
+    if (g->flag && (!g->istream || cu->mem_free_async(g->flag, g->istream) != HC_CU_SUCCESS))
+        HC_WARN(HC_GDR, g->rp.rank, "the stream flag could not be freed; left allocated");
+    if (g->istream)
+        cu->stream_destroy(g->istream);
+    g->ev_fence = g->istream = NULL;
+    g->flag = 0;
+}
+
+/* Everything after the context: stream, flag, fence, staging, kernels. */
+static hcoll_status_t dev_make_locals(hc_gdr_dev_t *g)
+{
+    hcoll_status_t st = HCOLL_SUCCESS;
+    const hc_cu_api_t *cu = g->cu;
+    CU_TRY(g, cu->stream_create(&g->istream, HC_CU_STREAM_NON_BLOCKING), "cuStreamCreate", out);
+    CU_TRY(g, cu->mem_alloc(&g->flag, 256), "cuMemAlloc (stream flag)", out);
+    /* The flag is 0 before any stream waits on it (fresh memory holds
+     * anything). On the internal stream, not with cuMemsetD32: that goes on
+     * the legacy stream, which is unordered with non-blocking streams and
+     * refused while a blocking stream of the context is being captured. */
+    static const uint32_t zero = 0;
+    CU_TRY(g, cu->memcpy_htod_async(g->flag, &zero, sizeof zero, g->istream),
+           "cuMemcpyHtoDAsync (stream flag)", out);
+    CU_TRY(g, cu->stream_synchronize(g->istream), "cuStreamSynchronize (stream flag)", out);
+    CU_TRY(g, cu->event_create(&g->ev_fence, HC_CU_EVENT_DISABLE_TIMING), "cuEventCreate", out);
+    for (int i = 0; g->stage_bytes && i < 2; i++) {
+        CU_TRY(g, cu->host_alloc(&g->stage[i], g->stage_bytes, 0), "cuMemHostAlloc (staging)",
+               out);
+        CU_TRY(g, cu->event_create(&g->ev_d2h[i], HC_CU_EVENT_DISABLE_TIMING), "cuEventCreate",
+               out);
+    }
+    /* The kernels are optional: only AVG on one node and a GPUDirect ring
+     * need them. */
+    if (hc_gdr_kern_load(&g->kern, g->kern_why, sizeof g->kern_why) != HCOLL_SUCCESS)
+        g->kern = NULL;
+out:
+    return st;
+}
+
+hcoll_status_t hc_gdr_dev_open(const hc_cu_api_t *cu, int ordinal, size_t stage_bytes,
+                               const hc_gdr_report_t *rp, hc_gdr_dev_t **out)
+{
+    hcoll_status_t st;
+    hc_gdr_dev_t *g = calloc(1, sizeof *g);
+    if (!g)
+        return hc_err_set(rp->err, HC_GDR, rp->rank, HCOLL_ERR_NO_MEMORY,
+                          "no memory for the device path");
+    g->cu = cu;
+    g->rp = *rp;
+    g->ordinal = ordinal;
+    g->stage_bytes = stage_bytes;
+    CU_TRY(g, cu->device_get(&g->cudev, ordinal), "cuDeviceGet", clean_dev);
+    CU_TRY(g, cu->primary_retain(&g->ctx, g->cudev), "cuDevicePrimaryCtxRetain", clean_dev);
+    CU_TRY(g, cu->ctx_push(g->ctx), "cuCtxPushCurrent", clean_ctx);
+    st = dev_make_locals(g);
+    if (st != HCOLL_SUCCESS)
+        dev_free_locals(g);
+    hc_gdr_dev_pop(g);
+    if (st != HCOLL_SUCCESS)
+        goto clean_ctx;
+    *out = g;
+    return HCOLL_SUCCESS;
+
+clean_ctx:
+    cu->primary_release(g->cudev);
+clean_dev:
+    free(g);
+    return st;
+}
+
+void hc_gdr_dev_close(hc_gdr_dev_t *g)
+{
+    if (!g)
+        return;
+    hc_gdr_dev_push(g);
+    dev_free_locals(g);
+    hc_gdr_dev_pop(g);
+    g->cu->primary_release(g->cudev);
+    free(g);
+}
+
+void hc_gdr_dev_leak_flag(hc_gdr_dev_t *g)
+{
+    g->flag = 0;
+}
+
+hcoll_status_t hc_gdr_dev_stream_wait(hc_gdr_dev_t *g, void *stream, uint32_t seq)
+{
+    hc_cu_res_t r = g->cu->stream_wait_value32(stream, g->flag, seq, HC_CU_STREAM_WAIT_VALUE_GEQ);
+    return r == HC_CU_SUCCESS ? HCOLL_SUCCESS : hc_gdr_cu_fail(&g->rp, r, "cuStreamWaitValue32");
+}
+
+hcoll_status_t hc_gdr_dev_write_flag(hc_gdr_dev_t *g, uint32_t seq)
+{
+    hc_cu_res_t r = g->cu->stream_write_value32(g->istream, g->flag, seq,
+                                                HC_CU_STREAM_WRITE_VALUE_DEFAULT);
+    return r == HC_CU_SUCCESS
+               ? HCOLL_SUCCESS
+               : hc_gdr_cu_fail(&g->rp, r, "cuStreamWriteValue32 (releasing the caller's stream)");
+}
+
+hcoll_status_t hc_gdr_dev_fence(hc_gdr_dev_t *g, int timeout_ms, int check_abort,
+                                const char *what)
+{
+    hcoll_status_t st;
+    CU_TRY(g, g->cu->event_record(g->ev_fence, g->istream), "cuEventRecord", out);
+    st = hc_gdr_event_wait(g->cu, g->ev_fence, timeout_ms, check_abort, &g->rp, what);
+out:
+    return st;
+}
+
+static hcoll_status_t capture_refused(const hc_gdr_report_t *rp)
+{
+    return hc_err_set(rp->err, HC_COLL, rp->rank, HCOLL_ERR_UNSUPPORTED,
+                      "the stream is being captured into a CUDA graph: hcoll's device "
+                      "all-reduce waits on a host thread, which a graph cannot replay; call "
+                      "it outside the capture");
+}
+
+hcoll_status_t hc_gdr_stream_refuse_capture(const hc_cu_api_t *cu, void *stream,
+                                            const hc_gdr_report_t *rp)
+{
+    int cap = HC_CU_STREAM_CAPTURE_STATUS_NONE;
+    if (cu && cu->stream_is_capturing(stream, &cap) == HC_CU_SUCCESS &&
+        cap != HC_CU_STREAM_CAPTURE_STATUS_NONE)
+        return capture_refused(rp);
+    return HCOLL_SUCCESS;
+}
+
+hcoll_status_t hc_gdr_dev_stream_check(hc_gdr_dev_t *g, void *stream)
+{
+    hcoll_status_t st = HCOLL_SUCCESS;
+    int cap = HC_CU_STREAM_CAPTURE_STATUS_NONE;
+    CU_TRY(g, g->cu->stream_is_capturing(stream, &cap),
+           "cuStreamIsCapturing (is the stream valid?)", out);
+    if (cap != HC_CU_STREAM_CAPTURE_STATUS_NONE)
+        return capture_refused(&g->rp);
+    void *sctx = NULL;
+    if (g->cu->stream_get_ctx(stream, &sctx) == HC_CU_SUCCESS && sctx && sctx != g->ctx)
+        st = hc_err_set(g->rp.err, HC_COLL, g->rp.rank, HCOLL_ERR_INVALID_ARG,
+                        "the stream belongs to another CUDA context than GPU %d's primary "
+                        "context, which this communicator uses",
+                        g->ordinal);
+out:
+    return st;
+}
+
+hcoll_status_t hc_gdr_dev_event_new(hc_gdr_dev_t *g, void **ev_out)
+{
+    hcoll_status_t st = HCOLL_SUCCESS;
+    void *ev = NULL;
+    CU_TRY(g, g->cu->event_create(&ev, HC_CU_EVENT_DISABLE_TIMING), "cuEventCreate", out);
+    *ev_out = ev;
+out:
+    return st;
+}
+
+hcoll_status_t hc_gdr_dev_event_mark(hc_gdr_dev_t *g, void *stream, void **ev_out)
+{
+    void *ev = NULL;
+    hcoll_status_t st = hc_gdr_dev_event_new(g, &ev);
+    if (st != HCOLL_SUCCESS)
+        return st;
+    hc_cu_res_t r = g->cu->event_record(ev, stream);
+    if (r != HC_CU_SUCCESS) {
+        g->cu->event_destroy(ev);
+        return hc_gdr_cu_fail(&g->rp, r, "cuEventRecord");
+    }
+    *ev_out = ev;
+    return HCOLL_SUCCESS;
+}
+
+void hc_gdr_dev_event_free(hc_gdr_dev_t *g, void *ev)
+{
+    if (ev)
+        g->cu->event_destroy(ev);
+}
+
+void hc_gdr_dev_event_track(hc_gdr_dev_t *g, void *ev, void *stream, hc_gdr_evlist_t *l,
+                            int timeout_ms)
+{
+    if (g->cu->event_record(ev, stream) == HC_CU_SUCCESS)
+        hc_gdr_evlist_add(l, g->cu, ev, timeout_ms, &g->rp);
+    else
+        g->cu->event_destroy(ev);
+}
+
+hcoll_status_t hc_gdr_dev_copy_async(hc_gdr_dev_t *g, void *dst, const void *src, size_t bytes,
+                                     void *stream)
+{
+    hcoll_status_t st = HCOLL_SUCCESS;
+    CU_TRY(g, g->cu->memcpy_dtod_async(dptr(dst), dptr(src), bytes, stream),
+           "cuMemcpyDtoDAsync", out);
+out:
+    return st;
+}
+
+hcoll_status_t hc_gdr_dev_avg_async(hc_gdr_dev_t *g, void *buf, size_t count,
+                                    hcoll_dtype_t dtype, int div, void *stream)
+{
+    hcoll_status_t st = HCOLL_SUCCESS;
+    CU_TRY(g, hc_gdr_kern_avg(g->kern, dptr(buf), count, dtype, div, stream),
+           "launching the AVG kernel", out);
+out:
+    return st;
+}
+
+hcoll_status_t hc_gdr_dev_stage_in(hc_gdr_dev_t *g, int buf, const void *src, size_t bytes)
+{
+    hcoll_status_t st = HCOLL_SUCCESS;
+    CU_TRY(g, g->cu->memcpy_dtoh_async(g->stage[buf], dptr(src), bytes, g->istream),
+           "cuMemcpyDtoHAsync (staging)", out);
+    CU_TRY(g, g->cu->event_record(g->ev_d2h[buf], g->istream), "cuEventRecord", out);
+out:
+    return st;
+}
+
+hcoll_status_t hc_gdr_dev_stage_wait(hc_gdr_dev_t *g, int buf, int timeout_ms)
+{
+    return hc_gdr_event_wait(g->cu, g->ev_d2h[buf], timeout_ms, 1, &g->rp,
+                             "a copy into staging");
+}
+
+hcoll_status_t hc_gdr_dev_stage_out(hc_gdr_dev_t *g, int buf, void *dst, size_t bytes)
+{
+    hcoll_status_t st = HCOLL_SUCCESS;
+    CU_TRY(g, g->cu->memcpy_htod_async(dptr(dst), g->stage[buf], bytes, g->istream),
+           "cuMemcpyHtoDAsync (staging)", out);
+out:
+    return st;
+}
+
+/* Finish a device memory operation: wait for the internal stream, pop the
+ * context pushed before it. */
+static hcoll_status_t devop_done(hc_gdr_dev_t *g, hc_cu_res_t r, const char *what)
+{
+    hcoll_status_t st = HCOLL_SUCCESS;
+    if (r == HC_CU_SUCCESS)
+        r = g->cu->stream_synchronize(g->istream);
+    if (r != HC_CU_SUCCESS)
+        st = hc_gdr_cu_fail(&g->rp, r, what);
+    hc_gdr_dev_pop(g);
+    return st;
+}
+
+hcoll_status_t hc_gdr_dev_alloc(hc_gdr_dev_t *g, size_t bytes, void **out)
+{
+    hc_cu_dptr_t p = 0;
+    hc_gdr_dev_push(g);
+    hcoll_status_t st = devop_done(g, g->cu->mem_alloc(&p, bytes), "cuMemAlloc (device slots)");
+    *out = (void *)(uintptr_t)p;
+    return st;
+}
+
+void hc_gdr_dev_free(hc_gdr_dev_t *g, void *p)
+{
+    hc_gdr_dev_push(g);
+    /* Stream-ordered, like the flag: never waits for other streams. */
+    devop_done(g, g->cu->mem_free_async(dptr(p), g->istream), "cuMemFreeAsync (device slots)");
+}
+
+hcoll_status_t hc_gdr_dev_reduce(hc_gdr_dev_t *g, void *dst, const void *a, const void *b,
+                                 size_t count, hcoll_dtype_t dtype, hcoll_op_t op)
+{
+    hc_gdr_dev_push(g);
+    return devop_done(g,
+                      hc_gdr_kern_reduce(g->kern, dptr(dst), dptr(a), dptr(b), count, dtype, op,
+                                         g->istream),
+                      "the reduction kernel (GPUDirect ring)");
+}
+
+hcoll_status_t hc_gdr_dev_avg(hc_gdr_dev_t *g, void *buf, size_t count, hcoll_dtype_t dtype,
+                              int div)
+{
+    hc_gdr_dev_push(g);
+    return devop_done(g, hc_gdr_kern_avg(g->kern, dptr(buf), count, dtype, div, g->istream),
+                      "the AVG kernel (GPUDirect ring)");
+}
+
+hcoll_status_t hc_gdr_dev_copy(hc_gdr_dev_t *g, void *dst, const void *src, size_t bytes)
+{
+    hc_gdr_dev_push(g);
+    return devop_done(g, g->cu->memcpy_dtod_async(dptr(dst), dptr(src), bytes, g->istream),
+                      "cuMemcpyDtoDAsync (GPUDirect ring)");
+}

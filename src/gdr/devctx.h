@@ -1,0 +1,123 @@
+/*
+ * One GPU as the device executor uses it: the retained primary context
+ * (the one the CUDA runtime uses), an internal non-blocking stream, a
+ * 32-bit flag in device memory that callers' streams wait on, two pinned
+ * staging buffers with their copy events, and the reduction kernels.
+ *
+ *   caller's stream ── wait(flag >= s) ──►            (hc_gdr_dev_stream_wait)
+ *   istream: D2H(buf) ─ev─► … H2D(buf) … write(flag = s) ─fence─►
+ *
+ * Every function pushes the context itself where it needs it, so that
+ * hcoll's threads and the caller's (whose current context is the
+ * application's) may call them alike. Failures are recorded once, here,
+ * through the hc_gdr_report_t given at open.
+ */
+#ifndef HC_GDR_DEVCTX_H
+#define HC_GDR_DEVCTX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gdr/event.h"
+#include "gdr/gdr.h"
+#include "hcoll.h"
+
+/* Fields are read-only outside devctx.c. */
+typedef struct hc_gdr_dev {
+    const hc_cu_api_t *cu;
+    hc_gdr_report_t rp;
+    int ordinal;
+    int cudev;       /* its CUdevice */
+    void *ctx;       /* retained primary context */
+    void *istream;   /* internal, non-blocking */
+    hc_cu_dptr_t flag;
+    size_t stage_bytes; /* each of the two buffers; 0: none */
+    void *stage[2];
+    void *ev_d2h[2];
+    void *ev_fence;  /* istream drained */
+    hc_gdr_kern_t *kern; /* NULL: not loaded, kern_why says why */
+    char kern_why[200];
+} hc_gdr_dev_t;
+
+/* Open GPU `ordinal`: retain its primary context, make the stream, the
+ * flag (0 on return) and, with stage_bytes > 0, the staging buffers; load
+ * the kernels when possible (optional). Nothing collective. */
+hcoll_status_t hc_gdr_dev_open(const hc_cu_api_t *cu, int ordinal, size_t stage_bytes,
+                               const hc_gdr_report_t *rp, hc_gdr_dev_t **out);
+
+/* Free everything open made and release the context. The flag goes
+ * stream-ordered (never waiting for the application's streams), or stays
+ * allocated after hc_gdr_dev_leak_flag. NULL is a no-op. */
+void hc_gdr_dev_close(hc_gdr_dev_t *g);
+
+/* A stream may still wait on the flag: never free it. */
+void hc_gdr_dev_leak_flag(hc_gdr_dev_t *g);
+
+/* Make g's context current on this thread / restore the previous one. */
+void hc_gdr_dev_push(hc_gdr_dev_t *g);
+/* hc_gdr_dev_push that reports a failure (then nothing is pushed). */
+hcoll_status_t hc_gdr_dev_enter(hc_gdr_dev_t *g);
+void hc_gdr_dev_pop(hc_gdr_dev_t *g);
+
+/* ---- The flag ---- */
+
+/* Make stream wait until (int32_t)(flag - seq) >= 0. */
+hcoll_status_t hc_gdr_dev_stream_wait(hc_gdr_dev_t *g, void *stream, uint32_t seq);
+
+/* Write seq to the flag behind everything on the internal stream. */
+hcoll_status_t hc_gdr_dev_write_flag(hc_gdr_dev_t *g, uint32_t seq);
+
+/* Wait until the internal stream has done everything enqueued so far. */
+hcoll_status_t hc_gdr_dev_fence(hc_gdr_dev_t *g, int timeout_ms, int check_abort,
+                                const char *what);
+
+/* ---- Callers' streams (context pushed by the caller) ---- */
+
+/* HCOLL_ERR_UNSUPPORTED when stream is being captured into a CUDA graph
+ * (asked with the calling thread's context; a driver that cannot tell
+ * passes). No device needed: also asked before the first set-up. */
+hcoll_status_t hc_gdr_stream_refuse_capture(const hc_cu_api_t *cu, void *stream,
+                                            const hc_gdr_report_t *rp);
+
+/* The stream is valid, not being captured, and of g's context. */
+hcoll_status_t hc_gdr_dev_stream_check(hc_gdr_dev_t *g, void *stream);
+
+/* A new event (no timing) / one recorded on stream now. */
+hcoll_status_t hc_gdr_dev_event_new(hc_gdr_dev_t *g, void **ev_out);
+hcoll_status_t hc_gdr_dev_event_mark(hc_gdr_dev_t *g, void *stream, void **ev_out);
+/* Destroy ev; NULL is a no-op. */
+void hc_gdr_dev_event_free(hc_gdr_dev_t *g, void *ev);
+
+/* Record ev on stream and keep it in l (hc_gdr_evlist_add); ev is
+ * destroyed when it cannot be recorded. */
+void hc_gdr_dev_event_track(hc_gdr_dev_t *g, void *ev, void *stream, hc_gdr_evlist_t *l,
+                            int timeout_ms);
+
+/* Device-to-device copy / AVG division kernel, on stream. */
+hcoll_status_t hc_gdr_dev_copy_async(hc_gdr_dev_t *g, void *dst, const void *src, size_t bytes,
+                                     void *stream);
+hcoll_status_t hc_gdr_dev_avg_async(hc_gdr_dev_t *g, void *buf, size_t count,
+                                    hcoll_dtype_t dtype, int div, void *stream);
+
+/* ---- Staging (context pushed by the caller) ---- */
+
+/* Copy bytes from device src into staging buffer buf on the internal
+ * stream, and record buf's copy event. */
+hcoll_status_t hc_gdr_dev_stage_in(hc_gdr_dev_t *g, int buf, const void *src, size_t bytes);
+/* Wait for buf's copy event. */
+hcoll_status_t hc_gdr_dev_stage_wait(hc_gdr_dev_t *g, int buf, int timeout_ms);
+/* Copy bytes from staging buffer buf to device dst on the internal stream. */
+hcoll_status_t hc_gdr_dev_stage_out(hc_gdr_dev_t *g, int buf, void *dst, size_t bytes);
+
+/* ---- Device memory operations for a GPUDirect ring ----
+ * On the internal stream, each complete on return, pushing the context
+ * itself (they run on hcoll's threads). */
+hcoll_status_t hc_gdr_dev_alloc(hc_gdr_dev_t *g, size_t bytes, void **out);
+void hc_gdr_dev_free(hc_gdr_dev_t *g, void *p);
+hcoll_status_t hc_gdr_dev_reduce(hc_gdr_dev_t *g, void *dst, const void *a, const void *b,
+                                 size_t count, hcoll_dtype_t dtype, hcoll_op_t op);
+hcoll_status_t hc_gdr_dev_avg(hc_gdr_dev_t *g, void *buf, size_t count, hcoll_dtype_t dtype,
+                              int div);
+hcoll_status_t hc_gdr_dev_copy(hc_gdr_dev_t *g, void *dst, const void *src, size_t bytes);
+
+#endif

@@ -1,0 +1,386 @@
+/*
+ * The shared-memory backend's step engine and its collective operations
+ * (shm.h).
+ *
+ * One POSIX segment per node and communicator. Every local rank owns
+ * NSLOTS slots of slot_bytes; a call is cut into steps, step g uses slot
+ * g % NSLOTS of every rank, so while the owners reduce step g the ranks
+ * already fill step g+1 (double buffering).
+ *
+ *   reduce-scatter, step g (L = 3; sub-piece j of a slot belongs to shard j)
+ *
+ *     rank 0 sendbuf ─copy─► slot0[g%2] = | s0 | s1 | s2 |
+ *     rank 1 sendbuf ─copy─► slot1[g%2] = | s0 | s1 | s2 |
+ *     rank 2 sendbuf ─copy─► slot2[g%2] = | s0 | s1 | s2 |
+ *                                            │    │    └─► rank 2: ((s2@0 op s2@1) op s2@2)
+ *                                            │    └──────► rank 1: ((s1@0 op s1@1) op s1@2)
+ *                                            └───────────► rank 0: ((s0@0 op s0@1) op s0@2)
+ *                                                          into recvbuf at shard j's offset
+ *   (an owner reads its own term from its sendbuf, so it skips copying its
+ *   own sub-piece, unless sendbuf == recvbuf: then the result would
+ *   overwrite the term before it is read, and the term goes through the
+ *   slot like the others.)
+ *
+ *   all-gather, step g: rank j copies a piece of its shard into its slot,
+ *   every other rank copies it out to recvbuf at shard j's offset.
+ *
+ *   allreduce (fused), step g: every rank copies a piece of the whole
+ *   vector into its slot, then every rank folds all L slots into recvbuf:
+ *
+ *     rank q sendbuf[piece g] ─copy─► slotq[g%2]     (q = 0..L-1)
+ *     every rank: recvbuf[piece g] = ((slot0 op slot1) op slot2) ...
+ *
+ *   one synchronisation per step instead of RS's and AG's two, at the price
+ *   of L times the reads and folds: the latency path for small vectors.
+ *   The fold order is RS's, so the bits equal RS then AG.
+ *
+ * Every element is folded in local-rank order 0,1,..,L-1 by exactly one
+ * rank, so results are bit-identical on all ranks.
+ *
+ * Synchronisation, per rank in the segment: posted (steps published) and
+ * done (steps consumed), monotonic over the life of the segment, so
+ * successive calls never mix. Publishing step g waits for every done >=
+ * g-NSLOTS+1 (nobody still reads the slot); consuming waits for every
+ * posted >= g+1. Each rank runs publish(0), then publish(k+1) before
+ * consume(k): every wait is on an event that comes earlier in every rank's
+ * sequence, so the scheme cannot deadlock. Slot descriptors carry the step,
+ * kind, count, dtype and op, so ranks that disagree get HCOLL_ERR_MISMATCH
+ * instead of garbage.
+ *
+ * Cross-memory attach (process_vm_readv) is not used: every byte goes
+ * through the slots, which works under any ptrace policy.
+ */
+#include "intra/shm.h"
+
+#include <stdint.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "base/reduce.h"
+
+/* ------------------------------------------------------------------------ */
+/* The step engine                                                            */
+/* ------------------------------------------------------------------------ */
+
+static unsigned char *hc_shm_slot(const hc_shm_t *s, int q, uint64_t g)
+{
+    return s->data + ((size_t)q * HC_SHM_NSLOTS + (size_t)(g % HC_SHM_NSLOTS)) * s->slot_bytes;
+}
+
+/* Shard j's piece of step k: *elem_out (offset in the vector) and length. */
+static size_t hc_shm_piece(const hc_shm_t *s, const hc_shm_call_t *c, int j, uint64_t k,
+                           size_t *elem_out)
+{
+    size_t off, len;
+    hc_intra_shard(c->count, s->L, j, &off, &len);
+    size_t start = (size_t)k * c->per;
+    *elem_out = off + start;
+    if (start >= len)
+        return 0;
+    return len - start < c->per ? len - start : c->per;
+}
+
+/* Piece k of a fused allreduce: elements [*elem_out, *elem_out + n). */
+static size_t hc_shm_ar_piece(const hc_shm_call_t *c, uint64_t k, size_t *elem_out)
+{
+    size_t start = (size_t)k * c->per;
+    *elem_out = start;
+    return c->count - start < c->per ? c->count - start : c->per;
+}
+
+static hcoll_status_t hc_shm_publish(hc_shm_t *s, const hc_shm_call_t *c, uint64_t k)
+{
+    const uint64_t g = c->base + k;
+    hcoll_status_t st;
+    if (g >= HC_SHM_NSLOTS) {
+        st = hc_shm_wait(s, hc_shm_pending_done, g - HC_SHM_NSLOTS + 1,
+                         hc_shm_kind_name(c->kind));
+        if (st != HCOLL_SUCCESS)
+            return st;
+    }
+    unsigned char *slot = hc_shm_slot(s, s->lrank, g);
+    size_t elem, n;
+    if (c->kind == HC_SHM_KIND_RS) {
+        for (int j = 0; j < s->L; j++) {
+            if (j == s->lrank && !c->inplace)
+                continue; /* the owner folds its own term straight from sendbuf */
+            n = hc_shm_piece(s, c, j, k, &elem);
+            if (n)
+                memcpy(slot + (size_t)j * c->per * c->es, c->src + elem * c->es, n * c->es);
+        }
+    } else if (c->kind == HC_SHM_KIND_AG) {
+        n = hc_shm_piece(s, c, s->lrank, k, &elem);
+        if (n)
+            memcpy(slot, c->dst + elem * c->es, n * c->es);
+    } else if (c->kind == HC_SHM_KIND_AR) {
+        n = hc_shm_ar_piece(c, k, &elem);
+        memcpy(slot, c->src + elem * c->es, n * c->es);
+    }
+    hc_shm_desc_t *d = &s->hdr->ranks[s->lrank].desc[g % HC_SHM_NSLOTS];
+    d->step = g;
+    d->count = c->count;
+    d->kind = (uint32_t)c->kind;
+    d->dtype = (uint32_t)c->dtype;
+    d->op = (uint32_t)c->op;
+    __atomic_store_n(&s->hdr->ranks[s->lrank].posted, g + 1, __ATOMIC_SEQ_CST);
+    hc_shm_wake(s->hdr);
+    return HCOLL_SUCCESS;
+}
+
+static hcoll_status_t hc_shm_check_desc(hc_shm_t *s, const hc_shm_call_t *c, uint64_t g)
+{
+    for (int q = 0; q < s->L; q++) {
+        if (q == s->lrank)
+            continue;
+        const hc_shm_desc_t *d = &s->hdr->ranks[q].desc[g % HC_SHM_NSLOTS];
+        int same = d->step == g && d->kind == (uint32_t)c->kind && d->count == c->count &&
+                   d->dtype == (uint32_t)c->dtype &&
+                   ((c->kind != HC_SHM_KIND_RS && c->kind != HC_SHM_KIND_AR) ||
+                    d->op == (uint32_t)c->op);
+        if (!same) {
+            hc_shm_poison(s, HCOLL_ERR_MISMATCH, q);
+            return hc_err_set(s->eb, HC_SHM, s->rank, HCOLL_ERR_MISMATCH,
+                              "intra-node shm: local rank %d runs %s(count %llu, %s, %s) at "
+                              "step %llu while this rank (local %d) runs %s(count %zu, %s, %s)"
+                              " at step %llu",
+                              q, hc_shm_kind_name((int)d->kind), (unsigned long long)d->count,
+                              hcoll_dtype_name((hcoll_dtype_t)d->dtype),
+                              hcoll_op_name((hcoll_op_t)d->op), (unsigned long long)d->step,
+                              s->lrank, hc_shm_kind_name(c->kind), c->count,
+                              hcoll_dtype_name(c->dtype), hcoll_op_name(c->op),
+                              (unsigned long long)g);
+        }
+    }
+    return HCOLL_SUCCESS;
+}
+
+/* Local rank q's term of our shard's piece at step g, byte offset boff. */
+static const unsigned char *hc_shm_term(const hc_shm_t *s, const hc_shm_call_t *c, uint64_t g,
+                                        int q, size_t elem, size_t boff)
+{
+    if (q == s->lrank && !c->inplace)
+        return c->src + elem * c->es + boff;
+    return hc_shm_slot(s, q, g) + (size_t)s->lrank * c->per * c->es + boff;
+}
+
+static void hc_shm_fold(hc_shm_t *s, const hc_shm_call_t *c, uint64_t g, size_t elem, size_t n)
+{
+    unsigned char *dst = c->dst + elem * c->es;
+    const size_t blk = HC_SHM_FOLD_BYTES / c->es;
+    for (size_t b = 0; b < n; b += blk) {
+        size_t nb = n - b < blk ? n - b : blk;
+        size_t boff = b * c->es;
+        /* Always ((t0 op t1) op t2) op ...: the fixed order. */
+        hc_reduce(dst + boff, hc_shm_term(s, c, g, 0, elem, boff),
+                  hc_shm_term(s, c, g, 1, elem, boff), nb, c->dtype, c->op);
+        for (int q = 2; q < s->L; q++)
+            hc_reduce(dst + boff, dst + boff, hc_shm_term(s, c, g, q, elem, boff), nb,
+                      c->dtype, c->op);
+    }
+}
+
+/* Fused allreduce: every term comes from its slot (our own too: in place,
+ * recvbuf is being overwritten), folded in local-rank order as RS does. */
+static void hc_shm_ar_fold(hc_shm_t *s, const hc_shm_call_t *c, uint64_t g, size_t elem,
+                           size_t n)
+{
+    unsigned char *dst = c->dst + elem * c->es;
+    const size_t blk = HC_SHM_FOLD_BYTES / c->es;
+    for (size_t b = 0; b < n; b += blk) {
+        size_t nb = n - b < blk ? n - b : blk;
+        size_t boff = b * c->es;
+        hc_reduce(dst + boff, hc_shm_slot(s, 0, g) + boff, hc_shm_slot(s, 1, g) + boff, nb,
+                  c->dtype, c->op);
+        for (int q = 2; q < s->L; q++)
+            hc_reduce(dst + boff, dst + boff, hc_shm_slot(s, q, g) + boff, nb, c->dtype, c->op);
+    }
+}
+
+static hcoll_status_t hc_shm_consume(hc_shm_t *s, const hc_shm_call_t *c, uint64_t k)
+{
+    const uint64_t g = c->base + k;
+    hcoll_status_t st = hc_shm_wait(s, hc_shm_pending_posted, g + 1, hc_shm_kind_name(c->kind));
+    if (st != HCOLL_SUCCESS)
+        return st;
+    if ((st = hc_shm_check_desc(s, c, g)) != HCOLL_SUCCESS)
+        return st;
+    size_t elem, n;
+    if (c->kind == HC_SHM_KIND_RS) {
+        n = hc_shm_piece(s, c, s->lrank, k, &elem);
+        if (n)
+            hc_shm_fold(s, c, g, elem, n);
+    } else if (c->kind == HC_SHM_KIND_AG) {
+        for (int q = 0; q < s->L; q++) {
+            if (q == s->lrank)
+                continue;
+            n = hc_shm_piece(s, c, q, k, &elem);
+            if (n)
+                memcpy(c->dst + elem * c->es, hc_shm_slot(s, q, g), n * c->es);
+        }
+    } else if (c->kind == HC_SHM_KIND_AR) {
+        n = hc_shm_ar_piece(c, k, &elem);
+        hc_shm_ar_fold(s, c, g, elem, n);
+    }
+    /* seq_cst (hence release): our reads of the slots happen before the
+     * owners may overwrite them. */
+    __atomic_store_n(&s->hdr->ranks[s->lrank].done, g + 1, __ATOMIC_SEQ_CST);
+    hc_shm_wake(s->hdr);
+    return HCOLL_SUCCESS;
+}
+
+static hcoll_status_t hc_shm_run(hc_shm_t *s, hc_shm_call_t *c)
+{
+    hcoll_status_t st = HCOLL_SUCCESS;
+    c->base = s->step;
+    if (c->nsteps == 0)
+        return HCOLL_SUCCESS;
+    HC_CHECK(hc_shm_publish(s, c, 0), clean_steps);
+    for (uint64_t k = 0; k < c->nsteps; k++) {
+        if (k + 1 < c->nsteps)
+            HC_CHECK(hc_shm_publish(s, c, k + 1), clean_steps);
+        HC_CHECK(hc_shm_consume(s, c, k), clean_steps);
+    }
+    s->step += c->nsteps;
+    return HCOLL_SUCCESS;
+clean_steps:
+    /* The step counters no longer agree between ranks: this context is
+     * finished, and peers must not wait for us. */
+    s->broken = st;
+    hc_shm_poison(s, st, -1);
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Operations                                                                 */
+/* ------------------------------------------------------------------------ */
+
+static hcoll_status_t hc_shm_enter(hc_shm_t *s, const char *what, const void *a, const void *b,
+                                   size_t count, hcoll_dtype_t dtype, hcoll_op_t op,
+                                   void *stream)
+{
+    if (!s)
+        return hc_err_set(NULL, HC_SHM, -1, HCOLL_ERR_INVALID_ARG,
+                          "intra-node shm %s: NULL context", what);
+    if (stream)
+        return hc_err_set(s->eb, HC_SHM, s->rank, HCOLL_ERR_UNSUPPORTED,
+                          "intra-node shm %s: host buffers only (got a stream)", what);
+    if (!hc_reduce_valid(dtype, op))
+        return hc_err_set(s->eb, HC_SHM, s->rank, HCOLL_ERR_INVALID_ARG,
+                          "intra-node shm %s: invalid dtype %d or op %d", what, (int)dtype,
+                          (int)op);
+    if (count > 0 && (!a || !b))
+        return hc_err_set(s->eb, HC_SHM, s->rank, HCOLL_ERR_INVALID_ARG,
+                          "intra-node shm %s: NULL buffer for %zu elements", what, count);
+    if (count > SIZE_MAX / 8)
+        return hc_err_set(s->eb, HC_SHM, s->rank, HCOLL_ERR_INVALID_ARG,
+                          "intra-node shm %s: count %zu too large", what, count);
+    if (s->broken) {
+        return hc_err_set(s->eb, HC_SHM, s->rank, s->broken,
+                          "intra-node shm %s: an earlier call failed (%s); the context is "
+                          "unusable", what, hcoll_status_name(s->broken));
+    }
+    hcoll_status_t st = hc_shm_check_health(s, what);
+    if (st != HCOLL_SUCCESS)
+        s->broken = st;
+    return st;
+}
+
+hcoll_status_t hc_shm_reduce_scatter(hc_intra_t *ctx, const void *sendbuf,
+                                            void *recvbuf, size_t count, hcoll_dtype_t dtype,
+                                            hcoll_op_t op, void *stream)
+{
+    hc_shm_t *s = (hc_shm_t *)ctx;
+    hcoll_status_t st =
+        hc_shm_enter(s, "reduce_scatter", sendbuf, recvbuf, count, dtype, op, stream);
+    if (st != HCOLL_SUCCESS || count == 0)
+        return st;
+    const size_t es = hcoll_dtype_size(dtype);
+    if (s->L == 1) {
+        if (sendbuf != recvbuf)
+            memcpy(recvbuf, sendbuf, count * es);
+        return HCOLL_SUCCESS;
+    }
+    hc_shm_call_t c = {
+        .kind = HC_SHM_KIND_RS, .src = sendbuf, .dst = recvbuf, .count = count, .es = es,
+        .dtype = dtype, .op = op, .inplace = sendbuf == recvbuf,
+    };
+    /* Sub-pieces start on cache lines; create made slot_bytes >= 64 L. */
+    c.per = (s->slot_bytes / (size_t)s->L / HC_SHM_LINE * HC_SHM_LINE) / es;
+    size_t off, maxlen;
+    hc_intra_shard(count, s->L, 0, &off, &maxlen);
+    c.nsteps = (maxlen + c.per - 1) / c.per;
+    return hc_shm_run(s, &c);
+}
+
+hcoll_status_t hc_shm_all_gather(hc_intra_t *ctx, void *recvbuf, size_t count,
+                                        hcoll_dtype_t dtype, void *stream)
+{
+    hc_shm_t *s = (hc_shm_t *)ctx;
+    hcoll_status_t st =
+        hc_shm_enter(s, "all_gather", recvbuf, recvbuf, count, dtype, HCOLL_SUM, stream);
+    if (st != HCOLL_SUCCESS || count == 0 || s->L == 1)
+        return st;
+    hc_shm_call_t c = {
+        .kind = HC_SHM_KIND_AG, .dst = recvbuf, .count = count,
+        .es = hcoll_dtype_size(dtype), .dtype = dtype, .op = HCOLL_SUM,
+    };
+    c.per = s->slot_bytes / c.es;
+    size_t off, maxlen;
+    hc_intra_shard(count, s->L, 0, &off, &maxlen);
+    c.nsteps = (maxlen + c.per - 1) / c.per;
+    return hc_shm_run(s, &c);
+}
+
+/* The fused step: one synchronisation per slot-full instead of two, each
+ * rank reading all L slots. The executor calls it for small vectors and
+ * runs reduce_scatter + all_gather itself for large ones, where reading L
+ * times the data would cost more than the second synchronisation. */
+hcoll_status_t hc_shm_allreduce(hc_intra_t *ctx, const void *sendbuf, void *recvbuf,
+                                       size_t count, hcoll_dtype_t dtype, hcoll_op_t op,
+                                       void *stream)
+{
+    hc_shm_t *s = (hc_shm_t *)ctx;
+    hcoll_status_t st = hc_shm_enter(s, "allreduce", sendbuf, recvbuf, count, dtype, op, stream);
+    if (st != HCOLL_SUCCESS || count == 0)
+        return st;
+    const size_t es = hcoll_dtype_size(dtype);
+    if (s->L == 1) {
+        if (sendbuf != recvbuf)
+            memcpy(recvbuf, sendbuf, count * es);
+        return HCOLL_SUCCESS;
+    }
+    hc_shm_call_t c = {
+        .kind = HC_SHM_KIND_AR, .src = sendbuf, .dst = recvbuf, .count = count, .es = es,
+        .dtype = dtype, .op = op, .inplace = sendbuf == recvbuf,
+    };
+    c.per = s->slot_bytes / es;
+    c.nsteps = (count + c.per - 1) / c.per;
+    return hc_shm_run(s, &c);
+}
+
+hcoll_status_t hc_shm_barrier(hc_intra_t *ctx)
+{
+    hc_shm_t *s = (hc_shm_t *)ctx;
+    static const char one;
+    hcoll_status_t st = hc_shm_enter(s, "barrier", &one, &one, 0, HCOLL_UINT8, HCOLL_SUM, NULL);
+    if (st != HCOLL_SUCCESS || s->L == 1)
+        return st;
+    hc_shm_call_t c = {
+        .kind = HC_SHM_KIND_BARRIER, .es = 1, .per = 1, .dtype = HCOLL_UINT8,
+        .op = HCOLL_SUM, .nsteps = 1,
+    };
+    return hc_shm_run(s, &c);
+}
+
+void hc_shm_abort(hc_intra_t *ctx)
+{
+    hc_shm_t *s = (hc_shm_t *)ctx;
+    if (!s)
+        return;
+    __atomic_store_n(&s->aborted, 1, __ATOMIC_SEQ_CST);
+    if (s->hdr) {
+        __atomic_store_n(&s->hdr->ranks[s->lrank].state, HC_SHM_ST_ABORTED, __ATOMIC_SEQ_CST);
+        /* Also wakes our own blocked thread: it sleeps on the same word. */
+        hc_shm_poison(s, HCOLL_ERR_ABORTED, s->lrank);
+    }
+}
