@@ -63,7 +63,6 @@
 #include "base/err.h"
 #include "base/log.h"
 #include "base/reduce.h"
-#include "inter/ib/ib.h"
 #include "inter/ring.h"
 #include "intra/intra.h"
 
