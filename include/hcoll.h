@@ -116,11 +116,13 @@ typedef enum hcoll_dtype {
 } hcoll_dtype_t;
 
 /*
- * Semantics, identical on the host and (later) on the GPU:
+ * Semantics (host buffers; device buffers follow them except where said):
  *   - FLOAT16/BFLOAT16 combine two values in float and round the result to
  *     nearest-even when it is stored, at every step of the reduction.
  *   - Integer SUM and PROD wrap around (two's complement); they never trap.
  *   - MAX and MIN propagate NaN: if either input is NaN, the result is NaN.
+ *     On device buffers with several ranks per node, NCCL's intra-node
+ *     MAX/MIN do not propagate NaN, so a NaN may vanish there.
  *   - AVG is SUM over all ranks, then one division by the number of ranks.
  *     For integers the division truncates toward zero (C's '/').
  *   - Results are bit-identical on every rank: each element is reduced in

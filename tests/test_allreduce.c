@@ -1195,7 +1195,7 @@ static int rank_abort(int rank, int nranks, void *argp)
             fprintf(stderr, "  %s rank %d: request %d -> %s after %.0f ms: %s\n", w->name, rank,
                     k, hcoll_status_name(st), now - a->event_ms, hcoll_comm_last_error(comm));
             a->noticed_ms[rank] = now - a->event_ms;
-            /* The issue's bound is timeout + 1 s; the library does better:
+            /* The contract is timeout + 1 s; the library does better:
              * a failing rank resets its connections, so the failure travels
              * in milliseconds. Half the timeout catches a regression to
              * waiting out the deadline. */
@@ -1398,7 +1398,7 @@ static int rank_kill(int rank, int nranks, void *argp)
                     rank, it, hcoll_status_name(st), hcoll_comm_last_error(comm));
         HCT_REQUIRE(is_failure(st), "%s rank %d: -> %s (%s)", w->name, rank,
                     hcoll_status_name(st), hcoll_comm_last_error(comm));
-        /* Within timeout + 1 s says the issue; a reset cascade makes it
+        /* The contract is timeout + 1 s; a reset cascade makes it
          * milliseconds, and half the timeout catches a regression. */
         HCT_REQUIRE(now - a->event_ms <= FAIL_TIMEOUT_MS / 2,
                     "%s rank %d: failed %.0f ms after the kill (%s)", w->name, rank,

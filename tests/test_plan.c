@@ -1,4 +1,4 @@
-/* hcoll_plan's arithmetic and flags: the worked example of the issue (4 GB
+/* hcoll_plan's arithmetic and flags: the README's worked example (4 GB
  * per rank, 100 ms backward, 64 ranks, busbw 180 vs 40 GB/s), the verdict
  * boundaries, the bucket rule. */
 #include <check.h>

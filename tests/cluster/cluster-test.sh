@@ -171,7 +171,7 @@ EOF
 
 # ---- 3. bandwidth adds up -------------------------------------------------
 if [ $small -eq 1 ]; then iters=3; else iters=8; fi
-# The full run holds the bar, 90% of the shaped rate per NIC. The
+# The full run holds the design goal, 90% of the shaped rate per NIC. The
 # small run is part of `make test`, where a speed goal must not make CI
 # flaky on a loaded 2-core host: it asks 70% per NIC and, below, that the
 # node's aggregate grows by 1.6x with the second rail, which still fails if
