@@ -211,6 +211,17 @@ static hcoll_status_t coll_run(hc_boot_t *b, unsigned op, const void *mine, void
         if (op != HC_BOOT_OP_BCAST || root == b->rank) {
             const void *up = op == HC_BOOT_OP_BCAST ? out : mine;
             st = hc_bio_send_msg(b, b->conn[0], HC_BMSG_UP, arg, up, len, deadline);
+            if (st == HCOLL_ERR_PEER_FAILED) {
+                /* The root may have broken the star over another rank
+                 * (a mismatch, a missing rank) and sent its verdict before
+                 * closing: report that, not our broken pipe. */
+                st = hc_bio_recv_msg(b, b->conn[0], 0, HC_BMSG_DOWN, arg, out, total,
+                                     hc_now_ms() + HC_BOOT_VERDICT_GRACE_MS, what);
+                if (st == HCOLL_SUCCESS)
+                    st = hc_err_set(b->eb, HC_BOOT, b->rank, HCOLL_ERR_PEER_FAILED,
+                                    "%s: connection to rank 0 failed", what);
+                goto clean_conns;
+            }
             if (st != HCOLL_SUCCESS) {
                 st = hc_bio_err(b, st, 0, what, b->timeout_ms);
                 goto clean_conns;
