@@ -236,7 +236,8 @@ HCOLL_API hcoll_status_t hcoll_get_unique_id(hcoll_unique_id_t *id_out);
  * 0, and rank 0 to every rank, that it holds the id's secret (the secret
  * itself never crosses the network). Ranks with the same host id (host
  * name and boot id, or HCOLL_HOSTID) form a node; local ranks are numbered
- * in rank order and local rank i uses rail i.
+ * in rank order and local rank i uses rail i (unless HCOLL_RAIL or the
+ * config's rail name another).
  * The communicator's GPU is the calling thread's current CUDA device at
  * this call, if the process has CUDA loaded (host-only programs are never
  * made to initialise CUDA): it orders the RDMA NICs by PCI distance and

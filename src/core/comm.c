@@ -6,6 +6,8 @@
  *   hcoll_comm_init ─► own record (host id, interface addresses)
  *                   ─► hc_boot_create: authenticated rendezvous, rank table
  *                   ─► hc_comm_topo_build: nodes, local ranks, rails
+ *   (config blocking = 0: everything from hc_boot_create on runs on a
+ *    set-up thread; abort/destroy cancel it through cancel_fd and join it)
  *
  * Unique-id hand-over: see boot/uid.h. In short, get_unique_id keeps its
  * listening socket open in a mutex-guarded per-process table keyed by the

@@ -6,7 +6,9 @@
  *   - a node is a set of ranks with the same host id; nodes are numbered by
  *     their lowest rank;
  *   - a rank's local rank is its index among its node's ranks in rank
- *     order; local rank i drives rail i (the i-th address of its node);
+ *     order; its rail (hc_peer_t.rail) is its local rank unless it asked
+ *     for another (HCOLL_RAIL, config rail, or a split keeping the
+ *     parent's), and it binds the rail-th address of its node;
  *   - uniform: every node has the same number of local ranks, which the
  *     three-stage plan needs; otherwise only the flat ring is possible.
  *
@@ -14,7 +16,8 @@
  * threads) hangs off comm->coll; destroy and abort free it with
  * hc_coll_destroy before the bootstrap goes.
  *
- * Files: comm.c the lifecycle (init, free, abort), topo.c the topology;
+ * Files: comm.c the lifecycle (init, blocking or in the background; free,
+ * abort), topo.c the topology and rails, split.c hcoll_comm_split;
  * the public entry points are in src/api.
  */
 #ifndef HC_CORE_COMM_H
