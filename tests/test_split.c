@@ -245,6 +245,18 @@ START_TEST(config_versions)
     ck_assert_int_eq(p.rail, 3);
     d.rail = -7;
     ck_assert_int_eq(hc_params_load(&p, &d, err, sizeof err), HCOLL_ERR_INVALID_ARG);
+    /* HCOLL_RAIL applies when the field is -1; the field wins otherwise. */
+    setenv("HCOLL_RAIL", "2", 1);
+    d.rail = -1;
+    ck_assert_int_eq(hc_params_load(&p, &d, err, sizeof err), HCOLL_SUCCESS);
+    ck_assert_int_eq(p.rail, 2);
+    d.rail = 1;
+    ck_assert_int_eq(hc_params_load(&p, &d, err, sizeof err), HCOLL_SUCCESS);
+    ck_assert_int_eq(p.rail, 1);
+    setenv("HCOLL_RAIL", "x", 1);
+    ck_assert_int_eq(hc_params_load(&p, NULL, err, sizeof err), HCOLL_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(err, "HCOLL_RAIL"));
+    unsetenv("HCOLL_RAIL");
 }
 END_TEST
 
