@@ -200,6 +200,14 @@ $(BUILD)/tests/%: tests/%.c $(TESTLIB_OBJS) $(STATIC_LIB) $(TOOLLIB) | $(GEN)/hc
 	$(Q)$(CC) $(ALL_CFLAGS) $(CHECK_CFLAGS) -Itests -Itools -MF $@.d -o $@ $< $(TESTLIB_OBJS) \
 	    $(TOOLLIB) $(STATIC_LIB) $(CHECK_LIBS) $(LIB_LDLIBS)
 
+# The ranks' side of the emulated cluster's split case (tests/cluster/):
+# public API only, run by cluster-test.sh.
+tests: $(BUILD)/tests/split_ranks
+$(BUILD)/tests/split_ranks: tests/cluster/split_ranks.c $(STATIC_LIB) | $(GEN)/hc_build.h
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CCLD    $@")
+	$(Q)$(CC) $(ALL_CFLAGS) -MF $@.d -o $@ $< $(STATIC_LIB) $(LIB_LDLIBS)
+
 # Driver emulations for the GPU tests on hosts without a GPU
 # (tests/mock/hcmock.h): a libcuda.so.1 and a libnccl.so.2 that tests load
 # through LD_LIBRARY_PATH=$(BUILD)/mock. Never installed, never in libhcoll.

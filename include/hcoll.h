@@ -169,7 +169,7 @@ typedef struct hcoll_unique_id {
 /* ------------------------------------------------------------------------ */
 
 #define HCOLL_CONFIG_MAGIC   0x48434f4cu /* "HCOL" */
-#define HCOLL_CONFIG_VERSION 1u
+#define HCOLL_CONFIG_VERSION 2u /* 2: blocking, rail */
 /* A field left at this value is taken from the environment or default. */
 #define HCOLL_CONFIG_UNDEF_INT (-2147483647 - 1)
 
@@ -192,12 +192,23 @@ typedef struct hcoll_config {
     const char *net;
     /* Interface list in NCCL syntax; NULL = environment (HCOLL_SOCKET_IFNAME). */
     const char *socket_ifname;
+    /* Version 2. 1 (default): hcoll_comm_init, hcoll_comm_init_env and
+     * hcoll_comm_split block until the communicator is ready. 0: they return
+     * HCOLL_IN_PROGRESS at once with a valid handle and the set-up goes on in
+     * a background thread; poll hcoll_comm_get_async_error until it is no
+     * longer HCOLL_IN_PROGRESS. Any other value is HCOLL_ERR_INVALID_ARG. */
+    int blocking;
+    /* Version 2. This rank's rail: which interface (the rail-th address
+     * HCOLL_SOCKET_IFNAME selects) and which RDMA NIC its inter-node ring
+     * uses. -1 = HCOLL_RAIL, else the default: the local rank for
+     * hcoll_comm_init, the rank's rail in the parent for hcoll_comm_split. */
+    int rail;
 } hcoll_config_t;
 
 #define HCOLL_CONFIG_INITIALIZER                                              \
     {                                                                         \
         sizeof(hcoll_config_t), HCOLL_CONFIG_MAGIC, HCOLL_CONFIG_VERSION,     \
-        HCOLL_CONFIG_UNDEF_INT, 0, NULL, NULL                                 \
+        HCOLL_CONFIG_UNDEF_INT, 0, NULL, NULL, 1, -1                          \
     }
 
 /* ------------------------------------------------------------------------ */
@@ -225,7 +236,8 @@ HCOLL_API hcoll_status_t hcoll_get_unique_id(hcoll_unique_id_t *id_out);
  * 0, and rank 0 to every rank, that it holds the id's secret (the secret
  * itself never crosses the network). Ranks with the same host id (host
  * name and boot id, or HCOLL_HOSTID) form a node; local ranks are numbered
- * in rank order and local rank i uses rail i.
+ * in rank order and local rank i uses rail i (unless HCOLL_RAIL or the
+ * config's rail name another).
  * The communicator's GPU is the calling thread's current CUDA device at
  * this call, if the process has CUDA loaded (host-only programs are never
  * made to initialise CUDA): it orders the RDMA NICs by PCI distance and
@@ -239,6 +251,19 @@ HCOLL_API hcoll_status_t hcoll_get_unique_id(hcoll_unique_id_t *id_out);
  * plus about half a second), HCOLL_ERR_PEER_FAILED when a rank died during
  * init, HCOLL_ERR_MISMATCH for a wrong secret or a different nranks.
  * Thread-safe for distinct comm_out.
+ * Non-blocking init (config->blocking = 0): after the local checks
+ * (arguments, configuration, interfaces; their errors are returned at once
+ * as above), returns HCOLL_IN_PROGRESS with *comm_out set, and the
+ * rendezvous and set-up continue on a background thread.
+ * hcoll_comm_get_async_error then reports HCOLL_IN_PROGRESS, and later
+ * HCOLL_SUCCESS or the set-up's error (hcoll_comm_last_error(comm) has its
+ * message); the handle must still be destroyed after a failed set-up.
+ * Until it reports HCOLL_SUCCESS, hcoll_allreduce(_async),
+ * hcoll_comm_split, hcoll_comm_last_stage_times and the topology queries
+ * (local_rank, local_size, node_count) return HCOLL_IN_PROGRESS; rank and
+ * size answer at once. hcoll_comm_abort or hcoll_comm_destroy during the
+ * set-up cancel it (promptly: every wait of the rendezvous watches for it)
+ * and wait for the background thread; peers then fail their init.
  */
 HCOLL_API hcoll_status_t hcoll_comm_init(hcoll_comm_t *comm_out, int nranks, int rank,
                                          const hcoll_unique_id_t *id,
@@ -261,6 +286,41 @@ HCOLL_API hcoll_status_t hcoll_comm_init(hcoll_comm_t *comm_out, int nranks, int
  */
 HCOLL_API hcoll_status_t hcoll_comm_init_env(hcoll_comm_t *comm_out,
                                              const hcoll_config_t *config);
+
+/*
+ * hcoll_comm_split: new communicators from the ranks of comm, as
+ * MPI_Comm_split. Ranks passing the same color >= 0 form one new
+ * communicator, ranked by (key, rank in comm); a rank passing
+ * HCOLL_SPLIT_NOCOLOR gets *newcomm_out = NULL but must still call.
+ * config: the new communicator's settings; NULL = the same settings as
+ * comm (including blocking); otherwise loaded as for hcoll_comm_init
+ * (explicit fields, then the environment).
+ * Rails: each rank keeps its rail in comm (its local rank there by
+ * default) unless config->rail or HCOLL_RAIL names one, so a group of one
+ * rank per node (color = local rank) runs its ring on the NIC that rank
+ * used in comm rather than all groups on rail 0.
+ * The split runs over comm's bootstrap: no new rendezvous address and no
+ * new secret (each new communicator's key is derived from comm's; only a
+ * random nonce crosses the network). The new communicators are independent
+ * of comm and of each other: they may be used at the same time as comm
+ * (from other threads) and destroyed before or after it.
+ * Collective over comm (every rank of comm must call it; its calls on comm
+ * are serialised like any other). Blocks until the new communicator is
+ * ready, or, with config blocking = 0 (or NULL and comm non-blocking),
+ * returns HCOLL_IN_PROGRESS once the exchange over comm is done, with
+ * *newcomm_out set up in the background as for hcoll_comm_init.
+ * Errors: comm NULL, newcomm_out NULL or color < HCOLL_SPLIT_NOCOLOR,
+ * HCOLL_ERR_INVALID_ARG; a rank with bad arguments still takes part, and
+ * every other rank then fails with HCOLL_ERR_INVALID_ARG too. A comm still
+ * being set up: HCOLL_IN_PROGRESS. Set-up failures of the new communicator
+ * as for hcoll_comm_init, with the message in hcoll_comm_last_error(comm).
+ * *newcomm_out is written only on success (or HCOLL_IN_PROGRESS).
+ * Thread-safe for distinct comm.
+ */
+#define HCOLL_SPLIT_NOCOLOR (-1)
+HCOLL_API hcoll_status_t hcoll_comm_split(hcoll_comm_t comm, int color, int key,
+                                          const hcoll_config_t *config,
+                                          hcoll_comm_t *newcomm_out);
 
 /*
  * hcoll_comm_destroy: wait for the communicator's outstanding operations,
@@ -301,10 +361,13 @@ HCOLL_API hcoll_status_t hcoll_comm_get_async_error(hcoll_comm_t comm,
 HCOLL_API const char *hcoll_comm_last_error(hcoll_comm_t comm);
 
 /*
- * Queries, each non-blocking, local and thread-safe:
+ * Queries, each non-blocking, local and thread-safe (local_rank,
+ * local_size and node_count return HCOLL_IN_PROGRESS while a non-blocking
+ * init is still setting the communicator up):
  *   rank        this process's rank, 0..size-1
  *   size        number of ranks
- *   local_rank  index among the ranks on this node (= its rail)
+ *   local_rank  index among the ranks on this node (its rail, unless a
+ *               split or HCOLL_RAIL chose another)
  *   local_size  ranks on this node
  *   node_count  number of nodes (distinct host ids)
  */
@@ -320,7 +383,8 @@ HCOLL_API hcoll_status_t hcoll_comm_node_count(hcoll_comm_t comm, int *node_coun
 
 /*
  * hcoll_allreduce: recvbuf[i] = op over all ranks of sendbuf[i], for i in
- * 0..count-1. sendbuf == recvbuf means in place; otherwise the two must not
+ * 0..count-1. On a communicator still being set up (non-blocking init),
+ * returns HCOLL_IN_PROGRESS and does nothing (as hcoll_allreduce_async). sendbuf == recvbuf means in place; otherwise the two must not
  * overlap. count, dtype and op must be the same on every rank; count may be
  * 0. Collective.
  * stream: a cudaStream_t passed as void * for device buffers, NULL for host

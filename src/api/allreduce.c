@@ -14,6 +14,9 @@ static hcoll_status_t allreduce_entry(hcoll_comm_t comm, const void *sendbuf, vo
 {
     if (!comm)
         return hc_err_set(NULL, HC_COLL, -1, HCOLL_ERR_INVALID_ARG, "comm is NULL");
+    hcoll_status_t st = hc_comm_ready(comm, "allreduce");
+    if (st != HCOLL_SUCCESS)
+        return st;
     if (!comm->coll)
         return hc_err_set(&comm->err, HC_COLL, comm->rank, HCOLL_ERR_INTERNAL,
                           "communicator has no data plane");
@@ -75,6 +78,9 @@ HCOLL_API hcoll_status_t hcoll_comm_last_stage_times(hcoll_comm_t comm,
     if (!comm || !times_out)
         return hc_err_set(NULL, HC_COLL, -1, HCOLL_ERR_INVALID_ARG, "%s is NULL",
                           comm ? "times_out" : "comm");
+    hcoll_status_t st = hc_comm_ready(comm, "last_stage_times");
+    if (st != HCOLL_SUCCESS)
+        return st;
     if (!comm->coll)
         return hc_err_set(&comm->err, HC_COLL, comm->rank, HCOLL_ERR_INVALID_ARG,
                           "communicator has no data plane");

@@ -98,6 +98,11 @@ static const hc_knob_t knobs[] = {
       "All-reduces of at most this many bytes take the latency path: one fused intra-node "
       "step and the ring on every rail over the whole vector, on the caller's thread; 0 "
       "turns it off. Must be equal on every rank." },
+
+    /* Rails of split communicators. */
+    { "HCOLL_RAIL", HC_KNOB_INT, "-1", -1, 1023, NULL, 0, 0, OFF(rail),
+      "This rank's rail (its interface and RDMA NIC); -1: its local rank, or for a split "
+      "communicator its rail in the parent. The config field rail wins." },
 };
 
 #undef OFF
@@ -431,6 +436,19 @@ static hcoll_status_t apply_config(hc_params_t *p, const hcoll_config_t *cfg, ch
         hc_knob_parse(hc_knob_find("HCOLL_SOCKET_IFNAME"), cfg->socket_ifname, p, err, errlen) !=
             HCOLL_SUCCESS)
         return field_error("socket_ifname", err, errlen);
+    if (CFG_HAS(cfg, blocking)) {
+        if (cfg->blocking != 0 && cfg->blocking != 1) {
+            snprintf(err, errlen, "config field blocking is %d; it must be 0 or 1",
+                     cfg->blocking);
+            return HCOLL_ERR_INVALID_ARG;
+        }
+        p->blocking = cfg->blocking;
+    }
+    if (CFG_HAS(cfg, rail) && cfg->rail != -1) {
+        if (int_check(hc_knob_find("HCOLL_RAIL"), cfg->rail, NULL, err, errlen) != HCOLL_SUCCESS)
+            return field_error("rail", err, errlen);
+        p->rail = cfg->rail;
+    }
     return HCOLL_SUCCESS;
 }
 
@@ -439,6 +457,7 @@ hcoll_status_t hc_params_load(hc_params_t *params_out, const hcoll_config_t *cfg
 {
     hc_params_t p;
     memset(&p, 0, sizeof p);
+    p.blocking = 1;
 
     hcoll_status_t st = hc_config_check(cfg, err, errlen);
     if (st != HCOLL_SUCCESS)

@@ -44,6 +44,9 @@ typedef struct hc_params {
     uint64_t chunk_bytes;
     uint64_t small_bytes;                 /* at most this: latency path (coll.c) */
     char hostid[HC_PARAM_STR_MAX];        /* "" = hostname + boot id */
+    /* Communicator splitting and non-blocking init (core/comm.c). */
+    int64_t rail;                         /* -1: the default rail (hcoll.h) */
+    int blocking;                         /* config field only: 1 block, 0 not */
 } hc_params_t;
 
 typedef enum hc_knob_kind {

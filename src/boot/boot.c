@@ -8,6 +8,7 @@
 #include "boot/boot.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -51,7 +52,8 @@ hcoll_status_t hc_boot_create(const hc_boot_args_t *args, const void *rec, size_
     }
     for (int r = 0; r < b->nranks; r++)
         b->conn[r] = -1;
-    b->abort_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    b->abort_fd = args->cancel_fd ? fcntl(*args->cancel_fd, F_DUPFD_CLOEXEC, 0)
+                                  : eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (b->abort_fd < 0) {
         st = hc_err_set(b->eb, HC_BOOT, b->rank, HCOLL_ERR_SYSTEM, "eventfd: %s", strerror(errno));
         goto clean_conn_table;

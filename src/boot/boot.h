@@ -84,6 +84,12 @@ typedef struct hc_boot_args {
     int authenticated;   /* 0: the key is public, logged as such */
     int64_t timeout_ms;
     hc_errbuf_t *eb;     /* where errors go; NULL: the calling thread's */
+    /* NULL, or an eventfd of the caller's that cancels this boot when it
+     * becomes readable, from the rendezvous on (as hc_boot_abort does once
+     * the boot exists): a communicator set up in the background is
+     * cancelled before hc_boot_create has returned. The boot keeps a
+     * duplicate, so the caller may close its fd after hc_boot_destroy. */
+    const int *cancel_fd;
 } hc_boot_args_t;
 
 /*

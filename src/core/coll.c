@@ -613,12 +613,14 @@ void hc_coll_destroy(hc_coll_t *co, int aborting)
     free(co);
 }
 
-/* The rail address rank r binds: the (local rank)-th address of its node,
- * wrapping around when the node has fewer interfaces than ranks. */
+/* The rail address rank r binds: the (rail)-th address of its node,
+ * wrapping around when the node has fewer interfaces than rails. The rail
+ * is the rank's own (comm.h: its local rank by default, kept from the
+ * parent by a split), so a group of one rank per node keeps its NICs. */
 static const hc_iface_t *rail_iface(const struct hcoll_comm *c, int r)
 {
     const hc_peer_t *p = &c->peers[r];
-    return &p->addrs[c->local_of[r] % p->naddrs];
+    return &p->addrs[p->rail % p->naddrs];
 }
 
 /* Ranks that disagree on the latency threshold would run different stages
@@ -650,7 +652,7 @@ static hcoll_status_t ring_setup(hc_coll_t *co, int nmembers, int position)
     hc_select_params_t sp = {
         .settings = &c->params,
         .rank = c->rank,
-        .local_rank = c->local_rank,
+        .local_rank = c->peers[c->rank].rail, /* picks the NIC: the rail */
         .gpu = c->gpu,
         .errbuf = &c->err,
         .nranks = c->nranks,
@@ -670,7 +672,7 @@ static hcoll_status_t ring_setup(hc_coll_t *co, int nmembers, int position)
             .nranks = nmembers,
             .bind_addr = addr,
             .ifname = ifc->name,
-            .rail = c->local_rank,
+            .rail = c->peers[c->rank].rail,
             .log_rank = c->rank,
             .timeout_ms = (int)c->params.timeout_ms,
             .nsocks_perpeer = (int)c->params.nsocks_perpeer,

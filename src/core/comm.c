@@ -6,6 +6,8 @@
  *   hcoll_comm_init ─► own record (host id, interface addresses)
  *                   ─► hc_boot_create: authenticated rendezvous, rank table
  *                   ─► hc_comm_topo_build: nodes, local ranks, rails
+ *   (config blocking = 0: everything from hc_boot_create on runs on a
+ *    set-up thread; abort/destroy cancel it through cancel_fd and join it)
  *
  * Unique-id hand-over: see boot/uid.h. In short, get_unique_id keeps its
  * listening socket open in a mutex-guarded per-process table keyed by the
@@ -24,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include "boot/hmac.h"
@@ -39,7 +42,7 @@
 
 #define REC_MAGIC "HCRC"
 #define REC_ADDR_BYTES 40 /* family, 3 pad, scope, address[16], name[16] */
-#define REC_HEAD 88
+#define REC_HEAD 92 /* ... naddrs at 84, rail (int32, -1 default) at 88 */
 #define REC_BYTES (REC_HEAD + HC_IFACE_MAX * REC_ADDR_BYTES)
 _Static_assert(REC_BYTES == HC_COMM_REC_BYTES, "comm.h's record size is stale");
 
@@ -64,6 +67,7 @@ static void rec_encode(const hc_peer_t *me, int rank, unsigned char *p)
     put32(p + 16, (uint32_t)me->hostid);
     snprintf((char *)p + 20, HC_HOST_LABEL_MAX, "%s", me->host);
     put32(p + 84, (uint32_t)me->naddrs);
+    put32(p + 88, (uint32_t)(int32_t)me->rail);
     for (int i = 0; i < me->naddrs; i++) {
         unsigned char *a = p + REC_HEAD + i * REC_ADDR_BYTES;
         const hc_sockaddr_t *s = &me->addrs[i].addr;
@@ -103,6 +107,13 @@ static int rec_decode(const unsigned char *p, int rank, hc_peer_t *out, char *er
         return -1;
     }
     out->naddrs = (int)n;
+    int32_t rail = (int32_t)get32(p + 88);
+    if (rail < -1 || rail > 1023) {
+        snprintf(err, errlen, "record of rank %d asks for rail %d (-1..1023 allowed)", rank,
+                 (int)rail);
+        return -1;
+    }
+    out->rail = rail;
     for (uint32_t i = 0; i < n; i++) {
         const unsigned char *a = p + REC_HEAD + i * REC_ADDR_BYTES;
         hc_iface_t *f = &out->addrs[i];
@@ -128,16 +139,53 @@ static int rec_decode(const unsigned char *p, int rank, hc_peer_t *out, char *er
 /* Lifecycle                                                                  */
 /* ------------------------------------------------------------------------ */
 
+/* What the set-up works from: the rendezvous arguments and this rank's
+ * record. Freed (key zeroed) once the set-up ends. */
+struct hc_comm_setup {
+    hc_comm_init_t ia;
+    unsigned char rec[REC_BYTES];
+};
+
+static void setup_free(struct hcoll_comm *c)
+{
+    struct hc_comm_setup *s = c->setup;
+    if (!s)
+        return;
+    if (s->ia.listen_fd >= 0)
+        close(s->ia.listen_fd);
+    hc_secure_zero(s, sizeof *s);
+    free(s);
+    c->setup = NULL;
+}
+
+/* Cancel a set-up still running in the background and wait for it: every
+ * wait of the rendezvous and the set-up exchanges polls cancel_fd. */
+static void setup_cancel_join(struct hcoll_comm *c)
+{
+    if (!c->setup_joinable)
+        return;
+    uint64_t one = 1;
+    ssize_t w = write(c->cancel_fd, &one, sizeof one);
+    (void)w;
+    pthread_join(c->setup_thread, NULL);
+    c->setup_joinable = 0;
+}
+
 void hc_comm_free(struct hcoll_comm *c, int aborting)
 {
+    setup_cancel_join(c);
     /* The data plane goes before the bootstrap it set itself up with. */
     hc_coll_destroy(c->coll, aborting);
     hc_boot_destroy(c->boot);
+    setup_free(c);
+    if (c->cancel_fd >= 0)
+        close(c->cancel_fd);
     free(c->node_of);
     free(c->local_of);
     free(c->node_start);
     free(c->node_ranks);
     free(c->peers);
+    hc_secure_zero(c->key, sizeof c->key);
     hc_errbuf_fini(&c->err);
     free(c);
 }
@@ -147,10 +195,25 @@ void hc_comm_abort(struct hcoll_comm *c)
     atomic_store(&c->aborted, 1);
     hc_comm_set_async_error(c, HCOLL_ERR_ABORTED);
     HC_INFO(HC_INIT, c->rank, "communicator aborted");
+    /* A set-up in the background ends first (cancelled), so that what it
+     * made is no longer changing under us. */
+    setup_cancel_join(c);
     /* Wake whatever is blocked, then free: hc_comm_free waits for the woken
      * call to leave the bootstrap before closing its sockets. */
     hc_boot_abort(c->boot);
     hc_comm_free(c, 1);
+}
+
+hcoll_status_t hc_comm_ready(struct hcoll_comm *c, const char *what)
+{
+    hcoll_status_t st = (hcoll_status_t)atomic_load_explicit(&c->setup_state,
+                                                             memory_order_acquire);
+    /* Not an error: polling callers would fill the log at WARN. */
+    if (st == HCOLL_IN_PROGRESS)
+        return hc_err_repeat(&c->err, HC_INIT, c->rank, HCOLL_IN_PROGRESS,
+                          "%s: the communicator is still being set up (non-blocking init; "
+                          "poll hcoll_comm_get_async_error)", what);
+    return st;
 }
 
 /* Hand the message of a failed init from the communicator, which goes, to
@@ -161,7 +224,7 @@ static void init_error_keep(struct hcoll_comm *c)
     hc_errbuf_t *t = hc_errbuf_thread();
     const char *msg = hc_errbuf_get(&c->err);
     pthread_mutex_lock(&t->lock);
-    snprintf(t->msg, sizeof t->msg, "init: %s", msg);
+    snprintf(t->msg, sizeof t->msg, "%s%s", strncmp(msg, "init", 4) ? "init: " : "", msg);
     pthread_mutex_unlock(&t->lock);
 }
 
@@ -169,35 +232,112 @@ static void init_error_keep(struct hcoll_comm *c)
 /* Init                                                                       */
 /* ------------------------------------------------------------------------ */
 
-typedef struct init_args {
-    int nranks, rank;
-    hc_sockaddr_t root;
-    int listen_fd; /* consumed in every case */
-    unsigned char key[HC_BOOT_KEY_BYTES];
-    int authenticated;
-} init_args_t;
+/* The part of init that talks to other ranks: rendezvous, topology, data
+ * plane. Runs on the caller's thread (blocking) or the set-up thread; its
+ * errors go to c->err. On failure it tears down what it made, so that
+ * peers see this rank leave at once. */
+static hcoll_status_t comm_setup(struct hcoll_comm *c)
+{
+    struct hc_comm_setup *s = c->setup;
+    hcoll_status_t st;
+    char err[512];
+    unsigned char *recs = malloc((size_t)c->nranks * REC_BYTES);
+    if (!recs) {
+        st = hc_err_set(&c->err, HC_INIT, c->rank, HCOLL_ERR_NO_MEMORY,
+                        "init: out of memory for %d ranks", c->nranks);
+        goto out;
+    }
+    hc_boot_args_t ba;
+    memset(&ba, 0, sizeof ba);
+    ba.rank = c->rank;
+    ba.nranks = c->nranks;
+    ba.root = s->ia.root;
+    ba.listen_fd = s->ia.listen_fd;
+    memcpy(ba.key, s->ia.key, sizeof ba.key);
+    ba.authenticated = s->ia.authenticated;
+    ba.timeout_ms = c->params.timeout_ms;
+    ba.eb = &c->err;
+    ba.cancel_fd = &c->cancel_fd;
+    s->ia.listen_fd = -1;
+    st = hc_boot_create(&ba, s->rec, REC_BYTES, recs, &c->boot);
+    hc_secure_zero(ba.key, sizeof ba.key);
+    if (st != HCOLL_SUCCESS)
+        goto clean_recs;
 
-static hcoll_status_t comm_create(init_args_t *ia, const hcoll_config_t *config,
-                                  hcoll_comm_t *comm_out)
+    for (int r = 0; r < c->nranks; r++) {
+        if (rec_decode(recs + (size_t)r * REC_BYTES, r, &c->peers[r], err, sizeof err) != 0) {
+            st = hc_err_set(&c->err, HC_INIT, c->rank, HCOLL_ERR_NETWORK, "init: %s", err);
+            goto clean_boot;
+        }
+    }
+    HC_CHECK(hc_comm_topo_build(c), clean_boot);
+    hc_comm_rails_resolve(c);
+    hc_comm_topo_log(c);
+    HC_CHECK(hc_coll_create(c), clean_coll);
+    free(recs);
+    setup_free(c);
+    return HCOLL_SUCCESS;
+
+clean_coll:
+    hc_coll_destroy(c->coll, 1);
+clean_boot:
+    hc_boot_abort(c->boot);
+    hc_boot_destroy(c->boot);
+    c->boot = NULL;
+clean_recs:
+    free(recs);
+out:
+    setup_free(c);
+    return st;
+}
+
+static void *setup_thread(void *arg)
+{
+    struct hcoll_comm *c = arg;
+    hcoll_status_t st = comm_setup(c);
+    if (st != HCOLL_SUCCESS && atomic_load(&c->aborted))
+        st = HCOLL_ERR_ABORTED;
+    if (st != HCOLL_SUCCESS)
+        hc_comm_set_async_error(c, st);
+    atomic_store_explicit(&c->setup_state, (int)st, memory_order_release);
+    HC_INFO(HC_INIT, c->rank, "background set-up ended: %s", hcoll_status_name(st));
+    return NULL;
+}
+
+/* The local part of init: the communicator, its settings and this rank's
+ * record; nothing here waits for another rank. */
+static hcoll_status_t comm_new(hc_comm_init_t *ia, const hcoll_config_t *config,
+                               const hc_params_t *params, struct hcoll_comm **c_out)
 {
     hcoll_status_t st;
     char err[512];
-    unsigned char *recs = NULL;
-    unsigned char rec[REC_BYTES];
     hc_peer_t me;
-
     struct hcoll_comm *c = calloc(1, sizeof *c);
-    if (!c) {
-        st = hc_err_set(NULL, HC_INIT, ia->rank, HCOLL_ERR_NO_MEMORY, "init: out of memory");
-        goto clean_fd;
+    struct hc_comm_setup *s = calloc(1, sizeof *s);
+    if (!c || !s) {
+        free(c), free(s);
+        return hc_err_set(NULL, HC_INIT, ia->rank, HCOLL_ERR_NO_MEMORY, "init: out of memory");
     }
     hc_errbuf_init(&c->err);
     c->rank = ia->rank;
     c->nranks = ia->nranks;
     c->authenticated = ia->authenticated;
+    memcpy(c->key, ia->key, sizeof c->key);
+    c->setup = s;
+    s->ia = *ia;
+    ia->listen_fd = -1; /* s owns it now */
     atomic_init(&c->async_error, HCOLL_SUCCESS);
     atomic_init(&c->aborted, 0);
-    if (hc_params_load(&c->params, config, err, sizeof err) != HCOLL_SUCCESS) {
+    atomic_init(&c->setup_state, HCOLL_IN_PROGRESS);
+    c->cancel_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (c->cancel_fd < 0) {
+        st = hc_err_set(NULL, HC_INIT, ia->rank, HCOLL_ERR_SYSTEM, "init: eventfd: %s",
+                        strerror(errno));
+        goto clean_comm;
+    }
+    if (params) {
+        c->params = *params;
+    } else if (hc_params_load(&c->params, config, err, sizeof err) != HCOLL_SUCCESS) {
         st = hc_err_set(NULL, HC_INIT, ia->rank, HCOLL_ERR_INVALID_ARG, "init: %s", err);
         goto clean_comm;
     }
@@ -208,6 +348,7 @@ static hcoll_status_t comm_create(init_args_t *ia, const hcoll_config_t *config,
 
     memset(&me, 0, sizeof me);
     me.pid = (int)getpid();
+    me.rail = c->params.rail >= 0 ? (int)c->params.rail : ia->rail;
     hc_host_id(c->params.hostid, &me.hostid, me.host, sizeof me.host);
     st = hc_ifaces_list(c->params.socket_ifname, me.addrs, HC_IFACE_MAX, &me.naddrs, err,
                         sizeof err);
@@ -215,63 +356,52 @@ static hcoll_status_t comm_create(init_args_t *ia, const hcoll_config_t *config,
         st = hc_err_set(NULL, HC_INIT, ia->rank, st, "init: HCOLL_SOCKET_IFNAME: %s", err);
         goto clean_comm;
     }
-    rec_encode(&me, ia->rank, rec);
-
-    recs = malloc((size_t)ia->nranks * REC_BYTES);
+    rec_encode(&me, ia->rank, s->rec);
     c->peers = calloc((size_t)ia->nranks, sizeof *c->peers);
-    if (!recs || !c->peers) {
+    if (!c->peers) {
         st = hc_err_set(NULL, HC_INIT, ia->rank, HCOLL_ERR_NO_MEMORY,
                         "init: out of memory for %d ranks", ia->nranks);
         goto clean_comm;
     }
-
-    hc_boot_args_t ba;
-    memset(&ba, 0, sizeof ba);
-    ba.rank = ia->rank;
-    ba.nranks = ia->nranks;
-    ba.root = ia->root;
-    ba.listen_fd = ia->listen_fd;
-    memcpy(ba.key, ia->key, sizeof ba.key);
-    ba.authenticated = ia->authenticated;
-    ba.timeout_ms = c->params.timeout_ms;
-    ba.eb = NULL; /* no communicator for the caller yet: the thread's buffer */
-    ia->listen_fd = -1;
-    st = hc_boot_create(&ba, rec, REC_BYTES, recs, &c->boot);
-    hc_secure_zero(ba.key, sizeof ba.key);
-    if (st != HCOLL_SUCCESS)
-        goto clean_comm;
-
-    for (int r = 0; r < ia->nranks; r++) {
-        if (rec_decode(recs + (size_t)r * REC_BYTES, r, &c->peers[r], err, sizeof err) != 0) {
-            st = hc_err_set(NULL, HC_INIT, ia->rank, HCOLL_ERR_NETWORK, "init: %s", err);
-            goto clean_comm;
-        }
-    }
-    st = hc_comm_topo_build(c);
-    if (st != HCOLL_SUCCESS) {
-        init_error_keep(c);
-        goto clean_comm;
-    }
-    hc_boot_set_errbuf(c->boot, &c->err);
-    hc_comm_topo_log(c);
-    st = hc_coll_create(c);
-    if (st != HCOLL_SUCCESS) {
-        init_error_keep(c);
-        goto clean_comm;
-    }
-    free(recs);
-    *comm_out = c;
+    *c_out = c;
     return HCOLL_SUCCESS;
 
 clean_comm:
-    free(recs);
-    if (c)
-        hc_comm_free(c, 1);
-clean_fd:
+    hc_comm_free(c, 1);
+    return st;
+}
+
+hcoll_status_t hc_comm_create(hc_comm_init_t *ia, const hcoll_config_t *config,
+                              const hc_params_t *params, hcoll_comm_t *comm_out)
+{
+    struct hcoll_comm *c;
+    hcoll_status_t st = comm_new(ia, config, params, &c);
     if (ia->listen_fd >= 0)
         close(ia->listen_fd);
     ia->listen_fd = -1;
-    return st;
+    if (st != HCOLL_SUCCESS)
+        return st;
+    if (!c->params.blocking) {
+        int rc = pthread_create(&c->setup_thread, NULL, setup_thread, c);
+        if (rc == 0) {
+            c->setup_joinable = 1;
+            *comm_out = c;
+            return HCOLL_IN_PROGRESS;
+        }
+        st = hc_err_set(NULL, HC_INIT, c->rank, HCOLL_ERR_SYSTEM,
+                        "init: cannot start the set-up thread: %s", strerror(rc));
+        hc_comm_free(c, 1);
+        return st;
+    }
+    st = comm_setup(c);
+    if (st != HCOLL_SUCCESS) {
+        init_error_keep(c);
+        hc_comm_free(c, 1);
+        return st;
+    }
+    atomic_store_explicit(&c->setup_state, HCOLL_SUCCESS, memory_order_release);
+    *comm_out = c;
+    return HCOLL_SUCCESS;
 }
 
 HCOLL_API hcoll_status_t hcoll_get_unique_id(hcoll_unique_id_t *id_out)
@@ -325,16 +455,17 @@ HCOLL_API hcoll_status_t hcoll_comm_init(hcoll_comm_t *comm_out, int nranks, int
     if (st != HCOLL_SUCCESS)
         return st;
 
-    init_args_t ia;
+    hc_comm_init_t ia;
     memset(&ia, 0, sizeof ia);
     ia.nranks = nranks;
     ia.rank = rank;
     ia.root = u.root;
     ia.listen_fd = rank == 0 ? hc_uid_take(u.secret) : -1;
+    ia.rail = -1;
     memcpy(ia.key, u.secret, sizeof ia.key);
     ia.authenticated = 1;
     hc_secure_zero(&u, sizeof u);
-    st = comm_create(&ia, config, comm_out);
+    st = hc_comm_create(&ia, config, NULL, comm_out);
     hc_secure_zero(ia.key, sizeof ia.key);
     return st;
 }
@@ -342,9 +473,10 @@ HCOLL_API hcoll_status_t hcoll_comm_init(hcoll_comm_t *comm_out, int nranks, int
 HCOLL_API hcoll_status_t hcoll_comm_init_env(hcoll_comm_t *comm_out, const hcoll_config_t *config)
 {
     hc_launch_t l;
-    init_args_t ia;
+    hc_comm_init_t ia;
     memset(&ia, 0, sizeof ia);
     ia.listen_fd = -1;
+    ia.rail = -1;
     if (!comm_out)
         return hc_err_set(NULL, HC_INIT, -1, HCOLL_ERR_INVALID_ARG, "init_env: comm_out is NULL");
     hcoll_status_t st = hc_launch_read(hc_launch_process_env, NULL, NULL, &l);
@@ -365,7 +497,7 @@ HCOLL_API hcoll_status_t hcoll_comm_init_env(hcoll_comm_t *comm_out, const hcoll
         HC_INFO(HC_INIT, ia.rank, "init_env: rank %d of %d from %s variables, root %s", ia.rank,
                 ia.nranks, l.launcher, hc_sockaddr_str(&ia.root, as, sizeof as));
     }
-    st = comm_create(&ia, config, comm_out);
+    st = hc_comm_create(&ia, config, NULL, comm_out);
     hc_secure_zero(ia.key, sizeof ia.key);
     return st;
 }

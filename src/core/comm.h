@@ -6,7 +6,9 @@
  *   - a node is a set of ranks with the same host id; nodes are numbered by
  *     their lowest rank;
  *   - a rank's local rank is its index among its node's ranks in rank
- *     order; local rank i drives rail i (the i-th address of its node);
+ *     order; its rail (hc_peer_t.rail) is its local rank unless it asked
+ *     for another (HCOLL_RAIL, config rail, or a split keeping the
+ *     parent's), and it binds the rail-th address of its node;
  *   - uniform: every node has the same number of local ranks, which the
  *     three-stage plan needs; otherwise only the flat ring is possible.
  *
@@ -14,12 +16,14 @@
  * threads) hangs off comm->coll; destroy and abort free it with
  * hc_coll_destroy before the bootstrap goes.
  *
- * Files: comm.c the lifecycle (init, free, abort), topo.c the topology;
+ * Files: comm.c the lifecycle (init, blocking or in the background; free,
+ * abort), topo.c the topology and rails, split.c hcoll_comm_split;
  * the public entry points are in src/api.
  */
 #ifndef HC_CORE_COMM_H
 #define HC_CORE_COMM_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 
@@ -32,7 +36,7 @@
 #define HC_HOST_LABEL_MAX 64
 /* Bytes of the record each rank sends at the rendezvous (layout in comm.c);
  * part of the authenticated handshake, so versions that differ fail clearly. */
-#define HC_COMM_REC_BYTES (88 + HC_IFACE_MAX * 40)
+#define HC_COMM_REC_BYTES (92 + HC_IFACE_MAX * 40)
 
 /* What each rank told the others about itself at the rendezvous. */
 typedef struct hc_peer {
@@ -41,7 +45,25 @@ typedef struct hc_peer {
     int pid;
     int naddrs;                   /* >= 1 */
     hc_iface_t addrs[HC_IFACE_MAX]; /* in rail order; ports are 0 */
+    /* Its rail: the rail-th address (wrapping) is the one it binds, and
+     * verbs picks its NIC with it. The record carries the rank's request
+     * (-1: default); hc_comm_rails_resolve turns -1 into the local rank. */
+    int rail;
 } hc_peer_t;
+
+/* What a communicator's set-up needs beyond its configuration: the
+ * rendezvous (hcoll_comm_init, hcoll_comm_init_env) or a split's child
+ * bootstrap (split.c). */
+typedef struct hc_comm_init {
+    int nranks, rank;
+    hc_sockaddr_t root;
+    int listen_fd; /* root only, else -1; consumed in every case */
+    unsigned char key[HC_BOOT_KEY_BYTES];
+    int authenticated;
+    int rail;      /* this rank's rail when params.rail is -1; -1: local rank */
+} hc_comm_init_t;
+
+struct hc_comm_setup; /* comm.c: what the set-up thread works from */
 
 struct hcoll_comm {
     hc_errbuf_t err;
@@ -60,6 +82,20 @@ struct hcoll_comm {
 
     hc_boot_t *boot;
     int authenticated;  /* the rendezvous checked a shared secret */
+    /* The rendezvous key, kept so that split can derive its children's
+     * keys without sending a secret (split.c); zeroed when c is freed. */
+    unsigned char key[HC_BOOT_KEY_BYTES];
+
+    /* Set-up (hcoll.h's blocking = 0): HCOLL_SUCCESS once the communicator
+     * is ready, HCOLL_IN_PROGRESS while the set-up thread runs, else the
+     * set-up's error. Written with release by the set-up thread; everything
+     * but rank/nranks/err is read only after an acquire load shows
+     * HCOLL_SUCCESS (hc_comm_ready). */
+    atomic_int setup_state;
+    int cancel_fd;            /* eventfd: readable cancels the set-up's waits */
+    int setup_joinable;       /* the set-up thread has not been joined */
+    pthread_t setup_thread;
+    struct hc_comm_setup *setup;
 
     atomic_int async_error; /* hcoll_status_t: first background failure */
     atomic_int aborted;
@@ -79,6 +115,28 @@ static inline void hc_comm_set_async_error(struct hcoll_comm *c, hcoll_status_t 
     int expected = HCOLL_SUCCESS;
     atomic_compare_exchange_strong(&c->async_error, &expected, (int)st);
 }
+
+/* HCOLL_SUCCESS when c is ready for collectives and topology queries;
+ * else HCOLL_IN_PROGRESS (recorded in c->err with `what`) or the set-up's
+ * error (its message already in c->err). Thread-safe. */
+hcoll_status_t hc_comm_ready(struct hcoll_comm *c, const char *what);
+
+/* Create a communicator from ia; params NULL: load them from config. Blocks
+ * or runs the set-up in the background as params.blocking says (then
+ * returns HCOLL_IN_PROGRESS with *comm_out set). Errors of a failed create
+ * are in the calling thread's buffer. ia->listen_fd is consumed. */
+hcoll_status_t hc_comm_create(hc_comm_init_t *ia, const hcoll_config_t *config,
+                              const hc_params_t *params, hcoll_comm_t *comm_out);
+
+/* hcoll_comm_split (split.c) on a ready parent p. args_ok 0: this rank's
+ * arguments were bad (already recorded): it still takes part in the
+ * exchange, so every rank fails with HCOLL_ERR_INVALID_ARG at once. */
+hcoll_status_t hc_comm_split(struct hcoll_comm *p, int color, int key,
+                             const hcoll_config_t *config, int args_ok, hcoll_comm_t *newcomm_out);
+
+/* Resolve every peer's rail request (-1: its local rank) once the topology
+ * is known (topo.c). */
+void hc_comm_rails_resolve(struct hcoll_comm *c);
 
 /* Free c and everything it holds: the data plane (aborting: peers may be
  * dead; do not wait for them, fail pending operations with

@@ -64,6 +64,13 @@ hcoll_status_t hc_comm_topo_build(struct hcoll_comm *c)
     return HCOLL_SUCCESS;
 }
 
+void hc_comm_rails_resolve(struct hcoll_comm *c)
+{
+    for (int r = 0; r < c->nranks; r++)
+        if (c->peers[r].rail < 0)
+            c->peers[r].rail = c->local_of[r];
+}
+
 int hc_comm_node_size(const struct hcoll_comm *c, int node)
 {
     if (node < 0 || node >= c->nnodes)
@@ -86,12 +93,12 @@ void hc_comm_topo_log(const struct hcoll_comm *c)
     const hc_peer_t *me = &c->peers[c->rank];
     if (c->gpu >= 0)
         snprintf(gpu, sizeof gpu, "GPU %d", c->gpu);
-    const hc_iface_t *rail = &me->addrs[c->local_rank % me->naddrs];
+    const hc_iface_t *rail = &me->addrs[me->rail % me->naddrs];
     HC_INFO(HC_INIT, c->rank,
             "rank %d/%d: node %d/%d '%s', local rank %d/%d, rail %d via %s %s (%d address%s), "
             "%s",
             c->rank, c->nranks, c->node, c->nnodes, me->host, c->local_rank, c->local_size,
-            c->local_rank, rail->name, hc_sockaddr_str(&rail->addr, as, sizeof as), me->naddrs,
+            me->rail, rail->name, hc_sockaddr_str(&rail->addr, as, sizeof as), me->naddrs,
             me->naddrs == 1 ? "" : "es", gpu);
     if (c->rank != 0)
         return;
@@ -106,9 +113,9 @@ void hc_comm_topo_log(const struct hcoll_comm *c)
         for (int l = 0; l < hc_comm_node_size(c, k) && o < sizeof line - 80; l++) {
             const int r = hc_comm_rank_at(c, k, l);
             const hc_peer_t *p = &c->peers[r];
-            const hc_iface_t *f = &p->addrs[l % p->naddrs];
+            const hc_iface_t *f = &p->addrs[p->rail % p->naddrs];
             o += (size_t)snprintf(line + o, sizeof line - o, "%s rank %d (pid %d) rail %d %s %s",
-                                  l ? ";" : "", r, p->pid, l, f->name,
+                                  l ? ";" : "", r, p->pid, p->rail, f->name,
                                   hc_sockaddr_str(&f->addr, as, sizeof as));
         }
         HC_INFO(HC_INIT, 0, "node %d '%s' (%d ranks):%s", k, c->peers[r0].host,

@@ -6,6 +6,8 @@
 #                    sit on its own rail (ss: bytes sent per socket, by owner)
 #   3. bandwidth     each rail shaped to R: NIC bandwidth at 64 MiB >= 0.9 R
 #                    with L=1 and with L=2 (the node's aggregate doubles)
+#   2b. split      hcoll_comm_split by local rank: each data-parallel group's
+#                  bytes on its own rail (+-10%); by node: nothing on the rails
 #   4. faults        a rail set down mid-operation, a rank SIGKILLed
 #                    mid-operation: every survivor exits with an error within
 #                    HCOLL_TIMEOUT_MS + 1 s of the fault; teardown is clean
@@ -168,6 +170,45 @@ for r in range(nodes * rails):
     ok &= o > 0 and share < 1.0
 sys.exit(0 if ok else 1)
 EOF
+
+# ---- 2b. split communicators keep their rails ----------------------------
+# color = local rank: two communicators of one rank per node all-reduce at
+# once, local rank 0's group 8 MiB, local rank 1's group 4 MiB, so each
+# rail's counter shows which group ran on it (a group left on rail 0 would
+# double rail0 and leave rail1 empty). color = node: intra-node only, the
+# rails carry nothing but set-up bytes. ~2 s.
+phase "split: data-parallel groups keep their rails; node groups stay off them"
+cp "$build/tests/split_ranks" "$tmp/split_ranks" 2>/dev/null ||
+  fail "$build/tests/split_ranks not built (make tests)"
+split_check() { # mode
+  "$nc" stats --raw >"$tmp/p0"
+  "$nc" run --deadline 60 --out "$tmp/sp-$1" -- "$tmp/split_ranks" "$1" 8388608 4194304 3 \
+    >"$tmp/sp-$1.txt"; local rc=$?
+  "$nc" stats --raw >"$tmp/p1"
+  cat "$tmp/sp-$1"/rank*.out
+  [ $rc -eq 0 ] || { fail "split $1: exit $rc"; return; }
+  python3 - "$tmp/p0" "$tmp/p1" "$1" <<'EOF' || fail "split $1: rail bytes not as expected"
+import sys
+def load(p):
+    return {(int(a[0]), int(a[1])): int(a[2]) for a in (l.split() for l in open(p))}
+a, b, mode = load(sys.argv[1]), load(sys.argv[2]), sys.argv[3]
+n = 3  # a ring of one rank per node: each rank sends 2(n-1)/n of its vector
+want = {0: 2 * (n - 1) / n * 8388608 * 3, 1: 2 * (n - 1) / n * 4194304 * 3}
+ok = True
+for (node, rail), v in sorted((k, b[k] - a[k]) for k in b):
+    if mode == "rail":
+        dev = (v - want[rail]) / want[rail] * 100
+        good = abs(dev) <= 10
+        print(f"  node {node} rail{rail}: {v / 1e6:7.2f} MB, expected {want[rail] / 1e6:.2f} ({dev:+.1f}%)")
+    else:
+        good = v < 0.02 * want[1]  # set-up only: a few kB
+        print(f"  node {node} rail{rail}: {v / 1e3:8.1f} kB (intra-node groups: set-up bytes only)")
+    ok &= good
+sys.exit(0 if ok else 1)
+EOF
+}
+split_check rail
+split_check node
 
 # ---- 3. bandwidth adds up -------------------------------------------------
 if [ $small -eq 1 ]; then iters=3; else iters=8; fi
