@@ -67,7 +67,7 @@ typedef struct hc_transport_params {
     int nranks;
     const char *bind_addr;   /* IPv4 address (rail) to listen on and send from */
     const char *ifname;      /* for the log line only; may be NULL */
-    int rail;                /* the rank's rail (hcoll_comm_split keeps it): verbs picks its NIC with it, TCP logs it */
+    int rail;                /* the rank's rail (kept by split): picks the verbs NIC */
     int log_rank;            /* rank printed in logs (communicator rank) */
     int timeout_ms;          /* connection set-up and silent-link deadline */
     int nsocks_perpeer;      /* TCP: sockets per peer, >= 1 */
