@@ -205,14 +205,17 @@ typedef struct hcoll_config {
 /* ------------------------------------------------------------------------ */
 
 /*
- * hcoll_get_unique_id: called once per communicator, normally by the
- * process that will be rank 0. Opens the rendezvous listener, bound to the
- * address of the first interface HCOLL_SOCKET_IFNAME selects (never the
- * wildcard address), and fills *id_out with that address and a fresh
- * 256-bit secret from the kernel's random source. The listener stays open
- * in this process, reachable only through the id's secret, until rank 0's
- * hcoll_comm_init takes it over; if rank 0 runs in another process, it
- * binds the id's address and port itself. Non-blocking, local, thread-safe.
+ * hcoll_get_unique_id: called once per communicator, by the process that
+ * will be rank 0 or by any other process on rank 0's host (a driver that
+ * hands the id to the ranks and may stay alive). Reserves the rendezvous
+ * port on the address of the first interface HCOLL_SOCKET_IFNAME selects
+ * (never the wildcard address) and fills *id_out with that address and a
+ * fresh 256-bit secret from the kernel's random source. The reserving
+ * socket is bound but does not listen; it stays in this process, reachable
+ * only through the id's secret. Rank 0's hcoll_comm_init listens on it when
+ * it runs in this process, else binds the same port itself (both sockets
+ * use SO_REUSEPORT, so rank 0 must run as the same user); connections go
+ * only to rank 0's listening socket. Non-blocking, local, thread-safe.
  */
 HCOLL_API hcoll_status_t hcoll_get_unique_id(hcoll_unique_id_t *id_out);
 

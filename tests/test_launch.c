@@ -3,11 +3,18 @@
  * malformed value rejected with a message naming the variable. The
  * process environment is never read or written. */
 #include <check.h>
+#include <errno.h>
+#include <poll.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "base/err.h"
 #include "boot/launch.h"
+#include "boot/uid.h"
+#include "common/ranks.h"
 #include "hcoll.h"
 
 /* A synthetic environment: NULL-terminated "NAME=value" strings. */
@@ -196,8 +203,103 @@ START_TEST(secret_and_key)
 }
 END_TEST
 
+/* ------------------------------------------------------------------------ */
+/* A unique id made by a process that is not a rank and stays alive         */
+/* ------------------------------------------------------------------------ */
+
+#define DRV_RANKS 4
+#define DRV_TIMEOUT_MS 15000
+#define DRV_COUNT 100000
+
+typedef struct driver_arg {
+    int pipe[DRV_RANKS][2];
+    volatile int done;      /* ranks finished (shared memory) */
+    volatile int driver_up; /* the driver was alive when the last rank finished */
+} driver_arg_t;
+
+/* Makes the id, hands it to every rank through its pipe, and stays alive
+ * (holding its reserved port) until every rank has finished; then checks
+ * that the port was still reserved. */
+static int driver(driver_arg_t *a)
+{
+    hcoll_unique_id_t id;
+    HCT_OK(NULL, hcoll_get_unique_id(&id));
+    for (int r = 0; r < DRV_RANKS; r++)
+        HCT_REQUIRE(write(a->pipe[r][1], &id, sizeof id) == (ssize_t)sizeof id, "write: %s",
+                    strerror(errno));
+    const double end = hct_now_ms() + DRV_TIMEOUT_MS;
+    while (__atomic_load_n(&a->done, __ATOMIC_ACQUIRE) < DRV_RANKS && hct_now_ms() < end)
+        usleep(2000);
+    HCT_REQUIRE(a->done == DRV_RANKS, "only %d ranks finished", a->done);
+    __atomic_store_n(&a->driver_up, 1, __ATOMIC_RELEASE);
+    /* The reservation held all along: a plain bind of the port fails. */
+    hc_uid_t u;
+    HCT_OK(NULL, hc_uid_decode(&id, NULL, -1, &u));
+    int fd = socket(u.root.sa.sa_family, SOCK_STREAM, 0);
+    int rc = bind(fd, &u.root.sa, hc_sockaddr_len(&u.root));
+    int e = errno;
+    close(fd);
+    HCT_REQUIRE(rc != 0 && e == EADDRINUSE, "the id's port was not reserved (bind rc %d)", rc);
+    return 0;
+}
+
+static int driver_rank(int rank, int nranks, void *argp)
+{
+    driver_arg_t *a = argp;
+    (void)nranks;
+    if (rank == DRV_RANKS)
+        return driver(a);
+    hcoll_unique_id_t id;
+    struct pollfd p = { a->pipe[rank][0], POLLIN, 0 };
+    HCT_REQUIRE(poll(&p, 1, DRV_TIMEOUT_MS) == 1, "no id from the driver");
+    HCT_REQUIRE(read(a->pipe[rank][0], &id, sizeof id) == (ssize_t)sizeof id, "short id");
+    hcoll_config_t cfg = HCOLL_CONFIG_INITIALIZER;
+    cfg.timeout_ms = DRV_TIMEOUT_MS;
+    hcoll_comm_t comm;
+    HCT_OK(NULL, hcoll_comm_init(&comm, DRV_RANKS, rank, &id, &cfg));
+    float *buf = malloc(DRV_COUNT * sizeof *buf);
+    HCT_REQUIRE(buf, "malloc");
+    for (int i = 0; i < DRV_COUNT; i++)
+        buf[i] = (float)((rank + i) % 7);
+    HCT_OK(comm, hcoll_allreduce(comm, buf, buf, DRV_COUNT, HCOLL_FLOAT32, HCOLL_SUM, NULL));
+    int wrong = 0;
+    for (int i = 0; i < DRV_COUNT; i++) {
+        float want = 0;
+        for (int r = 0; r < DRV_RANKS; r++)
+            want += (float)((r + i) % 7);
+        wrong += buf[i] != want;
+    }
+    free(buf);
+    HCT_OK(comm, hcoll_comm_destroy(comm));
+    HCT_REQUIRE(wrong == 0, "%d elements wrong", wrong);
+    __atomic_add_fetch(&a->done, 1, __ATOMIC_ACQ_REL);
+    return 0;
+}
+
+START_TEST(uid_from_live_driver)
+{
+    driver_arg_t *a = hct_shared_alloc(sizeof *a);
+    for (int r = 0; r < DRV_RANKS; r++)
+        ck_assert_int_eq(pipe(a->pipe[r]), 0);
+    /* Four ranks as 2 emulated nodes x 2, and the driver as a fifth
+     * process that is no rank. */
+    hct_opts_t o = { .nranks = DRV_RANKS + 1, .ranks_per_node = 2,
+                     .timeout_ms = DRV_TIMEOUT_MS + 5000 };
+    hct_result_t res[DRV_RANKS + 1];
+    int bad = hct_run(&o, driver_rank, a, res);
+    for (int r = 0; r < DRV_RANKS; r++)
+        close(a->pipe[r][0]), close(a->pipe[r][1]);
+    ck_assert_msg(bad == 0, "%d process(es) failed", bad);
+    ck_assert_int_eq(a->done, DRV_RANKS);
+    ck_assert_int_eq(a->driver_up, 1);
+    hct_shared_free(a, sizeof *a);
+}
+END_TEST
+
 int main(void)
 {
+    setenv("HCOLL_SOCKET_IFNAME", "=lo", 1);
+    unsetenv("HCOLL_TIMEOUT_MS");
     Suite *s = suite_create("launch");
     TCase *tc = tcase_create("env");
     tcase_add_test(tc, launcher_precedence);
@@ -205,6 +307,10 @@ int main(void)
     tcase_add_test(tc, root_address);
     tcase_add_test(tc, secret_and_key);
     suite_add_tcase(s, tc);
+    TCase *uid = tcase_create("uid");
+    tcase_set_timeout(uid, 60);
+    tcase_add_test(uid, uid_from_live_driver);
+    suite_add_tcase(s, uid);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
