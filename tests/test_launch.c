@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "base/err.h"
+#include "boot/hostlist.h"
 #include "boot/launch.h"
 #include "boot/uid.h"
 #include "common/ranks.h"
@@ -204,6 +205,120 @@ START_TEST(secret_and_key)
 END_TEST
 
 /* ------------------------------------------------------------------------ */
+/* Slurm host lists                                                          */
+/* ------------------------------------------------------------------------ */
+
+typedef struct joined {
+    char s[2048];
+    int n, stop_after;
+} joined_t;
+
+static int join_host(const char *host, void *ctx)
+{
+    joined_t *j = ctx;
+    size_t l = strlen(j->s);
+    snprintf(j->s + l, sizeof j->s - l, "%s%s", l ? " " : "", host);
+    return ++j->n == j->stop_after;
+}
+
+START_TEST(hostlist_expansion)
+{
+    static const struct {
+        const char *list, *want;
+    } cases[] = {
+        { "node1", "node1" },
+        { "node[01-04,07]", "node01 node02 node03 node04 node07" },
+        { "gpu-[1-3]-ib", "gpu-1-ib gpu-2-ib gpu-3-ib" },
+        { "a,b[2-3]", "a b2 b3" },
+        { "b[2-3],a", "b2 b3 a" },
+        { "n[098-100]", "n098 n099 n100" },
+        { "n[8-11]", "n8 n9 n10 n11" },
+        { "n[08-11]", "n08 n09 n10 n11" },
+        { "n[0]", "n0" },
+        { "r[1-2]n[8-9]", "r1n8 r1n9 r2n8 r2n9" },
+        { "[1-2]x", "1x 2x" },
+        { "x[1,3],y[05-06,9],z", "x1 x3 y05 y06 y9 z" },
+        { "gpu-a.ib-[3-4].example.org", "gpu-a.ib-3.example.org gpu-a.ib-4.example.org" },
+        { "10.0.0.[1-2]", "10.0.0.1 10.0.0.2" },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        joined_t j = { "", 0, 0 };
+        char err[200] = "";
+        ck_assert_msg(hc_hostlist_expand(cases[i].list, join_host, &j, err, sizeof err) ==
+                          HCOLL_SUCCESS, "%s: %s", cases[i].list, err);
+        ck_assert_msg(strcmp(j.s, cases[i].want) == 0, "%s: got '%s', want '%s'",
+                      cases[i].list, j.s, cases[i].want);
+    }
+    /* Stopping early: the rest is not produced, but still checked. */
+    joined_t j = { "", 0, 2 };
+    char err[200];
+    ck_assert_int_eq(hc_hostlist_expand("n[1-999999999],m", join_host, &j, err, sizeof err),
+                     HCOLL_SUCCESS);
+    ck_assert_str_eq(j.s, "n1 n2");
+    j = (joined_t){ "", 0, 1 };
+    ck_assert_int_eq(hc_hostlist_expand("n[1-3],m[", join_host, &j, err, sizeof err),
+                     HCOLL_ERR_INVALID_ARG);
+    char host[16];
+    ck_assert_int_eq(hc_hostlist_first("gpu-[07-09]-ib,x", host, sizeof host, err, sizeof err),
+                     HCOLL_SUCCESS);
+    ck_assert_str_eq(host, "gpu-07-ib");
+    ck_assert_int_eq(hc_hostlist_first("averyveryverylonghostname", host, sizeof host, err,
+                                       sizeof err), HCOLL_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(err, "does not fit"));
+}
+END_TEST
+
+START_TEST(hostlist_errors)
+{
+    static const struct {
+        const char *list, *why;
+    } cases[] = {
+        { "", "empty host list" },
+        { "a,", "empty host name at character 3" },
+        { ",a", "empty host name at character 1" },
+        { "a,,b", "empty host name at character 3" },
+        { "n[1-3", "unclosed '[' at character 2" },
+        { "n[1-[2]]", "nested '[' at character 5" },
+        { "n1]", "']' without '[' at character 3" },
+        { "n[]", "empty brackets at character 2" },
+        { "n[3-1]", "range 3-1 at character 3 ends below its start" },
+        { "n[1-]", "bad range at character 5" },
+        { "n[-1]", "bad range at character 3" },
+        { "n[a]", "bad range at character 3" },
+        { "n[1,,2]", "bad range at character 5" },
+        { "n[1,]", "empty range at character 5" },
+        { "n[1 2]", "bad range at character 4" },
+        { "n[1234567890]", "bad range" },
+        { "a b", "unexpected character 0x20 at character 2" },
+        { "n[1][2][3][4][5][6][7][8][9]", "more than 8 brackets" },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        joined_t j = { "", 0, 0 };
+        char err[200] = "";
+        ck_assert_msg(hc_hostlist_expand(cases[i].list, join_host, &j, err, sizeof err) ==
+                          HCOLL_ERR_INVALID_ARG, "'%s' accepted", cases[i].list);
+        ck_assert_msg(strstr(err, cases[i].why), "'%s': '%s' not in '%s'", cases[i].list,
+                      cases[i].why, err);
+    }
+    char lng[400], err[200];
+    memset(lng, 'h', 300);
+    lng[300] = '\0';
+    joined_t j = { "", 0, 0 };
+    ck_assert_int_eq(hc_hostlist_expand(lng, join_host, &j, err, sizeof err),
+                     HCOLL_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(err, "longer than 255"));
+    snprintf(lng, sizeof lng, "%.250s[1-100000]", "hhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhh"
+             "hhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhh"
+             "hhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhh"
+             "hhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhh");
+    j = (joined_t){ "", 0, 0 };
+    ck_assert_int_eq(hc_hostlist_expand(lng, join_host, &j, err, sizeof err),
+                     HCOLL_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(err, "longer than 255"));
+}
+END_TEST
+
+/* ------------------------------------------------------------------------ */
 /* A unique id made by a process that is not a rank and stays alive         */
 /* ------------------------------------------------------------------------ */
 
@@ -306,6 +421,8 @@ int main(void)
     tcase_add_test(tc, rank_size_errors);
     tcase_add_test(tc, root_address);
     tcase_add_test(tc, secret_and_key);
+    tcase_add_test(tc, hostlist_expansion);
+    tcase_add_test(tc, hostlist_errors);
     suite_add_tcase(s, tc);
     TCase *uid = tcase_create("uid");
     tcase_set_timeout(uid, 60);
