@@ -366,8 +366,9 @@ HCOLL_API hcoll_status_t hcoll_comm_init_env(hcoll_comm_t *comm_out, const hcoll
                 "reach the root and speaks the protocol can join this job");
     if (hc_log_enabled(HC_LOG_INFO, HC_INIT)) {
         char as[80];
-        HC_INFO(HC_INIT, ia.rank, "init_env: rank %d of %d from %s variables, root %s", ia.rank,
-                ia.nranks, l.launcher, hc_sockaddr_str(&ia.root, as, sizeof as));
+        HC_INFO(HC_INIT, ia.rank, "init_env: rank %d of %d from %s variables, root %s (from %s)",
+                ia.rank, ia.nranks, l.launcher, hc_sockaddr_str(&ia.root, as, sizeof as),
+                l.root_from);
     }
     st = comm_create(&ia, config, comm_out);
     hc_secure_zero(ia.key, sizeof ia.key);
