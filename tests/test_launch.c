@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -549,6 +551,91 @@ START_TEST(uid_from_live_driver)
 }
 END_TEST
 
+/* ------------------------------------------------------------------------ */
+/* hcoll_comm_init_env under emulated srun and srun torchrun                 */
+/* ------------------------------------------------------------------------ */
+
+enum { RUN_SRUN, RUN_SRUN_TORCHRUN };
+
+typedef struct srun_arg {
+    int mode;
+    int job;         /* SLURM_JOB_ID, varied so that runs do not share a port */
+    int master_port; /* held by the parent, as torch's TCPStore would be */
+} srun_arg_t;
+
+static void setint(const char *name, int v)
+{
+    char s[16];
+    snprintf(s, sizeof s, "%d", v);
+    setenv(name, s, 1);
+}
+
+static int srun_rank(int rank, int nranks, void *argp)
+{
+    const srun_arg_t *a = argp;
+    static const char *const clear[] = { "HCOLL_RANK", "HCOLL_NRANKS", "HCOLL_ROOT",
+                                         "HCOLL_SECRET", "MASTER_ADDR", "MASTER_PORT",
+                                         "RANK", "WORLD_SIZE", "LOCAL_RANK",
+                                         "TORCHELASTIC_RUN_ID", "OMPI_COMM_WORLD_RANK" };
+    for (size_t i = 0; i < sizeof clear / sizeof clear[0]; i++)
+        unsetenv(clear[i]);
+    const int node = rank / 2;
+    setint("SLURM_JOB_ID", a->job);
+    setenv("SLURM_STEP_ID", "0", 1);
+    setenv("SLURM_STEP_NODELIST", "localhost,node-[2-9]", 1);
+    if (a->mode == RUN_SRUN) {
+        setint("SLURM_PROCID", rank), setint("SLURM_NTASKS", nranks);
+        setint("SLURM_NODEID", node);
+    } else {
+        /* One srun task per node, torchrun's workers under it, all with
+         * the node's SLURM_PROCID. */
+        setint("SLURM_PROCID", node), setint("SLURM_NTASKS", nranks / 2);
+        setint("SLURM_NODEID", node);
+        setenv("TORCHELASTIC_RUN_ID", "hc-test", 1);
+        setint("LOCAL_RANK", rank % 2), setint("RANK", rank), setint("WORLD_SIZE", nranks);
+        setenv("MASTER_ADDR", "127.0.0.1", 1), setint("MASTER_PORT", a->master_port);
+    }
+    setenv("HCOLL_SECRET", "srun-test", 1);
+    hcoll_config_t cfg = HCOLL_CONFIG_INITIALIZER;
+    cfg.timeout_ms = DRV_TIMEOUT_MS;
+    hcoll_comm_t comm;
+    HCT_OK(NULL, hcoll_comm_init_env(&comm, &cfg));
+    int r, n, nodes;
+    HCT_OK(comm, hcoll_comm_rank(comm, &r));
+    HCT_OK(comm, hcoll_comm_size(comm, &n));
+    HCT_OK(comm, hcoll_comm_node_count(comm, &nodes));
+    HCT_REQUIRE(r == rank && n == nranks && nodes == 2, "rank %d of %d, %d nodes", r, n, nodes);
+    int64_t v = rank + 1;
+    HCT_OK(comm, hcoll_allreduce(comm, &v, &v, 1, HCOLL_INT64, HCOLL_SUM, NULL));
+    HCT_REQUIRE(v == (int64_t)nranks * (nranks + 1) / 2, "sum %lld", (long long)v);
+    HCT_OK(comm, hcoll_comm_destroy(comm));
+    return 0;
+}
+
+START_TEST(init_env_srun)
+{
+    srun_arg_t *a = hct_shared_alloc(sizeof *a);
+    /* MASTER_PORT is held (listening) all along: a rendezvous there fails. */
+    int hold = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t sl = sizeof sa;
+    ck_assert_int_eq(bind(hold, (struct sockaddr *)&sa, sizeof sa), 0);
+    ck_assert_int_eq(listen(hold, 4), 0);
+    ck_assert_int_eq(getsockname(hold, (struct sockaddr *)&sa, &sl), 0);
+    a->master_port = ntohs(sa.sin_port);
+    for (int mode = RUN_SRUN; mode <= RUN_SRUN_TORCHRUN; mode++) {
+        a->mode = mode;
+        a->job = (int)getpid() * 2 + mode;
+        hct_opts_t o = { .nranks = 4, .ranks_per_node = 2, .timeout_ms = DRV_TIMEOUT_MS + 5000 };
+        hct_result_t res[4];
+        int bad = hct_run(&o, srun_rank, a, res);
+        ck_assert_msg(bad == 0, "mode %d: %d rank(s) failed", mode, bad);
+    }
+    close(hold);
+    hct_shared_free(a, sizeof *a);
+}
+END_TEST
+
 int main(void)
 {
     setenv("HCOLL_SOCKET_IFNAME", "=lo", 1);
@@ -567,6 +654,7 @@ int main(void)
     TCase *uid = tcase_create("uid");
     tcase_set_timeout(uid, 60);
     tcase_add_test(uid, uid_from_live_driver);
+    tcase_add_test(uid, init_env_srun);
     suite_add_tcase(s, uid);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
