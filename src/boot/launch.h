@@ -27,9 +27,12 @@
  *     resolved with getaddrinfo, port hc_launch_slurm_port(SLURM_JOB_ID,
  *     SLURM_STEP_ID) = 12000 + (job * 7919 + step) mod 20000, the same on
  *     every rank of a step, different for the steps of a job, and below the
- *     kernel's ephemeral range (32768-60999). Rank 0 must run on that first
- *     host (Slurm's block and cyclic distributions put it there; a rank 0
- *     whose SLURM_NODEID is not 0 is refused, naming HCOLL_ROOT);
+ *     kernel's ephemeral range (32768-60999). The node's name must resolve
+ *     to the same reachable address on every node (as MASTER_ADDR must; a
+ *     name that maps to 127.0.1.1 in rank 0's /etc/hosts does not), and
+ *     rank 0 must run on that first host (Slurm's block and cyclic
+ *     distributions put it there; a rank 0 whose SLURM_NODEID is not 0 is
+ *     refused, naming HCOLL_ROOT);
  *   4 else an error that says what to set.
  * Secret: HCOLL_SECRET, hashed into the bootstrap key; unset, the public
  * key (peers are not authenticated).
