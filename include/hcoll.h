@@ -216,14 +216,17 @@ typedef struct hcoll_config {
 /* ------------------------------------------------------------------------ */
 
 /*
- * hcoll_get_unique_id: called once per communicator, normally by the
- * process that will be rank 0. Opens the rendezvous listener, bound to the
- * address of the first interface HCOLL_SOCKET_IFNAME selects (never the
- * wildcard address), and fills *id_out with that address and a fresh
- * 256-bit secret from the kernel's random source. The listener stays open
- * in this process, reachable only through the id's secret, until rank 0's
- * hcoll_comm_init takes it over; if rank 0 runs in another process, it
- * binds the id's address and port itself. Non-blocking, local, thread-safe.
+ * hcoll_get_unique_id: called once per communicator, by the process that
+ * will be rank 0 or by any other process on rank 0's host (a driver that
+ * hands the id to the ranks and may stay alive). Reserves the rendezvous
+ * port on the address of the first interface HCOLL_SOCKET_IFNAME selects
+ * (never the wildcard address) and fills *id_out with that address and a
+ * fresh 256-bit secret from the kernel's random source. The reserving
+ * socket is bound but does not listen; it stays in this process, reachable
+ * only through the id's secret. Rank 0's hcoll_comm_init listens on it when
+ * it runs in this process, else binds the same port itself (both sockets
+ * use SO_REUSEPORT, so rank 0 must run as the same user); connections go
+ * only to rank 0's listening socket. Non-blocking, local, thread-safe.
  */
 HCOLL_API hcoll_status_t hcoll_get_unique_id(hcoll_unique_id_t *id_out);
 
@@ -271,18 +274,23 @@ HCOLL_API hcoll_status_t hcoll_comm_init(hcoll_comm_t *comm_out, int nranks, int
 
 /*
  * hcoll_comm_init_env: like hcoll_comm_init, with rank, size and rendezvous
- * address read from the launcher's environment, in this order of
- * precedence: HCOLL_RANK/HCOLL_NRANKS, then Open MPI
- * (OMPI_COMM_WORLD_RANK/SIZE), then Slurm (SLURM_PROCID/SLURM_NTASKS),
- * then torchrun (RANK/WORLD_SIZE); the first launcher whose rank variable
- * is set decides, and its size variable must be set too. The root address
- * is HCOLL_ROOT (host:port, [IPv6]:port), else MASTER_ADDR and
- * MASTER_PORT; rank 0 listens on exactly that address, which must be one
- * of its own. The shared secret is HCOLL_SECRET (any string; use at least
- * 128 bits of randomness). Without it the rendezvous is not authenticated:
- * any process that reaches the root and speaks the protocol may join, and
- * a WARN says so. Malformed or missing variables: HCOLL_ERR_INVALID_ARG
- * naming them. Blocking and collective, as hcoll_comm_init.
+ * address read from the launcher's environment. Rank and size, in this
+ * order of precedence: HCOLL_RANK/HCOLL_NRANKS; torchrun (RANK/WORLD_SIZE,
+ * when TORCHELASTIC_RUN_ID, or LOCAL_RANK with RANK and WORLD_SIZE, is
+ * set); Open MPI (OMPI_COMM_WORLD_RANK/SIZE); Slurm
+ * (SLURM_PROCID/SLURM_NTASKS); a plain RANK/WORLD_SIZE. The first launcher
+ * present decides, and both of its variables must be set. The root
+ * address, never a port a launcher owns: HCOLL_ROOT (host:port,
+ * [IPv6]:port); else MASTER_ADDR and MASTER_PORT + HCOLL_ROOT_PORT_OFFSET
+ * (default 1: MASTER_PORT is torch's TCPStore); else, under srun alone, the
+ * first host of SLURM_STEP_NODELIST with the port 12000 + (SLURM_JOB_ID *
+ * 7919 + SLURM_STEP_ID) mod 20000. Rank 0 listens on exactly that address,
+ * which must be one of its own. The shared secret is HCOLL_SECRET (any
+ * string; use at least 128 bits of randomness). Without it the rendezvous
+ * is not authenticated: any process that reaches the root and speaks the
+ * protocol may join, and a WARN says so. Malformed or missing variables:
+ * HCOLL_ERR_INVALID_ARG naming them. Blocking and collective, as
+ * hcoll_comm_init.
  */
 HCOLL_API hcoll_status_t hcoll_comm_init_env(hcoll_comm_t *comm_out,
                                              const hcoll_config_t *config);

@@ -18,6 +18,8 @@ pkgs=(
   binutils            # nm for the exported-symbol test
   gnuplot-nox         # hcoll_perf --plot
   python3             # JSON checks in the perf and cluster tests
+  python3-torch       # torchrun (python3 -m torch.distributed.run) for tests/torchrun.test.sh:
+                      # hcoll_comm_init_env under a real torchrun job (skipped without it)
 )
 
 missing=()

@@ -39,20 +39,23 @@ static const hc_knob_t knobs[] = {
 
     /* Launch: read by hcoll_comm_init_env. */
     { "HCOLL_RANK", HC_KNOB_INT, "", 0, INT32_MAX - 1, NULL, 0, 0, NS,
-      "This process's rank, for hcoll_comm_init_env (before OMPI_COMM_WORLD_RANK, "
-      "SLURM_PROCID, RANK)." },
+      "This process's rank, for hcoll_comm_init_env (before torchrun's RANK, "
+      "OMPI_COMM_WORLD_RANK, SLURM_PROCID)." },
     { "HCOLL_NRANKS", HC_KNOB_INT, "", 1, INT32_MAX, NULL, 0, 0, NS,
-      "Number of ranks, for hcoll_comm_init_env (before OMPI_COMM_WORLD_SIZE, SLURM_NTASKS, "
-      "WORLD_SIZE)." },
+      "Number of ranks, for hcoll_comm_init_env (before torchrun's WORLD_SIZE, "
+      "OMPI_COMM_WORLD_SIZE, SLURM_NTASKS)." },
     { "HCOLL_ROOT", HC_KNOB_STR, "", 0, 0, NULL, 0, 0, NS,
-      "host:port where rank 0 listens for the rendezvous, for hcoll_comm_init_env "
-      "(else MASTER_ADDR:MASTER_PORT)." },
+      "host:port where rank 0 listens for the rendezvous, for hcoll_comm_init_env (else "
+      "MASTER_ADDR:MASTER_PORT+HCOLL_ROOT_PORT_OFFSET, else under srun the step's first node)." },
     { "HCOLL_SECRET", HC_KNOB_STR, "", 0, 0, NULL, 0, 1, NS,
       "Shared secret that authenticates ranks in hcoll_comm_init_env; unset means peers are "
       "not authenticated (a WARN says so)." },
     { "HCOLL_HOSTID", HC_KNOB_STR, "", 0, 0, NULL, 0, 0, OFF(hostid),
       "Overrides the host id (hash of host name and boot id) that groups ranks into nodes; "
       "lets one host emulate several nodes." },
+    { "HCOLL_ROOT_PORT_OFFSET", HC_KNOB_INT, "1", 1, 1000, NULL, 0, 0, NS,
+      "Under torchrun (root from MASTER_ADDR/MASTER_PORT), rank 0 listens on MASTER_PORT plus "
+      "this, never on MASTER_PORT itself, which torch's TCPStore owns." },
 
     /* Network. */
     { "HCOLL_NET", HC_KNOB_ENUM, "auto", 0, 0, net_choices, 0, 0, OFF(net),

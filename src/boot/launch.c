@@ -1,8 +1,9 @@
 /*
- * The launcher environment (see launch.h): rank and size from the first
- * launcher that sets them, the rendezvous address, the secret. Every value
- * comes through the caller's lookup function; HCOLL_* values are checked by
- * the configuration table's parser before they are used.
+ * The launcher environment (see launch.h for the whole rule): rank and size
+ * from the first launcher present, the rendezvous address (never a port a
+ * launcher owns), the secret. Every value comes through the caller's lookup
+ * function; HCOLL_* values are checked by the configuration table's parser
+ * before they are used.
  */
 #include "boot/launch.h"
 
@@ -17,19 +18,26 @@
 #include "base/config.h"
 #include "base/log.h"
 #include "boot/hmac.h"
+#include "boot/hostlist.h"
 
 #define LAUNCH_ERR_MAX 400
 
-/* Launchers in order of precedence: the first whose rank variable is set
- * decides rank and size (both must be set). */
+/* Launchers in order of precedence (launch.h): the first present decides
+ * rank and size (both must be set). */
+enum { L_HCOLL, L_TORCHRUN, L_OMPI, L_SLURM, L_TORCH_ENV, L_COUNT };
 static const struct {
     const char *launcher, *rank, *size;
-} launchers[] = {
-    { "hcoll", "HCOLL_RANK", "HCOLL_NRANKS" },
-    { "Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE" },
-    { "Slurm", "SLURM_PROCID", "SLURM_NTASKS" },
-    { "torchrun", "RANK", "WORLD_SIZE" },
+} launchers[L_COUNT] = {
+    [L_HCOLL] = { "hcoll", "HCOLL_RANK", "HCOLL_NRANKS" },
+    [L_TORCHRUN] = { "torchrun", "RANK", "WORLD_SIZE" },
+    [L_OMPI] = { "Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE" },
+    [L_SLURM] = { "Slurm", "SLURM_PROCID", "SLURM_NTASKS" },
+    [L_TORCH_ENV] = { "RANK/WORLD_SIZE", "RANK", "WORLD_SIZE" },
 };
+
+/* Slurm's node lists, most specific first. */
+static const char *const slurm_nodelists[] = { "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST",
+                                               "SLURM_NODELIST" };
 
 const char *hc_launch_process_env(const char *name, void *ctx)
 {
@@ -67,16 +75,31 @@ static int env_long(hc_getenv_fn getenv_fn, void *ctx, const char *name, long lo
     return 1;
 }
 
-static int env_rank_size(hc_getenv_fn getenv_fn, void *ctx, hc_launch_t *l, char *err,
-                         size_t errlen)
+/* Whether launcher i is present: its rank variable is set; torchrun is
+ * told from a plain RANK by its own variables. */
+static int launcher_present(hc_getenv_fn getenv_fn, void *ctx, int i)
 {
-    for (size_t i = 0; i < sizeof launchers / sizeof launchers[0]; i++) {
+    if (i == L_TORCHRUN)
+        return env_get(getenv_fn, ctx, "TORCHELASTIC_RUN_ID") ||
+               (env_get(getenv_fn, ctx, "LOCAL_RANK") && env_get(getenv_fn, ctx, "RANK") &&
+                env_get(getenv_fn, ctx, "WORLD_SIZE"));
+    return env_get(getenv_fn, ctx, launchers[i].rank) != NULL;
+}
+
+static int env_rank_size(hc_getenv_fn getenv_fn, void *ctx, hc_launch_t *l, int *which,
+                         char *err, size_t errlen)
+{
+    for (int i = 0; i < L_COUNT; i++) {
         long r, n;
+        if (!launcher_present(getenv_fn, ctx, i))
+            continue;
         int hr = env_long(getenv_fn, ctx, launchers[i].rank, 0, INT_MAX - 1, &r, err, errlen);
         if (hr < 0)
             return -1;
-        if (hr == 0)
-            continue;
+        if (hr == 0) { /* only torchrun is present without its rank variable */
+            snprintf(err, errlen, "TORCHELASTIC_RUN_ID is set (torchrun) but RANK is not");
+            return -1;
+        }
         int hn = env_long(getenv_fn, ctx, launchers[i].size, 1, INT_MAX, &n, err, errlen);
         if (hn < 0)
             return -1;
@@ -93,23 +116,17 @@ static int env_rank_size(hc_getenv_fn getenv_fn, void *ctx, hc_launch_t *l, char
         l->rank = (int)r;
         l->nranks = (int)n;
         l->launcher = launchers[i].launcher;
+        *which = i;
         return 0;
     }
     snprintf(err, errlen, "no launcher variables: set HCOLL_RANK and HCOLL_NRANKS (or run under "
-                          "Open MPI, Slurm or torchrun)");
+                          "torchrun, Open MPI or Slurm)");
     return -1;
 }
 
-static int resolve(const char *host, const char *port, hc_sockaddr_t *out, char *err,
-                   size_t errlen)
+/* host (a name or an address) and port into *out, IPv4 first. */
+static int resolve(const char *host, int port, hc_sockaddr_t *out, char *err, size_t errlen)
 {
-    char *end;
-    errno = 0;
-    long p = strtol(port, &end, 10);
-    if (errno || end == port || *end || p < 1 || p > 65535) {
-        snprintf(err, errlen, "port '%s' is not a number in 1..65535", port);
-        return -1;
-    }
     struct addrinfo hints, *res;
     memset(&hints, 0, sizeof hints);
     hints.ai_family = AF_UNSPEC;
@@ -134,7 +151,7 @@ static int resolve(const char *host, const char *port, hc_sockaddr_t *out, char 
     }
     memset(out, 0, sizeof *out);
     memcpy(out, pick->ai_addr, pick->ai_addrlen);
-    hc_sockaddr_set_port(out, (int)p);
+    hc_sockaddr_set_port(out, port);
     freeaddrinfo(res);
     return 0;
 }
@@ -169,36 +186,148 @@ static int root_split(const char *v, char host[256], const char **port_out, char
     return 0;
 }
 
-/* HCOLL_ROOT, else MASTER_ADDR and MASTER_PORT. */
-static int env_root(hc_getenv_fn getenv_fn, void *ctx, hc_launch_t *l, char *err,
-                    size_t errlen)
+int hc_launch_slurm_port(unsigned long long job, unsigned long long step)
+{
+    return HC_LAUNCH_SLURM_PORT_BASE +
+           (int)((job * HC_LAUNCH_SLURM_PORT_MULT + step) % HC_LAUNCH_SLURM_PORT_SPAN);
+}
+
+static int root_from_hcoll(const char *v, hc_launch_t *l, char *err, size_t errlen)
 {
     char host[256], detail[300];
-    const char *v = env_get(getenv_fn, ctx, "HCOLL_ROOT");
-    if (v) {
-        const char *port;
-        if (hc_knob_parse(hc_knob_find("HCOLL_ROOT"), v, NULL, err, errlen) != HCOLL_SUCCESS ||
-            root_split(v, host, &port, err, errlen) != 0)
-            return -1;
-        if (resolve(host, port, &l->root, detail, sizeof detail) != 0) {
-            snprintf(err, errlen, "HCOLL_ROOT: %s", detail);
-            return -1;
-        }
-        l->root_from = "HCOLL_ROOT";
-        return 0;
+    const char *port;
+    if (hc_knob_parse(hc_knob_find("HCOLL_ROOT"), v, NULL, err, errlen) != HCOLL_SUCCESS ||
+        root_split(v, host, &port, err, errlen) != 0)
+        return -1;
+    char *end;
+    errno = 0;
+    long p = strtol(port, &end, 10);
+    if (errno || end == port || *end || p < 1 || p > 65535) {
+        snprintf(err, errlen, "HCOLL_ROOT: port '%s' is not a number in 1..65535", port);
+        return -1;
     }
+    if (resolve(host, (int)p, &l->root, detail, sizeof detail) != 0) {
+        snprintf(err, errlen, "HCOLL_ROOT: %s", detail);
+        return -1;
+    }
+    l->root_from = "HCOLL_ROOT";
+    return 0;
+}
+
+/* MASTER_ADDR : MASTER_PORT + HCOLL_ROOT_PORT_OFFSET. */
+static int root_from_master(hc_getenv_fn getenv_fn, void *ctx, const char *ma, hc_launch_t *l,
+                            char *err, size_t errlen)
+{
+    char detail[300];
+    long port, off;
+    if (env_long(getenv_fn, ctx, "MASTER_PORT", 1, 65535, &port, err, errlen) < 0)
+        return -1;
+    const hc_knob_t *k = hc_knob_find("HCOLL_ROOT_PORT_OFFSET");
+    int h = env_long(getenv_fn, ctx, k->name, (long)k->min, (long)k->max, &off, err, errlen);
+    if (h < 0)
+        return -1;
+    if (h == 0)
+        off = strtol(k->defval, NULL, 10);
+    if (port + off > 65535) {
+        snprintf(err, errlen, "MASTER_PORT=%ld + HCOLL_ROOT_PORT_OFFSET=%ld is %ld, above 65535: "
+                 "lower MASTER_PORT or HCOLL_ROOT_PORT_OFFSET, or set HCOLL_ROOT=host:port",
+                 port, off, port + off);
+        return -1;
+    }
+    if (resolve(ma, (int)(port + off), &l->root, detail, sizeof detail) != 0) {
+        snprintf(err, errlen, "MASTER_ADDR: %s", detail);
+        return -1;
+    }
+    l->root_from = "MASTER_ADDR/MASTER_PORT+HCOLL_ROOT_PORT_OFFSET";
+    return 0;
+}
+
+/* The first of the variables names[n] that is set: 0 with its value and
+ * name, -1 when none is (the caller words the error). */
+static int env_first(hc_getenv_fn getenv_fn, void *ctx, const char *const *names, size_t n,
+                     const char **v_out, const char **name_out)
+{
+    for (size_t i = 0; i < n; i++) {
+        const char *v = env_get(getenv_fn, ctx, names[i]);
+        if (v) {
+            *v_out = v;
+            *name_out = names[i];
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* A job or step id, under its name or its older spelling. */
+static int slurm_id(hc_getenv_fn getenv_fn, void *ctx, const char *name, const char *old,
+                    long *out, char *err, size_t errlen)
+{
+    int h = env_long(getenv_fn, ctx, name, 0, 4294967295L, out, err, errlen);
+    if (h == 0)
+        h = env_long(getenv_fn, ctx, old, 0, 4294967295L, out, err, errlen);
+    if (h == 0)
+        snprintf(err, errlen, "srun: neither %s nor %s is set (set HCOLL_ROOT=host:port)", name,
+                 old);
+    return h > 0 ? 0 : -1;
+}
+
+/* srun alone: the step's first node, the step's port. */
+static int root_from_slurm(hc_getenv_fn getenv_fn, void *ctx, hc_launch_t *l, char *err,
+                           size_t errlen)
+{
+    char host[HC_HOSTLIST_NAME_MAX], detail[300];
+    const char *list, *var;
+    long job, step, nodeid;
+    if (env_first(getenv_fn, ctx, slurm_nodelists, 3, &list, &var) != 0) {
+        snprintf(err, errlen, "srun: no rendezvous address: none of SLURM_STEP_NODELIST, "
+                              "SLURM_JOB_NODELIST, SLURM_NODELIST is set (set HCOLL_ROOT=host:port)");
+        return -1;
+    }
+    if (hc_hostlist_first(list, host, sizeof host, detail, sizeof detail) != HCOLL_SUCCESS) {
+        snprintf(err, errlen, "%s='%.120s': %.200s", var, list, detail);
+        return -1;
+    }
+    if (slurm_id(getenv_fn, ctx, "SLURM_JOB_ID", "SLURM_JOBID", &job, err, errlen) != 0 ||
+        slurm_id(getenv_fn, ctx, "SLURM_STEP_ID", "SLURM_STEPID", &step, err, errlen) != 0)
+        return -1;
+    int h = env_long(getenv_fn, ctx, "SLURM_NODEID", 0, INT_MAX, &nodeid, err, errlen);
+    if (h < 0)
+        return -1;
+    if (h > 0 && l->rank == 0 && nodeid != 0) {
+        snprintf(err, errlen, "srun: rank 0 runs on node %ld of the step (SLURM_NODEID), not on "
+                 "its first node '%s' (%s), where every rank looks for it: set "
+                 "HCOLL_ROOT=host:port", nodeid, host, var);
+        return -1;
+    }
+    int port = hc_launch_slurm_port((unsigned long long)job, (unsigned long long)step);
+    if (resolve(host, port, &l->root, detail, sizeof detail) != 0) {
+        snprintf(err, errlen, "%s: first host '%.64s': %.200s", var, host, detail);
+        return -1;
+    }
+    l->root_from = var;
+    return 0;
+}
+
+/* The rendezvous address; which: the launcher that gave rank and size. */
+static int env_root(hc_getenv_fn getenv_fn, void *ctx, int which, hc_launch_t *l, char *err,
+                    size_t errlen)
+{
+    const char *v = env_get(getenv_fn, ctx, "HCOLL_ROOT");
+    if (v)
+        return root_from_hcoll(v, l, err, errlen);
     const char *ma = env_get(getenv_fn, ctx, "MASTER_ADDR");
     const char *mp = env_get(getenv_fn, ctx, "MASTER_PORT");
-    if (ma && mp) {
-        if (resolve(ma, mp, &l->root, detail, sizeof detail) != 0) {
-            snprintf(err, errlen, "MASTER_ADDR/MASTER_PORT: %s", detail);
-            return -1;
-        }
-        l->root_from = "MASTER_ADDR/MASTER_PORT";
-        return 0;
+    if (ma && mp)
+        return root_from_master(getenv_fn, ctx, ma, l, err, errlen);
+    if (ma || mp) {
+        snprintf(err, errlen, "%s is set but %s is not (set both, or HCOLL_ROOT=host:port)",
+                 ma ? "MASTER_ADDR" : "MASTER_PORT", ma ? "MASTER_PORT" : "MASTER_ADDR");
+        return -1;
     }
-    snprintf(err, errlen, "no rendezvous address: set HCOLL_ROOT=host:port (or MASTER_ADDR and "
-                          "MASTER_PORT)");
+    if (which == L_SLURM)
+        return root_from_slurm(getenv_fn, ctx, l, err, errlen);
+    snprintf(err, errlen, "no rendezvous address: set HCOLL_ROOT=host:port (torchrun sets "
+                          "MASTER_ADDR and MASTER_PORT; srun alone derives it from its node list)");
     return -1;
 }
 
@@ -208,9 +337,10 @@ hcoll_status_t hc_launch_read(hc_getenv_fn getenv_fn, void *ctx, hc_errbuf_t *eb
     char err[LAUNCH_ERR_MAX];
     hc_launch_t l;
     memset(&l, 0, sizeof l);
-    if (env_rank_size(getenv_fn, ctx, &l, err, sizeof err) != 0)
+    int which;
+    if (env_rank_size(getenv_fn, ctx, &l, &which, err, sizeof err) != 0)
         return hc_err_set(eb, HC_INIT, -1, HCOLL_ERR_INVALID_ARG, "init_env: %s", err);
-    if (env_root(getenv_fn, ctx, &l, err, sizeof err) != 0)
+    if (env_root(getenv_fn, ctx, which, &l, err, sizeof err) != 0)
         return hc_err_set(eb, HC_INIT, l.rank, HCOLL_ERR_INVALID_ARG, "init_env: %s", err);
     const char *secret = env_get(getenv_fn, ctx, "HCOLL_SECRET");
     if (secret) {

@@ -7,17 +7,29 @@
  *   of SHA-256 over bytes 0..59, to catch an id that was not copied whole)
  *   64..127 zero
  *
- * Listener hand-over: hcoll_get_unique_id opens the root's listening socket
- * at once (so that ranks that start early queue in its backlog instead of
- * being refused, and so that the port cannot be taken by someone else
- * between the two calls), and parks it in a small per-process table keyed
- * by the id's secret. Rank 0's hcoll_comm_init takes it out. The table is
- * the one piece of process-wide mutable state in the bootstrap; it is
- * guarded by a mutex, and an entry is reachable only with its 256-bit
- * secret, so no communicator can see another's. Entries never taken are
- * closed when the table is full (oldest first) or at process exit. When
- * rank 0 runs in a process that did not make the id, it finds no entry and
- * binds the id's address and port itself (SO_REUSEADDR).
+ * Port hand-over: hcoll_get_unique_id reserves the root's port at once
+ * (so that it cannot be taken by someone else before rank 0 comes up) with
+ * a socket that is bound but never listens, made with SO_REUSEPORT, and
+ * parks it in a small per-process table keyed by the id's secret. Rank 0
+ * then listens in one of two ways (hc_uid_listen):
+ *   - in the process that made the id, it takes the parked socket out of
+ *     the table and listens on it;
+ *   - in any other process (the maker is a driver that stays alive, or has
+ *     exited), it binds the id's address and port itself with SO_REUSEPORT
+ *     (and SO_REUSEADDR) and listens. The kernel lets that bind share the
+ *     port with the maker's parked socket because both sockets ask for
+ *     SO_REUSEPORT, belong to the same user, and the parked one has no
+ *     SO_REUSEADDR and does not listen; it refuses any socket that does
+ *     not ask, or belongs to another user.
+ * Only a listening socket receives connections, so every rank's connection
+ * reaches rank 0 whether or not the maker still holds its socket. Ranks
+ * that start before rank 0 listens are refused and retry (boot/client.c)
+ * until their deadline.
+ * The table is the one piece of process-wide mutable state in the
+ * bootstrap; it is guarded by a mutex, and an entry is reachable only with
+ * its 256-bit secret, so no communicator can see another's. Entries never
+ * taken are closed when the table is full (oldest first) or at process
+ * exit.
  */
 #ifndef HC_BOOT_UID_H
 #define HC_BOOT_UID_H
@@ -40,9 +52,23 @@ void hc_uid_encode(const hc_uid_t *u, hcoll_unique_id_t *id_out);
 hcoll_status_t hc_uid_decode(const hcoll_unique_id_t *id, hc_errbuf_t *eb, int rank,
                              hc_uid_t *u_out);
 
-/* Park a listening fd under secret (the table takes ownership). */
+/* Park a reserved socket under secret (the table takes ownership). */
 void hc_uid_park(const unsigned char secret[HC_UID_SECRET_BYTES], int fd);
 /* Take the fd parked under secret out of the table, or -1. */
 int hc_uid_take(const unsigned char secret[HC_UID_SECRET_BYTES]);
+
+/* The id maker's side: a socket bound to addr (port 0: an ephemeral port)
+ * with SO_REUSEPORT, not listening, close-on-exec; *addr_out the bound
+ * address. HCOLL_ERR_NETWORK recorded in eb (NULL: the thread's buffer)
+ * on failure. Non-blocking, local. */
+hcoll_status_t hc_uid_reserve(const hc_sockaddr_t *addr, hc_errbuf_t *eb, int *fd_out,
+                              hc_sockaddr_t *addr_out);
+
+/* Rank 0's side: a socket listening on u->root, the parked one when this
+ * process made the id, else a new one that shares the port with the
+ * maker's (see above). *fd_out is owned by the caller. HCOLL_ERR_NETWORK
+ * recorded in eb (NULL: the thread's buffer) naming the address on
+ * failure. Non-blocking, local. */
+hcoll_status_t hc_uid_listen(const hc_uid_t *u, hc_errbuf_t *eb, int *fd_out);
 
 #endif

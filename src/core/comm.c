@@ -9,12 +9,12 @@
  *   (config blocking = 0: everything from hc_boot_create on runs on a
  *    set-up thread; abort/destroy cancel it through cancel_fd and join it)
  *
- * Unique-id hand-over: see boot/uid.h. In short, get_unique_id keeps its
- * listening socket open in a mutex-guarded per-process table keyed by the
- * id's random secret, and rank 0's init takes it over; a rank 0 in another
- * process binds the id's address itself. Keeping the socket (rather than
- * binding again later) means the port cannot be lost in between and early
- * ranks wait in the backlog.
+ * Unique-id hand-over: see boot/uid.h. In short, get_unique_id reserves
+ * the port with a socket that is bound (SO_REUSEPORT) but never listens,
+ * kept in a mutex-guarded per-process table keyed by the id's random
+ * secret; rank 0's init listens on that socket when it runs in the maker's
+ * process, else binds the same port with SO_REUSEPORT itself, so a driver
+ * process that made the id may stay alive while the ranks run elsewhere.
  */
 #include "core/comm.h"
 #include "core/coll.h"
@@ -421,7 +421,7 @@ HCOLL_API hcoll_status_t hcoll_get_unique_id(hcoll_unique_id_t *id_out)
         return hc_err_set(NULL, HC_INIT, -1, st, "get_unique_id: HCOLL_SOCKET_IFNAME: %s", err);
     memset(&u, 0, sizeof u);
     int fd;
-    st = hc_boot_listen(&ifs[0].addr, NULL, -1, "get_unique_id", &fd, &u.root);
+    st = hc_uid_reserve(&ifs[0].addr, NULL, &fd, &u.root);
     if (st != HCOLL_SUCCESS)
         return st;
     if (hc_random_bytes(u.secret, sizeof u.secret) != 0) {
@@ -433,7 +433,7 @@ HCOLL_API hcoll_status_t hcoll_get_unique_id(hcoll_unique_id_t *id_out)
     hc_uid_encode(&u, id_out);
     if (hc_log_enabled(HC_LOG_INFO, HC_INIT)) {
         char as[80];
-        HC_INFO(HC_INIT, -1, "unique id: root listens on %s (%s)",
+        HC_INFO(HC_INIT, -1, "unique id: root port reserved on %s (%s)",
                 hc_sockaddr_str(&u.root, as, sizeof as), ifs[0].name);
     }
     hc_secure_zero(&u, sizeof u);
@@ -460,7 +460,11 @@ HCOLL_API hcoll_status_t hcoll_comm_init(hcoll_comm_t *comm_out, int nranks, int
     ia.nranks = nranks;
     ia.rank = rank;
     ia.root = u.root;
-    ia.listen_fd = rank == 0 ? hc_uid_take(u.secret) : -1;
+    ia.listen_fd = -1;
+    if (rank == 0 && (st = hc_uid_listen(&u, NULL, &ia.listen_fd)) != HCOLL_SUCCESS) {
+        hc_secure_zero(&u, sizeof u);
+        return st;
+    }
     ia.rail = -1;
     memcpy(ia.key, u.secret, sizeof ia.key);
     ia.authenticated = 1;
@@ -494,8 +498,9 @@ HCOLL_API hcoll_status_t hcoll_comm_init_env(hcoll_comm_t *comm_out, const hcoll
                 "reach the root and speaks the protocol can join this job");
     if (hc_log_enabled(HC_LOG_INFO, HC_INIT)) {
         char as[80];
-        HC_INFO(HC_INIT, ia.rank, "init_env: rank %d of %d from %s variables, root %s", ia.rank,
-                ia.nranks, l.launcher, hc_sockaddr_str(&ia.root, as, sizeof as));
+        HC_INFO(HC_INIT, ia.rank, "init_env: rank %d of %d from %s variables, root %s (from %s)",
+                ia.rank, ia.nranks, l.launcher, hc_sockaddr_str(&ia.root, as, sizeof as),
+                l.root_from);
     }
     st = hc_comm_create(&ia, config, NULL, comm_out);
     hc_secure_zero(ia.key, sizeof ia.key);
