@@ -44,6 +44,9 @@ typedef struct hc_params {
     uint64_t chunk_bytes;
     uint64_t small_bytes;                 /* at most this: latency path (coll.c) */
     char hostid[HC_PARAM_STR_MAX];        /* "" = hostname + boot id */
+    /* Liveness (core/live.c): which wait each bounds is in the table. */
+    int64_t liveness_ms;                  /* no sign of life this long: dead */
+    int64_t op_timeout_ms;                /* an operation waits this long; 0 = none */
 } hc_params_t;
 
 typedef enum hc_knob_kind {
