@@ -11,6 +11,11 @@
  *   killed_rank       rank 1 is SIGKILLed: every survivor fails within 1 s
  *   op_timeout        HCOLL_OP_TIMEOUT_MS still bounds a wait for a rank
  *                     that is alive and never calls
+ *   init_late_rank    rank 3 calls init 3 s after the others (HCOLL_TIMEOUT_MS
+ *                     1.5 s, HCOLL_INIT_TIMEOUT_MS 30 s): init succeeds
+ *   init_stopped_rank rank 2 joins the rendezvous and is SIGSTOPped while it
+ *                     waits for rank 3, which never comes: ranks 0 and 1 fail
+ *                     within liveness + 1 s, naming rank 2
  *
  * The victim is stopped and killed by the parent (on_started), which always
  * ends with SIGKILL, and hct_run's deadline SIGKILLs whatever is left.
@@ -228,6 +233,97 @@ START_TEST(op_timeout)
 }
 END_TEST
 
+/* ---- init ---------------------------------------------------------------- */
+
+static int rank_init_late(int rank, int nranks, void *argp)
+{
+    (void)nranks;
+    live_arg_t *a = argp;
+    live_env(1500, 0);
+    setenv("HCOLL_INIT_TIMEOUT_MS", "30000", 1);
+    if (rank == 3)
+        usleep(3000 * 1000);
+    hcoll_comm_t comm;
+    if (open_comm(a, rank, &comm))
+        return 1;
+    float buf[1000];
+    if (one_allreduce(comm, rank, 0, buf, 1000))
+        return 1;
+    HCT_OK(comm, hcoll_comm_destroy(comm));
+    return 0;
+}
+
+START_TEST(init_late_rank)
+{
+    live_arg_t *a = hct_shared_alloc(sizeof *a);
+    hct_opts_t o = { .nranks = NR, .ranks_per_node = 2, .timeout_ms = 30000 };
+    hct_result_t res[NR];
+    ck_assert_int_eq(hct_run(&o, rank_init_late, a, res), 0);
+    hct_shared_free(a, sizeof *a);
+}
+END_TEST
+
+static int rank_init_stop(int rank, int nranks, void *argp)
+{
+    (void)nranks;
+    live_arg_t *a = argp;
+    live_env(1500, 0);
+    setenv("HCOLL_INIT_TIMEOUT_MS", "30000", 1);
+    if (rank == 3) { /* never comes; stays until the others have their verdict */
+        double end = hct_now_ms() + 20000;
+        while ((!a->done[0] || !a->done[1]) && hct_now_ms() < end)
+            usleep(1000);
+        return 0;
+    }
+    if (rank == a->victim)
+        a->ready = 1; /* the parent stops it once it is in the rendezvous */
+    hcoll_unique_id_t id;
+    hcoll_comm_t comm = NULL;
+    HCT_REQUIRE(hct_share_unique_id(&a->slot, rank, 20000, &id) == 0, "no unique id");
+    hcoll_status_t st = hcoll_comm_init(&comm, NR, rank, &id, NULL);
+    a->noticed_ms[rank] = hct_now_ms();
+    snprintf(a->msg[rank], sizeof a->msg[rank], "%s", hcoll_comm_last_error(NULL));
+    a->done[rank] = 1;
+    HCT_REQUIRE(st == HCOLL_ERR_PEER_FAILED, "rank %d: init -> %s (%s)", rank,
+                hcoll_status_name(st), a->msg[rank]);
+    return 0;
+}
+
+static void init_stop_parent(const pid_t *pids, int n, void *argp)
+{
+    (void)n;
+    live_arg_t *a = argp;
+    double deadline = hct_now_ms() + 20000;
+    while (!a->ready && hct_now_ms() < deadline)
+        usleep(1000);
+    usleep(500000); /* it has joined and waits for rank 3 */
+    a->fault_ms = hct_now_ms();
+    kill(pids[a->victim], SIGSTOP);
+    while ((!a->done[0] || !a->done[1]) && hct_now_ms() < deadline)
+        usleep(1000);
+    kill(pids[a->victim], SIGKILL);
+}
+
+START_TEST(init_stopped_rank)
+{
+    live_arg_t *a = hct_shared_alloc(sizeof *a);
+    a->victim = 2;
+    hct_opts_t o = { .nranks = NR, .ranks_per_node = 2, .timeout_ms = 30000,
+                     .on_started = init_stop_parent };
+    hct_result_t res[NR];
+    hct_run(&o, rank_init_stop, a, res);
+    for (int r = 0; r < 2; r++) {
+        double dt = a->noticed_ms[r] - a->fault_ms;
+        fprintf(stderr, "init: rank %d failed %.0f ms after SIGSTOP: %s\n", r, dt, a->msg[r]);
+        ck_assert_msg(res[r].exited && res[r].code == 0, "rank %d: %s", r, a->msg[r]);
+        ck_assert_msg(dt >= 0 && dt <= LIVENESS_MS + 1000, "rank %d after %.0f ms", r, dt);
+        ck_assert_msg(strstr(a->msg[r], "rank 2") && strstr(a->msg[r], "no sign of life"),
+                      "rank %d: %s", r, a->msg[r]);
+    }
+    hct_shared_free(a, sizeof *a);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("live");
@@ -237,6 +333,8 @@ static Suite *suite(void)
     tcase_add_test(t, stopped_rank);
     tcase_add_test(t, killed_rank);
     tcase_add_test(t, op_timeout);
+    tcase_add_test(t, init_late_rank);
+    tcase_add_test(t, init_stopped_rank);
     suite_add_tcase(s, t);
     return s;
 }

@@ -111,6 +111,10 @@ static const hc_knob_t knobs[] = {
       "How long an all-reduce waits without progress for peers that are alive but have not "
       "called it yet (ranks minutes apart: checkpoints, evaluation), milliseconds; 0 = no "
       "limit." },
+    { "HCOLL_INIT_TIMEOUT_MS", HC_KNOB_INT, "600000", 1, 86400000, NULL, 0, 0,
+      OFF(init_timeout_ms),
+      "How long init waits for every rank to arrive at the rendezvous, milliseconds; a rank "
+      "that arrived and then froze is found by HCOLL_LIVENESS_MS." },
 };
 
 #undef OFF

@@ -234,6 +234,8 @@ static hcoll_status_t comm_create(init_args_t *ia, const hcoll_config_t *config,
     memcpy(ba.key, ia->key, sizeof ba.key);
     ba.authenticated = ia->authenticated;
     ba.timeout_ms = c->params.timeout_ms;
+    ba.init_timeout_ms = c->params.init_timeout_ms;
+    ba.liveness_ms = c->params.liveness_ms;
     ba.eb = NULL; /* no communicator for the caller yet: the thread's buffer */
     ia->listen_fd = -1;
     st = hc_boot_create(&ba, rec, REC_BYTES, recs, &c->boot);
