@@ -184,7 +184,8 @@ typedef struct hcoll_config {
     size_t   size;    /* sizeof(hcoll_config_t), set by the initializer */
     uint32_t magic;   /* HCOLL_CONFIG_MAGIC */
     uint32_t version; /* HCOLL_CONFIG_VERSION */
-    /* Deadline in milliseconds for every wait (HCOLL_TIMEOUT_MS). */
+    /* Deadline in milliseconds of each set-up step (HCOLL_TIMEOUT_MS; what
+     * it bounds is in README's knob table). */
     int timeout_ms;
     /* Pipelining chunk in bytes, 0 = environment/default (HCOLL_CHUNK_BYTES). */
     size_t chunk_bytes;

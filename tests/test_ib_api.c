@@ -48,6 +48,9 @@ typedef struct api_arg {
     int dmabuf;            /* device cases: the GPU claims dma-buf, whose export fails */
     volatile double kill_ms;
     volatile double noticed_ms[MAXR];
+    int fault_sig;          /* live_* cases: SIGSTOP or SIGKILL */
+    volatile int ready;     /* live_* cases: the victim is parked */
+    volatile int done[MAXR];
     char msg[MAXR][400];
 } api_arg_t;
 
@@ -458,6 +461,96 @@ START_TEST(api_peer_killed)
 END_TEST
 
 /* ------------------------------------------------------------------------ */
+/* live_*: liveness over verbs, where the RC retry limit alone takes ~34 s   */
+/* (HCMOCK_IB_RETRY_MS lets the emulation wait that long): a stopped rank is */
+/* found within HCOLL_LIVENESS_MS + 1 s, a killed one within 1 s.            */
+/* ------------------------------------------------------------------------ */
+
+#define LIVE_MS 2000
+
+static int rank_api_live(int rank, int n, void *argp)
+{
+    api_arg_t *a = argp;
+    api_env(a->logdir);
+    setenv("HCOLL_LIVENESS_MS", "2000", 1);
+    hcoll_comm_t comm;
+    if (open_comm(a, rank, n, 20000, &comm))
+        return 1;
+    const size_t count = 1u << 18;
+    float *buf = malloc(count * sizeof *buf);
+    HCT_REQUIRE(buf, "no memory");
+    for (int it = 0; it < 100000; it++) {
+        if (rank == a->kill_victim && it == 2) {
+            a->ready = 1;
+            for (;;)
+                pause(); /* stopped, then killed, by the parent */
+        }
+        for (size_t i = 0; i < count; i++)
+            buf[i] = (float)(i % 5);
+        hcoll_status_t st = hcoll_allreduce(comm, buf, buf, count, HCOLL_FLOAT32, HCOLL_MAX, NULL);
+        if (st == HCOLL_SUCCESS)
+            continue;
+        a->noticed_ms[rank] = hct_now_ms();
+        snprintf(a->msg[rank], sizeof a->msg[rank], "%s", hcoll_comm_last_error(comm));
+        HCT_REQUIRE(a->kill_ms > 0, "failed before the fault: %s", a->msg[rank]);
+        HCT_REQUIRE(st == HCOLL_ERR_PEER_FAILED || st == HCOLL_ERR_RDMA, "rank %d: %s", rank,
+                    a->msg[rank]);
+        break;
+    }
+    hcoll_comm_destroy(comm);
+    free(buf);
+    a->done[rank] = 1;
+    return 0;
+}
+
+static void live_parent(const pid_t *pids, int n, void *argp)
+{
+    api_arg_t *a = argp;
+    const double deadline = hct_now_ms() + 30000;
+    while (!a->ready && hct_now_ms() < deadline)
+        usleep(1000);
+    usleep(200000); /* the survivors are in their third call */
+    a->kill_ms = hct_now_ms();
+    kill(pids[a->kill_victim], a->fault_sig);
+    for (int r = 0; r < n; r++)
+        while (r != a->kill_victim && !a->done[r] && hct_now_ms() < deadline)
+            usleep(1000);
+    kill(pids[a->kill_victim], SIGKILL); /* stopped or not, it goes now */
+}
+
+static void run_api_live(int sig, double bound_ms)
+{
+    setenv("HCMOCK_IB_RETRY_MS", "60000", 1);
+    api_arg_t *a = api_arg_new();
+    a->kill_victim = 2;
+    a->fault_sig = sig;
+    hct_opts_t o = { .nranks = 4, .ranks_per_node = 1, .timeout_ms = 40000,
+                     .on_started = live_parent };
+    hct_result_t res[MAXR];
+    hct_run(&o, rank_api_live, a, res);
+    int named = 0;
+    for (int r = 0; r < 4; r++) {
+        if (r == a->kill_victim)
+            continue;
+        double dt = a->noticed_ms[r] - a->kill_ms;
+        fprintf(stderr, "live signal %d: rank %d failed %.0f ms after the fault: %s\n", sig, r,
+                dt, a->msg[r]);
+        ck_assert_msg(res[r].exited && res[r].code == 0, "survivor %d failed: %s", r, a->msg[r]);
+        ck_assert_msg(dt >= 0 && dt <= bound_ms, "rank %d noticed after %.0f ms", r, dt);
+        named += strstr(a->msg[r], "rank 2") && strstr(a->msg[r], "rail 0");
+    }
+    ck_assert_msg(named > 0, "no survivor named rank 2 and its rail");
+    api_arg_free(a);
+    unsetenv("HCMOCK_IB_RETRY_MS");
+}
+
+START_TEST(live_peer_stopped) { run_api_live(SIGSTOP, LIVE_MS + 1000); }
+END_TEST
+
+START_TEST(live_peer_killed) { run_api_live(SIGKILL, 1000); }
+END_TEST
+
+/* ------------------------------------------------------------------------ */
 /* regress_*: library bugs this emulation exposed, one case each; each      */
 /* failed before its fix.                                                     */
 /* ------------------------------------------------------------------------ */
@@ -594,6 +687,8 @@ static Suite *suite(void)
     tcase_add_test(a, api_device_gdr_dmabuf_fallback);
     tcase_add_test(a, api_allreduce_2x2);
     tcase_add_test(a, api_peer_killed);
+    tcase_add_test(a, live_peer_stopped);
+    tcase_add_test(a, live_peer_killed);
     suite_add_tcase(s, a);
     TCase *b = tcase_create("regress");
     tcase_set_timeout(b, TEST_TIMEOUT_S);

@@ -13,6 +13,7 @@
  * own, without ranks.
  */
 #include <check.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -585,6 +586,89 @@ START_TEST(test_stop_rank)
 }
 END_TEST
 
+/* Liveness links: a neighbour that is late but beating is waited for past
+ * the liveness period (no operation timeout); one that stops beating is
+ * found within it, by both its neighbours, by name. The beats come from a
+ * thread here, as from the communicator's liveness thread. */
+#define LIVE_MS 500
+
+typedef struct beater {
+    hc_ring_t *ring;
+    volatile int stop;
+} beater_t;
+
+static void *beat_main(void *p)
+{
+    beater_t *b = p;
+    while (!b->stop) {
+        hc_ring_live_beat(b->ring);
+        hc_ring_live_poll(b->ring, 50);
+    }
+    return NULL;
+}
+
+static int rank_live(int rank, int n, void *arg)
+{
+    shm_t *shm = arg;
+    ag_ctx_t ag = { shm, rank };
+    static char addr[32];
+    snprintf(addr, sizeof addr, "127.0.0.%d", rank + 1);
+    hc_errbuf_init(&eb);
+    hc_ring_params_t p = {
+        .ops = &hc_tcp_ops,
+        .tp = { rank, n, addr, "lo", 0, rank, 2000, 1, 0, &eb },
+        .chunk_bytes = 64u << 10,
+        .allgather = shm_allgather,
+        .ag_ctx = &ag,
+        .op_timeout_ms = -1,
+        .liveness_ms = LIVE_MS,
+    };
+    hc_ring_t *ring;
+    HCT_REQUIRE(hc_ring_create(&p, &ring) == HCOLL_SUCCESS, "create: %s", eb.msg);
+    beater_t b = { ring, 0 };
+    pthread_t th;
+    HCT_REQUIRE(pthread_create(&th, NULL, beat_main, &b) == 0, "pthread_create");
+    float buf[50000];
+    for (size_t i = 0; i < 50000; i++)
+        buf[i] = 1.0f;
+    if (rank == 2)
+        usleep(3 * LIVE_MS * 1000);
+    double t0 = hct_now_ms();
+    HCT_REQUIRE(hc_ring_allreduce(ring, buf, buf, 50000, HCOLL_FLOAT32, HCOLL_SUM) == 0,
+                "late rank: %s", eb.msg);
+    HCT_REQUIRE(rank == 2 || hct_now_ms() - t0 > 2 * LIVE_MS, "did not wait for rank 2");
+    if (rank == 2) { /* freeze: no beats, no call, until the others gave up */
+        b.stop = 1;
+        pthread_join(th, NULL);
+        usleep(4 * LIVE_MS * 1000);
+        hc_ring_destroy(ring);
+        return 0;
+    }
+    t0 = hct_now_ms();
+    hcoll_status_t st = hc_ring_allreduce(ring, buf, buf, 50000, HCOLL_FLOAT32, HCOLL_SUM);
+    double ms = hct_now_ms() - t0;
+    b.stop = 1;
+    pthread_join(th, NULL);
+    HCT_REQUIRE(st == HCOLL_ERR_PEER_FAILED, "frozen rank: %s (%s)", hcoll_status_name(st),
+                eb.msg);
+    HCT_REQUIRE(strstr(eb.msg, "no sign of life from rank 2") && strstr(eb.msg, "rail 0"),
+                "message: %s", eb.msg);
+    HCT_REQUIRE(ms < LIVE_MS + 600, "found after %.0f ms", ms);
+    hc_ring_destroy(ring);
+    return 0;
+}
+
+START_TEST(test_live_late_vs_frozen)
+{
+    const int n = 3;
+    shm_t *shm = shm_new(n);
+    hct_opts_t o = { .nranks = n, .ranks_per_node = 1, .timeout_ms = 30000 };
+    hct_result_t res[MAXR];
+    ck_assert_int_eq(hct_run(&o, rank_live, shm, res), 0);
+    hct_shared_free(shm, sizeof *shm);
+}
+END_TEST
+
 /* Rank 0 sends one frame whose offset lies past rank 1's staging region:
  * rank 1 reports HCOLL_ERR_NETWORK, nobody crashes, everyone returns. */
 static void note_fault_time(const pid_t *pids, int n, void *arg)
@@ -884,6 +968,7 @@ static Suite *ring_suite(void)
     tcase_set_timeout(tc, TEST_TIMEOUT_S);
     tcase_add_test(tc, test_kill_rank);
     tcase_add_test(tc, test_stop_rank);
+    tcase_add_test(tc, test_live_late_vs_frozen);
     tcase_add_test(tc, test_corrupt_frame);
     tcase_add_loop_test(tc, test_count_mismatch, 0, 2);
     suite_add_tcase(s, tc);

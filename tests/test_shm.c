@@ -38,6 +38,8 @@ typedef struct tshm {
     int L;
     size_t chunk;
     int timeout_ms;
+    int op_timeout_ms;       /* 0: timeout_ms (as before the split) */
+    int liveness_ms;         /* 0: heartbeats not checked */
     int die_after_allgather; /* local rank that SIGKILLs itself there, or -1 */
     int victim;              /* rank the parent kills mid-operation, or -1 */
     char name[64];
@@ -125,6 +127,7 @@ static hcoll_status_t tshm_create(tshm_t *sh, int lrank, tshm_ag_t *ag, hc_errbu
     hc_intra_params_t p = {
         .local_rank = lrank, .local_size = sh->L, .name = sh->name,
         .chunk_bytes = sh->chunk, .timeout_ms = sh->timeout_ms, .errbuf = eb,
+        .op_timeout_ms = sh->op_timeout_ms, .liveness_ms = sh->liveness_ms,
         .rank = lrank, .allgather = tshm_allgather, .allgather_ctx = ag,
     };
     return hc_intra_shm_ops.create(&p, out);
@@ -687,6 +690,79 @@ START_TEST(silent_rank_times_out)
 }
 END_TEST
 
+/* Liveness: a local rank that keeps beating is waited for past the
+ * liveness period (no operation timeout here); once it stops beating, the
+ * waiter fails within the liveness period, naming it. */
+typedef struct beater {
+    hc_intra_t *ctx;
+    volatile int stop;
+} beater_t;
+
+static void *beat_main(void *p)
+{
+    beater_t *b = p;
+    while (!b->stop) {
+        hc_intra_beat(b->ctx);
+        usleep(30000);
+    }
+    return NULL;
+}
+
+static int rank_beats(int lrank, int nranks, void *arg)
+{
+    (void)nranks;
+    tshm_t *sh = arg;
+    tshm_ag_t ag;
+    hc_errbuf_t eb;
+    hc_intra_t *ctx = NULL;
+    TSHM_OK(&eb, tshm_create(sh, lrank, &ag, &eb, &ctx));
+    beater_t b = { ctx, 0 };
+    pthread_t th;
+    HCT_REQUIRE(pthread_create(&th, NULL, beat_main, &b) == 0, "pthread_create");
+    /* 1. late but alive: 3 liveness periods late. */
+    if (lrank == 1)
+        usleep((useconds_t)sh->liveness_ms * 3 * 1000);
+    double t0 = hct_now_ms();
+    TSHM_OK(&eb, hc_intra_shm_ops.barrier(ctx));
+    if (lrank == 0)
+        HCT_REQUIRE(hct_now_ms() - t0 > sh->liveness_ms * 2, "did not wait for the late rank");
+    /* 2. frozen: rank 1 stops beating and does not call. */
+    if (lrank == 1) {
+        b.stop = 1;
+        pthread_join(th, NULL);
+        usleep((useconds_t)sh->liveness_ms * 4 * 1000);
+        hcoll_status_t st = hc_intra_shm_ops.barrier(ctx);
+        HCT_REQUIRE(st == HCOLL_ERR_PEER_FAILED, "frozen rank: %s", hcoll_status_name(st));
+        hc_intra_destroy(ctx);
+        return 0;
+    }
+    t0 = hct_now_ms();
+    hcoll_status_t st = hc_intra_shm_ops.barrier(ctx);
+    double ms = hct_now_ms() - t0;
+    HCT_REQUIRE(st == HCOLL_ERR_PEER_FAILED, "-> %s (%s)", hcoll_status_name(st), eb.msg);
+    HCT_REQUIRE(strstr(eb.msg, "local rank 1") && strstr(eb.msg, "no sign of life"), "%s",
+                eb.msg);
+    HCT_REQUIRE(ms < sh->liveness_ms + 500, "found after %.0f ms", ms);
+    b.stop = 1;
+    pthread_join(th, NULL);
+    hc_intra_destroy(ctx);
+    return 0;
+}
+
+START_TEST(frozen_rank_vs_late_rank)
+{
+    tshm_t *sh = tshm_new(2);
+    sh->timeout_ms = 1000;   /* set-up only: the late rank is 1.2 s late */
+    sh->op_timeout_ms = -1;  /* operations wait without limit */
+    sh->liveness_ms = 400;
+    hct_opts_t o = { .nranks = 2, .timeout_ms = 20000 };
+    hct_result_t res[TSHM_MAXL];
+    ck_assert_int_eq(hct_run(&o, rank_beats, sh, res), 0);
+    ck_assert_int_eq(shm_leftovers(), 0);
+    hct_shared_free(sh, sizeof *sh);
+}
+END_TEST
+
 typedef struct abort_arg {
     hc_intra_t *ctx;
     int delay_ms;
@@ -811,6 +887,7 @@ static Suite *shm_suite(void)
     tcase_add_loop_test(tc, killed_rank_mid_operation, 0, 3);
     tcase_add_loop_test(tc, death_before_attach_leaves_nothing, 0, 2);
     tcase_add_test(tc, silent_rank_times_out);
+    tcase_add_test(tc, frozen_rank_vs_late_rank);
     tcase_add_test(tc, abort_from_another_thread);
     suite_add_tcase(s, tc);
     return s;

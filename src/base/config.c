@@ -90,7 +90,10 @@ static const hc_knob_t knobs[] = {
 
     /* Collective behaviour. */
     { "HCOLL_TIMEOUT_MS", HC_KNOB_INT, "30000", 1, 86400000, NULL, 0, 0, OFF(timeout_ms),
-      "Deadline for every wait (init, connection, a step of an operation), milliseconds." },
+      "Deadline of each set-up step once its peers are there (connecting, handshakes, set-up "
+      "exchanges, shared-memory attach) and of a silent TCP link (TCP_USER_TIMEOUT), "
+      "milliseconds. Waits for a late peer are bounded by HCOLL_OP_TIMEOUT_MS and "
+      "HCOLL_INIT_TIMEOUT_MS instead, and a dead one is found by HCOLL_LIVENESS_MS." },
     /* 256K, measured: on CPU-bound hosts a chunk that stays in cache between
      * its receive, its reduction and its forward beat 1M by 10-40% (ring
      * and three stages), and matched it on 1 Gbit/s shaped rails. */
@@ -106,6 +109,19 @@ static const hc_knob_t knobs[] = {
     { "HCOLL_RAIL", HC_KNOB_INT, "-1", -1, 1023, NULL, 0, 0, OFF(rail),
       "This rank's rail (its interface and RDMA NIC); -1: its local rank, or for a split "
       "communicator its rail in the parent. The config field rail wins." },
+    /* Liveness: tell a dead or frozen rank from a late one (core/live.c). */
+    { "HCOLL_LIVENESS_MS", HC_KNOB_INT, "15000", 100, 3600000, NULL, 0, 0, OFF(liveness_ms),
+      "A peer that an operation waits for is declared dead after this many milliseconds "
+      "without a sign of life (heartbeats of its liveness thread: a stopped or hung process); "
+      "one that exits or is killed is found at once." },
+    { "HCOLL_OP_TIMEOUT_MS", HC_KNOB_INT, "1800000", 0, 86400000, NULL, 0, 0, OFF(op_timeout_ms),
+      "How long an all-reduce waits without progress for peers that are alive but have not "
+      "called it yet (ranks minutes apart: checkpoints, evaluation), milliseconds; 0 = no "
+      "limit." },
+    { "HCOLL_INIT_TIMEOUT_MS", HC_KNOB_INT, "600000", 1, 86400000, NULL, 0, 0,
+      OFF(init_timeout_ms),
+      "How long init waits for every rank to arrive at the rendezvous, milliseconds; a rank "
+      "that arrived and then froze is found by HCOLL_LIVENESS_MS." },
 };
 
 #undef OFF

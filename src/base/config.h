@@ -47,6 +47,10 @@ typedef struct hc_params {
     /* Communicator splitting and non-blocking init (core/comm.c). */
     int64_t rail;                         /* -1: the default rail (hcoll.h) */
     int blocking;                         /* config field only: 1 block, 0 not */
+    /* Liveness (core/live.c): which wait each bounds is in the table. */
+    int64_t liveness_ms;                  /* no sign of life this long: dead */
+    int64_t op_timeout_ms;                /* an operation waits this long; 0 = none */
+    int64_t init_timeout_ms;              /* init waits this long for every rank */
 } hc_params_t;
 
 typedef enum hc_knob_kind {

@@ -40,6 +40,8 @@ hcoll_status_t hc_boot_create(const hc_boot_args_t *args, const void *rec, size_
     b->rank = args->rank;
     b->nranks = args->nranks;
     b->timeout_ms = args->timeout_ms;
+    b->init_timeout_ms = args->init_timeout_ms > 0 ? args->init_timeout_ms : args->timeout_ms;
+    b->liveness_ms = args->liveness_ms > 0 ? args->liveness_ms : 0;
     b->eb = args->eb;
     b->root = args->root;
     atomic_init(&b->aborted, 0);

@@ -35,7 +35,11 @@
  * arrives) and gives each HC_BOOT_AUTH_MS-style time cap (a quarter of the
  * timeout, clamped to 1..10 s) to finish the handshake.
  *
- * Deadlines: each call's deadline is timeout_ms from its start. A rank that
+ * Deadlines: each call's deadline is timeout_ms from its start, except the
+ * rendezvous's wait for every rank to arrive, which is init_timeout_ms
+ * (ranks of a job start minutes apart). While it waits, the root and the
+ * ranks that joined send each other BEAT messages every liveness_ms / 8,
+ * so that one of them that froze is named after liveness_ms. A rank that
  * never arrives makes the root fail with HCOLL_ERR_TIMEOUT naming the
  * missing ranks, and the root tells every connected rank so; a rank that
  * connected waits up to HC_BOOT_VERDICT_GRACE_MS past its own deadline for
@@ -82,7 +86,10 @@ typedef struct hc_boot_args {
     int listen_fd;
     unsigned char key[HC_BOOT_KEY_BYTES];
     int authenticated;   /* 0: the key is public, logged as such */
-    int64_t timeout_ms;
+    int64_t timeout_ms;      /* each set-up step once its peers are there */
+    int64_t init_timeout_ms; /* the rendezvous: every rank's arrival; 0: timeout_ms */
+    int64_t liveness_ms;     /* a joined rank (or the root) silent this long while
+                              * the rendezvous waits is dead; 0: not checked */
     hc_errbuf_t *eb;     /* where errors go; NULL: the calling thread's */
     /* NULL, or an eventfd of the caller's that cancels this boot when it
      * becomes readable, from the rendezvous on (as hc_boot_abort does once

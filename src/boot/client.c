@@ -61,8 +61,9 @@ static hcoll_status_t client_connect(hc_boot_t *b, double deadline, int *fd_out)
         if (hc_now_ms() + HC_BIO_CONNECT_RETRY_MS >= deadline)
             return hc_err_set(b->eb, HC_BOOT, b->rank, HCOLL_ERR_TIMEOUT,
                               "init: could not reach the root (rank 0) at %s within %lld ms "
-                              "(HCOLL_TIMEOUT_MS): %s; rank 0 is missing or unreachable",
-                              hc_sockaddr_str(&b->root, as, sizeof as), (long long)b->timeout_ms,
+                              "(HCOLL_INIT_TIMEOUT_MS): %s; rank 0 is missing or unreachable",
+                              hc_sockaddr_str(&b->root, as, sizeof as),
+                              (long long)b->init_timeout_ms,
                               strerror(last_err));
         struct pollfd p = { b->abort_fd, POLLIN, 0 };
         poll(&p, 1, HC_BIO_CONNECT_RETRY_MS);
@@ -134,15 +135,53 @@ static hcoll_status_t client_handshake(hc_boot_t *b, int fd, const unsigned char
     return HCOLL_SUCCESS;
 }
 
+/* Wait for the table (or the root's verdict) up to the init deadline,
+ * showing the root that this rank is alive and watching that it is. */
+static hcoll_status_t client_wait_table(hc_boot_t *b, int fd, unsigned char *recs,
+                                        size_t len, double deadline)
+{
+    const char *what = "init: waiting for every rank to join";
+    const int live = b->liveness_ms > 0;
+    double heard = hc_now_ms(), next_beat = 0;
+    for (;;) {
+        double now = hc_now_ms();
+        if (live && now >= next_beat) {
+            hc_bio_beat_nb(fd);
+            next_beat = now + hc_bio_beat_ms(b);
+        }
+        if (live && now - heard > (double)b->liveness_ms)
+            return hc_err_set(b->eb, HC_BOOT, b->rank, HCOLL_ERR_PEER_FAILED,
+                              "%s: the root (rank 0) showed no sign of life for %.0f ms "
+                              "(stopped or hung; HCOLL_LIVENESS_MS)", what, now - heard);
+        double until = live && next_beat < deadline ? next_beat : deadline;
+        hcoll_status_t st = hc_bio_wait(b, fd, POLLIN, until);
+        if (st == HCOLL_ERR_TIMEOUT && until < deadline)
+            continue;
+        if (st != HCOLL_SUCCESS)
+            return hc_bio_err(b, st, 0, what, b->init_timeout_ms);
+        int beat = hc_bio_take_beat(fd);
+        if (beat > 0)
+            heard = hc_now_ms();
+        else if (beat == 0)
+            usleep(1000); /* a header on its way */
+        else
+            return hc_bio_recv_msg(b, fd, 0, HC_BMSG_TABLE, 0, recs, len, deadline, what);
+    }
+}
+
 hcoll_status_t hc_boot_client_rendezvous(hc_boot_t *b, const unsigned char *key, const void *rec,
                                          size_t rec_len, unsigned char *recs)
 {
-    const double t0 = hc_now_ms(), deadline = t0 + (double)b->timeout_ms;
+    /* The root may start late (init's arrival timeout); once it answers,
+     * each step of the handshake has the set-up timeout. */
+    const double t0 = hc_now_ms(), arrive = t0 + (double)b->init_timeout_ms;
     hcoll_status_t st;
     int fd = -1;
+    double deadline = arrive;
     for (;;) {
-        HC_CHECK(client_connect(b, deadline, &fd), out);
+        HC_CHECK(client_connect(b, arrive, &fd), out);
         int retry;
+        deadline = hc_now_ms() + (double)b->timeout_ms;
         st = client_handshake(b, fd, key, rec_len, deadline, &retry);
         if (st == HCOLL_SUCCESS)
             break;
@@ -150,12 +189,13 @@ hcoll_status_t hc_boot_client_rendezvous(hc_boot_t *b, const unsigned char *key,
         fd = -1;
         if (!retry)
             goto out;
-        if (hc_now_ms() + HC_BIO_CONNECT_RETRY_MS >= deadline) {
+        if (hc_now_ms() + HC_BIO_CONNECT_RETRY_MS >= arrive) {
             char as[80];
             st = hc_err_set(b->eb, HC_BOOT, b->rank, HCOLL_ERR_TIMEOUT,
                             "init: the root (rank 0) at %s kept closing the connection before "
-                            "authentication for %lld ms (HCOLL_TIMEOUT_MS)",
-                            hc_sockaddr_str(&b->root, as, sizeof as), (long long)b->timeout_ms);
+                            "authentication for %lld ms (HCOLL_INIT_TIMEOUT_MS)",
+                            hc_sockaddr_str(&b->root, as, sizeof as),
+                            (long long)b->init_timeout_ms);
             goto out;
         }
         HC_INFO(HC_BOOT, b->rank, "bootstrap: the root closed the connection before "
@@ -171,9 +211,8 @@ hcoll_status_t hc_boot_client_rendezvous(hc_boot_t *b, const unsigned char *key,
     }
     /* The root is the one that knows who is missing: give its verdict a
      * moment past our own deadline to arrive. */
-    st = hc_bio_recv_msg(b, fd, 0, HC_BMSG_TABLE, 0, recs, (size_t)b->nranks * rec_len,
-                         deadline + HC_BOOT_VERDICT_GRACE_MS,
-                         "init: waiting for every rank to join");
+    st = client_wait_table(b, fd, recs, (size_t)b->nranks * rec_len,
+                           arrive + HC_BOOT_VERDICT_GRACE_MS);
     if (st != HCOLL_SUCCESS)
         goto out;
     HC_TRACE(HC_BOOT, b->rank, "bootstrap: joined in %.0f ms", hc_now_ms() - t0);

@@ -79,6 +79,12 @@ static hcoll_status_t gather_feed(gather_t *g, int r)
         }
         g->got[r] += (size_t)m;
         if (g->got[r] == hdr) {
+            hc_bwire_hdr_t h;
+            hc_bwire_unpack(g->hb[r], &h);
+            if (h.magic == HC_BWIRE_MAGIC && h.type == HC_BMSG_BEAT && h.len == 0) {
+                g->got[r] = 0; /* the rendezvous's last heartbeat, still in flight */
+                continue;
+            }
             hcoll_status_t st = gather_check_hdr(g, r);
             if (st != HCOLL_SUCCESS)
                 return st;

@@ -160,15 +160,19 @@ hcoll_status_t hc_bio_recv_msg(hc_boot_t *b, int fd, int who, unsigned type, uin
 {
     unsigned char hb[HC_BWIRE_HDR_BYTES];
     const double t0 = hc_now_ms();
-    hcoll_status_t st = hc_bio_recv(b, fd, hb, sizeof hb, deadline);
-    if (st != HCOLL_SUCCESS)
-        return hc_bio_err(b, st, who, what, (int64_t)(deadline - t0));
     hc_bwire_hdr_t h;
     char why[96];
-    hc_bwire_unpack(hb, &h);
-    if (!hc_bwire_sane(&h, why, sizeof why))
-        return hc_err_set(b->eb, HC_BOOT, b->rank, HCOLL_ERR_NETWORK,
-                          "%s: rank %d sent a malformed message (%s)", what, who, why);
+    hcoll_status_t st;
+    do {
+        /* A heartbeat the rendezvous left in flight says nothing here. */
+        st = hc_bio_recv(b, fd, hb, sizeof hb, deadline);
+        if (st != HCOLL_SUCCESS)
+            return hc_bio_err(b, st, who, what, (int64_t)(deadline - t0));
+        hc_bwire_unpack(hb, &h);
+        if (!hc_bwire_sane(&h, why, sizeof why))
+            return hc_err_set(b->eb, HC_BOOT, b->rank, HCOLL_ERR_NETWORK,
+                              "%s: rank %d sent a malformed message (%s)", what, who, why);
+    } while (h.type == HC_BMSG_BEAT && h.len == 0 && type != HC_BMSG_BEAT);
     if (h.type == HC_BMSG_ERROR) {
         char text[HC_BWIRE_ERRTEXT_MAX + 1];
         st = hc_bio_recv(b, fd, text, h.len, deadline);
@@ -294,4 +298,33 @@ void hc_bio_format_ranks(const char *present, int n, char *out, size_t len)
     }
     if (o + 16 >= len)
         snprintf(out + len - 5, 5, "...");
+}
+
+int hc_bio_beat_ms(const hc_boot_t *b)
+{
+    int64_t ms = b->liveness_ms / 8;
+    return ms < 5 ? 5 : ms > 1000 ? 1000 : (int)ms;
+}
+
+void hc_bio_beat_nb(int fd)
+{
+    unsigned char m[HC_BWIRE_HDR_BYTES];
+    hc_bwire_pack(m, HC_BMSG_BEAT, 0, 0);
+    /* 16 bytes into a socket that carries nothing else while the
+     * rendezvous waits: it fits, or the peer is long gone. */
+    (void)send(fd, m, sizeof m, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+int hc_bio_take_beat(int fd)
+{
+    unsigned char hb[HC_BWIRE_HDR_BYTES];
+    ssize_t n = recv(fd, hb, sizeof hb, MSG_PEEK | MSG_DONTWAIT);
+    if (n != (ssize_t)sizeof hb)
+        return n > 0 || (n < 0 && (errno == EAGAIN || errno == EINTR)) ? 0 : -1;
+    hc_bwire_hdr_t h;
+    char why[96];
+    hc_bwire_unpack(hb, &h);
+    if (!hc_bwire_sane(&h, why, sizeof why) || h.type != HC_BMSG_BEAT || h.len != 0)
+        return -1;
+    return recv(fd, hb, sizeof hb, MSG_DONTWAIT) == (ssize_t)sizeof hb ? 1 : -1;
 }

@@ -23,6 +23,8 @@
 struct hc_boot {
     int rank, nranks;
     int64_t timeout_ms;
+    int64_t init_timeout_ms; /* > 0 */
+    int64_t liveness_ms;     /* 0: not checked */
     hc_errbuf_t *eb;
     /* Root: conn[r] for r >= 1. Other ranks: conn[0] is the root. */
     int *conn;
@@ -73,6 +75,14 @@ hcoll_status_t hc_bio_err(hc_boot_t *b, hcoll_status_t st, int who, const char *
  * who, recording any failure. An ERROR message instead becomes this call's
  * error, carrying the sender's status and text.
  */
+/* Heartbeats while the rendezvous waits (liveness_ms > 0): the interval
+ * (liveness / 8, 5 ms .. 1 s); send one without blocking; take one that
+ * is next on fd: 1 taken, 0 not all there yet, -1 something else is next
+ * (a message, EOF, an error: read it the ordinary way). */
+int hc_bio_beat_ms(const hc_boot_t *b);
+void hc_bio_beat_nb(int fd);
+int hc_bio_take_beat(int fd);
+
 hcoll_status_t hc_bio_recv_msg(hc_boot_t *b, int fd, int who, unsigned type, uint32_t arg,
                                void *body, size_t len, double deadline, const char *what);
 

@@ -62,6 +62,8 @@ typedef struct root_ctx {
     int lfd;
     double deadline;
     struct pollfd *pf; /* abort_fd, lfd, pending, registered */
+    double *heard;     /* nranks: last sign of life of a registered rank */
+    double next_beat;  /* when the root beats to the registered ranks next */
 } root_ctx_t;
 
 static void pend_drop(root_ctx_t *rc, int i, const char *fmt, ...)
@@ -277,6 +279,7 @@ static int root_pend_progress(root_ctx_t *rc, int i)
             break;
         default:
             b->conn[p->rank] = p->fd;
+            rc->heard[p->rank] = hc_now_ms();
             rc->nreg++;
             HC_TRACE(HC_BOOT, 0, "bootstrap: rank %d joined from %s (%d of %d)", p->rank,
                      p->peer, rc->nreg + 1, b->nranks);
@@ -303,8 +306,35 @@ static hcoll_status_t root_missing(root_ctx_t *rc)
     }
     return hc_err_set(b->eb, HC_BOOT, 0, HCOLL_ERR_TIMEOUT,
                       "init: rank(s) %s of %d never joined within %lld ms "
-                      "(HCOLL_TIMEOUT_MS); %d of %d ranks are here",
-                      missing, b->nranks, (long long)b->timeout_ms, rc->nreg + 1, b->nranks);
+                      "(HCOLL_INIT_TIMEOUT_MS); %d of %d ranks are here",
+                      missing, b->nranks, (long long)b->init_timeout_ms, rc->nreg + 1,
+                      b->nranks);
+}
+
+/* While the rendezvous waits for late ranks (HCOLL_INIT_TIMEOUT_MS), the
+ * ranks already here and the root show each other they are alive: a
+ * joined rank that froze is named after HCOLL_LIVENESS_MS, not at the
+ * arrival deadline. */
+static hcoll_status_t root_liveness(root_ctx_t *rc, double now)
+{
+    hc_boot_t *b = rc->b;
+    if (b->liveness_ms <= 0)
+        return HCOLL_SUCCESS;
+    const int beat = now >= rc->next_beat;
+    if (beat)
+        rc->next_beat = now + hc_bio_beat_ms(b);
+    for (int r = 1; r < b->nranks; r++) {
+        if (b->conn[r] < 0)
+            continue;
+        if (beat)
+            hc_bio_beat_nb(b->conn[r]);
+        if (now - rc->heard[r] > (double)b->liveness_ms)
+            return hc_err_set(b->eb, HC_BOOT, 0, HCOLL_ERR_PEER_FAILED,
+                              "init: rank %d joined and then showed no sign of life for %.0f ms "
+                              "(stopped or hung; HCOLL_LIVENESS_MS)",
+                              r, now - rc->heard[r]);
+    }
+    return HCOLL_SUCCESS;
 }
 
 /* One poll over the listener, the pending connections and the registered
@@ -314,6 +344,8 @@ static hcoll_status_t root_poll_once(root_ctx_t *rc, double now)
     hc_boot_t *b = rc->b;
     struct pollfd *pf = rc->pf;
     double wake = rc->deadline;
+    if (b->liveness_ms > 0 && rc->next_beat < wake)
+        wake = rc->next_beat;
     for (int i = 0; i < rc->npend; i++)
         if (rc->pend[i].deadline < wake)
             wake = rc->pend[i].deadline;
@@ -337,14 +369,19 @@ static hcoll_status_t root_poll_once(root_ctx_t *rc, double now)
         return HCOLL_SUCCESS;
     if (pf[0].revents)
         return hc_bio_aborted(b, "init");
-    /* A registered rank must stay silent until the table: readable
-     * means it died (EOF) or broke protocol. */
+    /* A registered rank sends nothing but heartbeats until the table:
+     * anything else means it died (EOF) or broke protocol. */
     for (int k = reg0; k < np; k++) {
         if (!pf[k].revents)
             continue;
         int r = 1;
         while (b->conn[r] != pf[k].fd)
             r++;
+        int beat = hc_bio_take_beat(pf[k].fd);
+        if (beat > 0)
+            rc->heard[r] = hc_now_ms();
+        if (beat >= 0)
+            continue;
         return hc_err_set(b->eb, HC_BOOT, 0, HCOLL_ERR_PEER_FAILED,
                           "init: rank %d closed its connection before every rank had "
                           "joined (it failed or was killed)",
@@ -371,11 +408,12 @@ hcoll_status_t hc_boot_root_rendezvous(hc_boot_t *b, int lfd, const unsigned cha
                                        const void *rec, size_t rec_len, unsigned char *recs)
 {
     hcoll_status_t st = HCOLL_SUCCESS;
-    const double t0 = hc_now_ms(), deadline = t0 + (double)b->timeout_ms;
+    const double t0 = hc_now_ms(), deadline = t0 + (double)b->init_timeout_ms;
     root_ctx_t *rc = calloc(1, sizeof *rc);
     struct pollfd *pf = calloc((size_t)b->nranks + HC_BOOT_PENDING_MAX + 2, sizeof *pf);
     char *claimed = calloc((size_t)b->nranks, 1);
-    if (!rc || !pf || !claimed) {
+    double *heard = calloc((size_t)b->nranks, sizeof *heard);
+    if (!rc || !pf || !claimed || !heard) {
         st = hc_err_set(b->eb, HC_BOOT, 0, HCOLL_ERR_NO_MEMORY, "bootstrap: out of memory");
         goto clean_ctx;
     }
@@ -384,6 +422,7 @@ hcoll_status_t hc_boot_root_rendezvous(hc_boot_t *b, int lfd, const unsigned cha
     rc->rec_len = rec_len;
     rc->recs = recs;
     rc->claimed = claimed;
+    rc->heard = heard;
     rc->lfd = lfd;
     rc->deadline = deadline;
     rc->pf = pf;
@@ -407,6 +446,7 @@ hcoll_status_t hc_boot_root_rendezvous(hc_boot_t *b, int lfd, const unsigned cha
             st = root_missing(rc);
             goto clean_ranks;
         }
+        HC_CHECK(root_liveness(rc, now), clean_ranks);
         HC_CHECK(root_poll_once(rc, now), clean_ranks);
     }
 
@@ -439,6 +479,7 @@ clean_ctx:
     if (lfd >= 0)
         close(lfd);
     free(claimed);
+    free(heard);
     free(pf);
     free(rc);
     return st;

@@ -39,7 +39,7 @@ int hc_bwire_sane(const hc_bwire_hdr_t *h, char *why, size_t whylen)
                  HC_BWIRE_VERSION);
         return 0;
     }
-    if (h->type < HC_BMSG_CHALLENGE || h->type > HC_BMSG_DOWN) {
+    if (h->type < HC_BMSG_CHALLENGE || h->type > HC_BMSG_BEAT) {
         snprintf(why, whylen, "unknown message type %u", h->type);
         return 0;
     }

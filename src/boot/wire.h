@@ -41,6 +41,7 @@ enum hc_bwire_msg {
     HC_BMSG_ERROR = 6,
     HC_BMSG_UP = 7,
     HC_BMSG_DOWN = 8,
+    HC_BMSG_BEAT = 9, /* empty: "alive", while init waits for every rank */
 };
 
 /* The set-up collectives, as carried in the top byte of UP/DOWN's arg. */

@@ -58,6 +58,7 @@
 
 #include "core/coll_dev.h" /* device buffers (coll_dev.c) */
 #include "core/comm.h"
+#include "core/live.h"
 #include "core/ringdrv.h"
 #include "core/ringthr.h"
 #include "base/err.h"
@@ -122,7 +123,14 @@ struct hc_coll {
     hc_coll_dev_t *dev; /* device-buffer path (coll_dev.c); CUDA only once used */
 
     hc_ringthr_t *ringthr; /* the ring thread (three-stage plan only) */
+    hc_live_t *live;       /* the liveness thread (core/live.h) */
 };
+
+/* HCOLL_OP_TIMEOUT_MS as the backends take it: 0 (no limit) is < 0 there. */
+static int op_timeout(const struct hcoll_comm *c)
+{
+    return c->params.op_timeout_ms > 0 ? (int)c->params.op_timeout_ms : -1;
+}
 
 /* ------------------------------------------------------------------------ */
 /* Set-up exchanges over a subset of ranks                                    */
@@ -596,6 +604,7 @@ void hc_coll_destroy(hc_coll_t *co, int aborting)
     if (co->worker_started)
         pthread_join(co->worker, NULL);
     hc_ringthr_stop(co->ringthr);
+    hc_live_stop(co->live);
     /* Device path: the worker has released every stream it queued; free
      * the flag only once the streams are past it. Before the ring goes. */
     hc_coll_dev_destroy(co->dev, aborting);
@@ -674,7 +683,7 @@ static hcoll_status_t ring_setup(hc_coll_t *co, int nmembers, int position)
             .ifname = ifc->name,
             .rail = c->peers[c->rank].rail,
             .log_rank = c->rank,
-            .timeout_ms = (int)c->params.timeout_ms,
+            .timeout_ms = (int)c->params.timeout_ms,  /* set-up */
             .nsocks_perpeer = (int)c->params.nsocks_perpeer,
             .socket_buf = c->params.socket_buf,
             .errbuf = &c->err,
@@ -687,6 +696,8 @@ static hcoll_status_t ring_setup(hc_coll_t *co, int nmembers, int position)
         .nslots = 0,
         .allgather = group_allgather,
         .ag_ctx = &co->ring_ag,
+        .op_timeout_ms = op_timeout(c),
+        .liveness_ms = (int)c->params.liveness_ms,
     };
     st = hc_ring_create(&rp, &co->ring);
 out:
@@ -734,6 +745,8 @@ hcoll_status_t hc_coll_create(struct hcoll_comm *c)
             .name = name,
             .chunk_bytes = c->params.chunk_bytes,
             .timeout_ms = (int)c->params.timeout_ms,
+            .op_timeout_ms = op_timeout(c),
+            .liveness_ms = (int)c->params.liveness_ms,
             .errbuf = &c->err,
             .rank = c->rank,
             .allgather = group_allgather,
@@ -756,6 +769,9 @@ hcoll_status_t hc_coll_create(struct hcoll_comm *c)
                                        "the inter-node stage" };
         HC_CHECK(hc_ringthr_start(co->ring, &env, &co->ringthr), out);
     }
+    HC_CHECK(hc_live_start(co->intra, co->ring, (int)c->params.liveness_ms, &c->err, c->rank,
+                           &co->live),
+             out);
     /* Device-buffer path: bookkeeping only; CUDA and NCCL are set up by the
      * first device call (coll_dev.c), so host-only users never pay. */
     HC_CHECK(hc_coll_dev_create(c, co->plan, co->ring, group_allgather, &co->intra_ag,

@@ -256,6 +256,8 @@ static hcoll_status_t comm_setup(struct hcoll_comm *c)
     memcpy(ba.key, s->ia.key, sizeof ba.key);
     ba.authenticated = s->ia.authenticated;
     ba.timeout_ms = c->params.timeout_ms;
+    ba.init_timeout_ms = c->params.init_timeout_ms;
+    ba.liveness_ms = c->params.liveness_ms;
     ba.eb = &c->err;
     ba.cancel_fd = &c->cancel_fd;
     s->ia.listen_fd = -1;

@@ -36,6 +36,14 @@ typedef struct hc_ring_params {
     int nslots;                    /* staging slots, 0 = default (4), max 16 */
     hc_allgather_fn allgather;     /* address exchange among the ring */
     void *ag_ctx;
+    /* An operation waits this long without progress for neighbours that
+     * are alive but late: > 0 ms, < 0 no limit, 0 tp.timeout_ms. */
+    int op_timeout_ms;
+    /* > 0: liveness links to both neighbours (ring_live.c); a neighbour
+     * silent this long, or whose link closes without a goodbye, fails the
+     * operation waiting for it. Someone must then call hc_ring_live_beat
+     * and hc_ring_live_poll (the communicator's liveness thread). 0: none. */
+    int liveness_ms;
 } hc_ring_params_t;
 
 /* Connect the ring. Collective over the ring's ranks; blocks up to the
@@ -112,6 +120,12 @@ void hc_ring_fail(hc_ring_t *ring, hcoll_status_t st);
 /* Close the ring. After an error the connections are reset so that peers
  * fail fast; otherwise peers get an orderly goodbye. Local. NULL: no-op. */
 void hc_ring_destroy(hc_ring_t *ring);
+
+/* The liveness thread's side of the liveness links (thread-safe with the
+ * ring's own thread; no-ops without links): send one heartbeat to both
+ * neighbours; read theirs, waiting up to wait_ms. */
+void hc_ring_live_beat(hc_ring_t *ring);
+void hc_ring_live_poll(hc_ring_t *ring, int wait_ms);
 
 /* Test hook: the endpoint towards the next rank (NULL for a 1-rank ring). */
 hc_ep_t *hc_ring_debug_ep_next(hc_ring_t *ring);

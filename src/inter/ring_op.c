@@ -3,7 +3,8 @@
  * start, the descriptor that tells prev where this rank's output is, the
  * messages that arrived early, and the progress loop that polls the
  * transport, hands each completion to the protocol (ring.c) and enforces
- * the no-progress deadline.
+ * the no-progress deadline (the operation timeout) and, on every slice,
+ * the neighbours' liveness (ring_live.c).
  */
 #include "inter/ring_priv.h"
 #include "base/clock.h"
@@ -13,6 +14,9 @@
 
 #include "base/log.h"
 #include "base/reduce.h"
+
+/* Longest transport wait between two looks at the liveness links. */
+#define RING_LIVE_SLICE_MS 50
 
 static void op_finish(hc_ring_t *r)
 {
@@ -226,6 +230,24 @@ hcoll_status_t hc_ring_start_device(hc_ring_t *r, const void *sendbuf, void *rec
     return ring_start(r, sendbuf, recvbuf, count, dtype, op, avg_divisor, 1);
 }
 
+/* No progress for the operation timeout: every neighbour is alive (the
+ * liveness links say so), but at least one has not called it. */
+static hcoll_status_t op_timed_out(hc_ring_t *r)
+{
+    const ring_op_t *o = &r->op;
+    return hc_err_set(RING_ERRBUF(r), HC_NET, RING_LOGRANK(r), HCOLL_ERR_TIMEOUT,
+                      "ring: no progress for %d ms in operation %llu (reduce-scatter "
+                      "%zu/%zu received from rank %d, all-gather %zu/%zu received, "
+                      "%d credit(s) owed by rank %d, %s; operation timeout%s)",
+                      r->op_timeout_ms, (unsigned long long)r->seq, o->rs_nrecv, o->g.nmsg,
+                      hc_tp_rank(&r->p.tp, r->prev), o->ag_nrecv, o->g.nmsg, r->nbusy,
+                      hc_tp_rank(&r->p.tp, r->next),
+                      o->g.gather    ? "vectors gathered"
+                      : o->have_desc ? "descriptor received"
+                                     : "no descriptor from next rank",
+                      r->p.liveness_ms > 0 ? " HCOLL_OP_TIMEOUT_MS, neighbours alive" : "");
+}
+
 hcoll_status_t hc_ring_progress(hc_ring_t *r, int wait_ms, int *done_out)
 {
     hcoll_status_t st = HCOLL_SUCCESS;
@@ -244,26 +266,21 @@ hcoll_status_t hc_ring_progress(hc_ring_t *r, int wait_ms, int *done_out)
         if (n == 0) {
             if (op_complete(r))
                 break;
+            HC_CHECK(hc_ring_live_check(r), out);
             double now = hc_now_ms();
-            if (now - r->last_activity > r->p.tp.timeout_ms) {
-                const ring_op_t *o = &r->op;
-                st = hc_err_set(RING_ERRBUF(r), HC_NET, RING_LOGRANK(r), HCOLL_ERR_TIMEOUT,
-                                "ring: no progress for %d ms in operation %llu (reduce-scatter "
-                                "%zu/%zu received from rank %d, all-gather %zu/%zu received, "
-                                "%d credit(s) owed by rank %d, %s)",
-                                r->p.tp.timeout_ms, (unsigned long long)r->seq, o->rs_nrecv,
-                                o->g.nmsg, hc_tp_rank(&r->p.tp, r->prev), o->ag_nrecv, o->g.nmsg,
-                                r->nbusy, hc_tp_rank(&r->p.tp, r->next),
-                                o->g.gather    ? "vectors gathered"
-                                : o->have_desc ? "descriptor received"
-                                               : "no descriptor from next rank");
+            if (r->op_timeout_ms > 0 && now - r->last_activity > r->op_timeout_ms) {
+                st = op_timed_out(r);
                 goto out;
             }
             if (now >= give_up)
                 return HCOLL_SUCCESS;
-            double left = r->last_activity + r->p.tp.timeout_ms - now;
-            if (give_up - now < left)
-                left = give_up - now;
+            /* Short slices while liveness links run, so that a dead
+             * neighbour is noticed in a fraction of a second. */
+            double left = give_up - now;
+            if (r->op_timeout_ms > 0 && r->last_activity + r->op_timeout_ms - now < left)
+                left = r->last_activity + r->op_timeout_ms - now;
+            if (r->p.liveness_ms > 0 && left > RING_LIVE_SLICE_MS)
+                left = RING_LIVE_SLICE_MS;
             int wait = (int)left + 1;
             HC_CHECK(r->ops->poll(r->tr, comps, (int)HC_ARRAY_LEN(comps), wait, &n), out);
             if (n == 0)

@@ -16,6 +16,8 @@
 #ifndef HC_INTER_RING_PRIV_H
 #define HC_INTER_RING_PRIV_H
 
+#include <stdatomic.h>
+
 #include "inter/ring.h"
 #include "inter/ring_sched.h"
 
@@ -41,6 +43,8 @@ typedef struct ring_info {
     uint32_t magic;
     uint32_t rank;
     uint32_t nslots;
+    uint32_t live_port;  /* liveness link listener, 0: none */
+    uint32_t live_ip;    /* network order */
     uint32_t pad;
     uint64_t chunk_bytes;
     hc_rkey_t slots_rkey;
@@ -94,6 +98,17 @@ typedef struct ring_op {
     uint8_t *ag_done;    /* [nmsg] landed */
 } ring_op_t;
 
+enum { HC_RING_LIVE_OFF = 0, HC_RING_LIVE_UP, HC_RING_LIVE_LEFT, HC_RING_LIVE_DEAD };
+
+/* A liveness link (ring_live.c): fd used by the liveness thread, the rest
+ * read by the ring's thread. */
+typedef struct ring_live {
+    int fd;
+    atomic_int state;      /* HC_RING_LIVE_* */
+    atomic_llong last_ms;  /* when the last byte arrived (hc_now_ms) */
+    char why[112];         /* DEAD: what happened, written before state */
+} ring_live_t;
+
 struct hc_ring {
     hc_ring_params_t p;
     int rank, n, next, prev;
@@ -126,6 +141,11 @@ struct hc_ring {
     size_t flags_cap;
     ring_op_t op;
     double last_activity;
+    int op_timeout_ms;    /* < 0: none */
+    int live_listen;      /* during set-up */
+    char rail_addr[64];   /* tp.bind_addr and tp.ifname, kept for messages */
+    char rail_ifname[64];
+    ring_live_t live[2];  /* [0] to next, [1] from prev */
     hcoll_status_t err;
 };
 
@@ -139,6 +159,17 @@ static inline hcoll_status_t ring_fail(hc_ring_t *r, hcoll_status_t st)
         r->err = st;
     return r->err;
 }
+
+/* ---- ring_live.c: liveness links ---------------------------------------- */
+
+/* Listen on the rail address (nothing when liveness_ms <= 0). */
+hcoll_status_t hc_ring_live_listen(hc_ring_t *r, uint32_t *ip_out, uint32_t *port_out);
+/* Dial next, accept prev; after the info exchange. */
+hcoll_status_t hc_ring_live_connect(hc_ring_t *r, uint32_t next_ip, uint32_t next_port);
+/* HCOLL_ERR_PEER_FAILED (recorded) when a neighbour is dead. */
+hcoll_status_t hc_ring_live_check(hc_ring_t *r);
+/* Close the links; graceful: with a goodbye. */
+void hc_ring_live_close(hc_ring_t *r, int graceful);
 
 /* ---- ring.c: the protocol ----------------------------------------------- */
 

@@ -7,6 +7,7 @@
  */
 #include "inter/ring_priv.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,6 +43,7 @@ static hcoll_status_t exchange_info(hc_ring_t *r, const ring_info_t *mine)
     r->next_slots = all[r->next].slots_rkey;
     r->prev_ctrl = all[r->prev].ctrl_rkey;
     r->next_gbuf = all[r->next].gather_rkey;
+    st = hc_ring_live_connect(r, all[r->next].live_ip, all[r->next].live_port);
 clean_all:
     free(all);
     return st;
@@ -70,6 +72,17 @@ hcoll_status_t hc_ring_create(const hc_ring_params_t *params, hc_ring_t **ring_o
     r->ops = params->ops;
     r->chunk_bytes = (size_t)params->chunk_bytes & ~(size_t)7; /* whole elements of any type */
     r->nslots = params->nslots ? params->nslots : DEFAULT_SLOTS;
+    r->op_timeout_ms = params->op_timeout_ms ? params->op_timeout_ms : params->tp.timeout_ms;
+    r->live_listen = -1;
+    /* The caller's strings need not outlive create. */
+    snprintf(r->rail_addr, sizeof r->rail_addr, "%s",
+             params->tp.bind_addr ? params->tp.bind_addr : "");
+    snprintf(r->rail_ifname, sizeof r->rail_ifname, "%s",
+             params->tp.ifname ? params->tp.ifname : "?");
+    r->p.tp.bind_addr = r->rail_addr;
+    r->p.tp.ifname = r->rail_ifname;
+    for (int i = 0; i < 2; i++)
+        r->live[i].fd = -1;
     if (n == 1) {
         *ring_out = r;
         return HCOLL_SUCCESS;
@@ -94,8 +107,9 @@ hcoll_status_t hc_ring_create(const hc_ring_params_t *params, hc_ring_t **ring_o
         goto clean_bufs;
     }
     memset(r->ctrl, 0, 2 * DESC_SLOTS * DESC_BYTES);
-    ring_info_t mine = { RING_MAGIC, (uint32_t)me, (uint32_t)r->nslots, 0, r->chunk_bytes,
+    ring_info_t mine = { RING_MAGIC, (uint32_t)me, (uint32_t)r->nslots, 0, 0, 0, r->chunk_bytes,
                          { { 0, 0 } }, { { 0, 0 } }, { { 0, 0 } } };
+    HC_CHECK(hc_ring_live_listen(r, &mine.live_ip, &mine.live_port), clean_bufs);
     HC_CHECK(r->ops->mr_reg(r->tr, r->slots, (size_t)r->nslots * r->chunk_bytes, &r->slots_mr,
                             &mine.slots_rkey),
              clean_bufs);
@@ -120,6 +134,7 @@ clean_ctrl_mr:
 clean_slots_mr:
     r->ops->mr_dereg(r->tr, r->slots_mr);
 clean_bufs:
+    hc_ring_live_close(r, 0);
     free(r->gbuf);
     free(r->ctrl);
     free(r->slots);
@@ -142,6 +157,7 @@ void hc_ring_destroy(hc_ring_t *r)
         r->ops->destroy(r->tr, graceful); /* frees its regions too */
         r->tr = NULL;
     }
+    hc_ring_live_close(r, graceful);
     free(r->flags);
     free(r->gbuf);
     free(r->ctrl);

@@ -25,3 +25,9 @@ void hc_intra_destroy(hc_intra_t *ctx)
     if (ctx && ctx->ops && ctx->ops->destroy)
         ctx->ops->destroy(ctx);
 }
+
+void hc_intra_beat(hc_intra_t *ctx)
+{
+    if (ctx && ctx->ops && ctx->ops->beat)
+        ctx->ops->beat(ctx);
+}

@@ -32,7 +32,9 @@
  * into pieces and call reduce_scatter / all_gather per piece (the shard
  * split then applies within each piece); successive calls never mix.
  *
- * Every wait has the deadline timeout_ms. After any failed call the object
+ * Every wait is bounded: create's by timeout_ms, an operation's by
+ * op_timeout_ms without progress, and a waited-for rank that stops
+ * beating for liveness_ms is dead. After any failed call the object
  * is unusable: later calls fail at once; only destroy remains. A failure
  * seen by one local rank (death, abort, timeout, mismatch) is published to
  * the others, whose blocked calls then fail promptly:
@@ -64,7 +66,15 @@ typedef struct hc_intra_params {
      * '/', at most NAME_MAX bytes. Copied; need not outlive create. */
     const char *name;
     size_t chunk_bytes;  /* pipelining granule (HCOLL_CHUNK_BYTES), >= 4096 */
-    int timeout_ms;      /* deadline of every single wait, > 0 */
+    int timeout_ms;      /* deadline of create's waits (set-up), > 0 */
+    /* Waits inside an operation, for a local rank that is alive but has
+     * not called it yet: > 0 this many ms without progress, < 0 no limit,
+     * 0 timeout_ms (callers that predate the split). */
+    int op_timeout_ms;
+    /* A local rank awaited whose heartbeat (hc_intra_beat, from its
+     * liveness thread) has not moved for this many ms is declared dead
+     * (stopped, hung); 0: no heartbeat check (the exit checks remain). */
+    int liveness_ms;
     hc_errbuf_t *errbuf; /* where errors are recorded (NULL: thread's) */
     int rank;            /* global rank, for messages only */
     hc_allgather_fn allgather; /* used during create only */
@@ -96,6 +106,11 @@ struct hc_intra_ops {
     void (*abort)(hc_intra_t *ctx);
     /* Local, never blocks on peers. NULL is a no-op. */
     void (*destroy)(hc_intra_t *ctx);
+    /* Show the local peers that this rank is alive (a counter they watch
+     * while they wait for it). Thread-safe, non-blocking; called by the
+     * communicator's liveness thread whether or not a call runs. NULL:
+     * the backend has no such wait. */
+    void (*beat)(hc_intra_t *ctx);
 };
 
 /* Every backend's object starts with this, so the generic helpers below can
@@ -131,8 +146,9 @@ extern const hc_intra_ops_t hc_intra_nccl_ops;
  */
 void hc_intra_shard(size_t count, int L, int i, size_t *offset_out, size_t *len_out);
 
-/* ctx->ops->abort / destroy; NULL is a no-op. */
+/* ctx->ops->abort / destroy / beat; NULL is a no-op. */
 void hc_intra_abort(hc_intra_t *ctx);
+void hc_intra_beat(hc_intra_t *ctx);
 void hc_intra_destroy(hc_intra_t *ctx);
 
 #endif

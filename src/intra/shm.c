@@ -51,6 +51,8 @@ static void hc_shm_free(hc_shm_t *s)
     }
     free(s->pidfd);
     free(s->pid);
+    free(s->seen_beat);
+    free(s->seen_at);
     free(s);
 }
 
@@ -183,6 +185,8 @@ static hcoll_status_t shm_new(const hc_intra_params_t *prm, hc_shm_t **out)
     s->rank = prm->rank;
     s->eb = eb;
     s->timeout_ms = prm->timeout_ms;
+    s->op_timeout_ms = prm->op_timeout_ms ? prm->op_timeout_ms : prm->timeout_ms;
+    s->liveness_ms = prm->liveness_ms > 0 ? prm->liveness_ms : 0;
     if (s->L == 1) {
         *out = s; /* nothing to share */
         return HCOLL_SUCCESS;
@@ -190,7 +194,9 @@ static hcoll_status_t shm_new(const hc_intra_params_t *prm, hc_shm_t **out)
     snprintf(s->name, sizeof s->name, "%s", prm->name);
     s->pidfd = malloc((size_t)s->L * sizeof *s->pidfd);
     s->pid = calloc((size_t)s->L, sizeof *s->pid);
-    if (!s->pidfd || !s->pid) {
+    s->seen_beat = calloc((size_t)s->L, sizeof *s->seen_beat);
+    s->seen_at = calloc((size_t)s->L, sizeof *s->seen_at);
+    if (!s->pidfd || !s->pid || !s->seen_beat || !s->seen_at) {
         hc_shm_free(s);
         return hc_err_set(eb, HC_SHM, prm->rank, HCOLL_ERR_NO_MEMORY, "intra-node shm: calloc");
     }
@@ -349,4 +355,5 @@ const hc_intra_ops_t hc_intra_shm_ops = {
     .barrier = hc_shm_barrier,
     .abort = hc_shm_abort,
     .destroy = hc_shm_destroy,
+    .beat = hc_shm_beat,
 };

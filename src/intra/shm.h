@@ -45,6 +45,9 @@ typedef struct hc_shm_rank {
     _Alignas(HC_SHM_LINE) hc_shm_desc_t desc[HC_SHM_NSLOTS];
     int32_t pid;
     uint32_t state; /* HC_SHM_ST_* */
+    /* Bumped by the owner's liveness thread (hc_intra_beat): a rank that
+     * waits for this one reads it to tell a late rank from a frozen one. */
+    _Alignas(HC_SHM_LINE) uint64_t beat;
 } hc_shm_rank_t;
 
 typedef struct hc_shm_hdr {
@@ -75,6 +78,10 @@ typedef struct hc_shm_hello {
 typedef struct hc_shm {
     hc_intra_t base;
     int lrank, L, rank, timeout_ms;
+    int op_timeout_ms;   /* < 0: operations wait without limit */
+    int liveness_ms;     /* 0: heartbeats not checked */
+    uint64_t *seen_beat; /* per local rank: its beat when last looked at */
+    double *seen_at;     /* ... and when it last moved; 0: never looked */
     hc_errbuf_t *eb;
     hc_shm_hdr_t *hdr;
     unsigned char *data;
@@ -150,5 +157,6 @@ hcoll_status_t hc_shm_allreduce(hc_intra_t *ctx, const void *sendbuf, void *recv
                                 size_t count, hcoll_dtype_t dtype, hcoll_op_t op, void *stream);
 hcoll_status_t hc_shm_barrier(hc_intra_t *ctx);
 void hc_shm_abort(hc_intra_t *ctx);
+void hc_shm_beat(hc_intra_t *ctx);
 
 #endif

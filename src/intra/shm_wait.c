@@ -6,8 +6,12 @@
  * sched_yield, then FUTEX_WAIT on one event counter in the segment, in
  * slices of HC_SHM_SLICE_MS. Every writer bumps the counter and wakes when
  * somebody sleeps. Between slices: the abort/failure word, the deadline,
- * and the liveness of the ranks still awaited (pidfd, else kill(pid,0) and
- * /proc zombie state). The first rank that sees a failure poisons the
+ * and the liveness of the ranks still awaited: exit (pidfd, else
+ * kill(pid,0) and /proc zombie state), found within milliseconds, and the
+ * heartbeat counter each rank's liveness thread bumps (hc_shm_beat): a
+ * rank whose counter stands still for liveness_ms is stopped or hung. A
+ * rank that is alive but late is waited for up to op_timeout_ms: the
+ * deadline is for progress, the heartbeat for life. The first rank that sees a failure poisons the
  * segment so that every other rank's wait ends at once too.
  */
 #include "intra/shm.h"
@@ -100,6 +104,29 @@ hcoll_status_t hc_shm_check_health(hc_shm_t *s, const char *what)
                       what, culprit, how, reporter);
 }
 
+void hc_shm_beat(hc_intra_t *ctx)
+{
+    hc_shm_t *s = (hc_shm_t *)ctx;
+    if (s && s->hdr)
+        __atomic_add_fetch(&s->hdr->ranks[s->lrank].beat, 1, __ATOMIC_RELAXED);
+}
+
+/* 1 when rank q's heartbeat has stood still for liveness_ms. The clock
+ * starts at the first look, so a rank is never judged on time before
+ * anybody watched it. */
+static int hc_shm_peer_frozen(hc_shm_t *s, int q, double now)
+{
+    if (s->liveness_ms <= 0)
+        return 0;
+    uint64_t b = __atomic_load_n(&s->hdr->ranks[q].beat, __ATOMIC_RELAXED);
+    if (s->seen_at[q] == 0 || b != s->seen_beat[q]) {
+        s->seen_beat[q] = b;
+        s->seen_at[q] = now;
+        return 0;
+    }
+    return now - s->seen_at[q] > s->liveness_ms;
+}
+
 /* 0 alive, 1 exited, 2 left the segment (destroyed its context). */
 static int hc_shm_peer_gone(const hc_shm_t *s, int q)
 {
@@ -165,13 +192,43 @@ static int hc_shm_first_pending(const hc_shm_t *s, hc_shm_pending_fn pending,
     return -1;
 }
 
+/* The ranks still awaited: one that exited, left or (beats: 1) stopped
+ * beating ends the wait, and the segment is poisoned so that every other
+ * local rank's wait ends too. One that finished its part and went away is
+ * not a failure. */
+static hcoll_status_t hc_shm_check_awaited(hc_shm_t *s, hc_shm_pending_fn pending,
+                                           uint64_t target, const char *what, int beats,
+                                           double now)
+{
+    for (int r = 0; r < s->L; r++) {
+        if (r == s->lrank || !pending(s, r, target))
+            continue;
+        int gone = hc_shm_peer_gone(s, r);
+        if (gone) {
+            hc_shm_poison(s, HCOLL_ERR_PEER_FAILED, r);
+            return hc_err_set(s->eb, HC_SHM, s->rank, HCOLL_ERR_PEER_FAILED,
+                              "intra-node shm %s: local rank %d (pid %d) %s", what, r,
+                              (int)s->pid[r], gone == 2 ? "left the node's segment" : "died");
+        }
+        if (beats && hc_shm_peer_frozen(s, r, now)) {
+            hc_shm_poison(s, HCOLL_ERR_PEER_FAILED, r);
+            return hc_err_set(s->eb, HC_SHM, s->rank, HCOLL_ERR_PEER_FAILED,
+                              "intra-node shm %s: local rank %d (pid %d) showed no sign of "
+                              "life for %d ms (stopped or hung; HCOLL_LIVENESS_MS)",
+                              what, r, (int)s->pid[r], s->liveness_ms);
+        }
+    }
+    return HCOLL_SUCCESS;
+}
+
 /*
  * Wait until no other rank is pending. Errors: ABORTED (here), whatever
- * poisoned the segment, PEER_FAILED (an awaited rank exited or left),
- * TIMEOUT (timeout_ms without progress from the awaited ranks).
+ * poisoned the segment, PEER_FAILED (an awaited rank exited, left or
+ * stopped beating), TIMEOUT (no progress from the awaited ranks within
+ * the wait's limit).
  */
 hcoll_status_t hc_shm_wait(hc_shm_t *s, hc_shm_pending_fn pending, uint64_t target,
-                                  const char *what)
+                           const char *what)
 {
     hc_shm_hdr_t *hdr = s->hdr;
     int q = hc_shm_first_pending(s, pending, target, 0);
@@ -184,8 +241,12 @@ hcoll_status_t hc_shm_wait(hc_shm_t *s, hc_shm_pending_fn pending, uint64_t targ
     }
 
     hcoll_status_t st;
+    /* Create waits for ranks to attach (set-up: timeout_ms, and no
+     * heartbeat yet); an operation waits for progress (op_timeout_ms). */
+    const int setup = pending == hc_shm_pending_attach;
+    const int limit = setup ? s->timeout_ms : s->op_timeout_ms;
     double now = hc_now_ms();
-    const double deadline = now + s->timeout_ms;
+    double deadline = limit > 0 ? now + limit : -1;
     double next_check = now + HC_SHM_LIVE_MS;
     int yields = 0;
     for (;;) {
@@ -194,26 +255,16 @@ hcoll_status_t hc_shm_wait(hc_shm_t *s, hc_shm_pending_fn pending, uint64_t targ
         now = hc_now_ms();
         if (now >= next_check) {
             next_check = now + HC_SHM_LIVE_MS;
-            /* Only the ranks still awaited matter: one that finished its
-             * part and went away is not a failure. */
-            for (int r = 0; r < s->L; r++) {
-                if (r == s->lrank || !pending(s, r, target))
-                    continue;
-                int gone = hc_shm_peer_gone(s, r);
-                if (!gone)
-                    continue;
-                hc_shm_poison(s, HCOLL_ERR_PEER_FAILED, r);
-                return hc_err_set(s->eb, HC_SHM, s->rank, HCOLL_ERR_PEER_FAILED,
-                                  "intra-node shm %s: local rank %d (pid %d) %s", what, r,
-                                  (int)s->pid[r],
-                                  gone == 2 ? "left the node's segment" : "died");
-            }
+            if ((st = hc_shm_check_awaited(s, pending, target, what, !setup, now)) !=
+                HCOLL_SUCCESS)
+                return st;
         }
-        if (now >= deadline) {
+        if (deadline >= 0 && now >= deadline) {
             hc_shm_poison(s, HCOLL_ERR_TIMEOUT, q);
             return hc_err_set(s->eb, HC_SHM, s->rank, HCOLL_ERR_TIMEOUT,
-                              "intra-node shm %s: local rank %d made no progress in %d ms",
-                              what, q, s->timeout_ms);
+                              "intra-node shm %s: local rank %d made no progress in %d ms "
+                              "(alive, but not in this call: %s)",
+                              what, q, limit, setup ? "HCOLL_TIMEOUT_MS" : "HCOLL_OP_TIMEOUT_MS");
         }
         if (yields < HC_SHM_YIELDS) {
             yields++;
@@ -223,12 +274,14 @@ hcoll_status_t hc_shm_wait(hc_shm_t *s, hc_shm_pending_fn pending, uint64_t targ
             __atomic_add_fetch(&hdr->nwaiters, 1, __ATOMIC_SEQ_CST);
             if (pending(s, q, target) && !__atomic_load_n(&s->aborted, __ATOMIC_SEQ_CST) &&
                 !__atomic_load_n(&hdr->fail, __ATOMIC_SEQ_CST)) {
-                double left = deadline - now;
+                double left = deadline >= 0 ? deadline - now : HC_SHM_SLICE_MS;
                 hc_shm_sleep(hdr, seen, left < HC_SHM_SLICE_MS ? left : HC_SHM_SLICE_MS);
             }
             __atomic_sub_fetch(&hdr->nwaiters, 1, __ATOMIC_SEQ_CST);
         }
-        if (!pending(s, q, target) && (q = hc_shm_first_pending(s, pending, target, q)) < 0)
+        if (!pending(s, q, target) && (q = hc_shm_first_pending(s, pending, target, q)) < 0) {
+            /* Progress: the deadline bounds a wait without any. */
             return HCOLL_SUCCESS;
+        }
     }
 }

@@ -1,0 +1,271 @@
+/*
+ * The ring's liveness links: one small TCP connection to each neighbour,
+ * bound to the rail address, that carries nothing but heartbeats.
+ *
+ *   rank k ──dial, hello {"HCLV", k}──► rank k+1      (link "next")
+ *   rank k ◄──────────accept─────────── rank k-1      (link "prev")
+ *   every beat interval, on both links: one byte 'b'; a goodbye is 'q'
+ *
+ * Who does what: the communicator's liveness thread sends the beats and
+ * reads the neighbours' (hc_ring_live_beat, hc_ring_live_poll); the thread
+ * that waits in hc_ring_progress asks hc_ring_live_check, which reads only
+ * atomics. A neighbour is dead when its link closes without a goodbye (the
+ * process exited or was killed: found at once, on any transport) or when
+ * nothing arrived on it for liveness_ms (the process is stopped or hung,
+ * or the rail is down: the heartbeat travels on the rail, so the message
+ * names it).
+ *
+ * Why a connection of its own rather than frames on the data path: verbs
+ * has no cheap way to notice a silent peer short of the RC retry limit
+ * (~34 s), and a heartbeat that shares the data sockets would wait behind
+ * megabytes of queued payload and need a send lock between the liveness
+ * thread and the ring's thread. One socket per neighbour serves TCP and
+ * verbs alike, and never touches the transport's single-threaded state.
+ */
+#include "inter/ring_priv.h"
+#include "base/clock.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "base/log.h"
+
+#define LIVE_HELLO_MAGIC 0x48434c56u /* "HCLV" */
+#define LIVE_BEAT 'b'
+#define LIVE_BYE  'q'
+
+typedef struct live_hello {
+    uint32_t magic;
+    uint32_t pos;
+} live_hello_t;
+
+static const char *const link_name[2] = { "next", "prev" };
+
+hcoll_status_t hc_ring_live_listen(hc_ring_t *r, uint32_t *ip_out, uint32_t *port_out)
+{
+    hc_errbuf_t *eb = RING_ERRBUF(r);
+    for (int i = 0; i < 2; i++) {
+        r->live[i].fd = -1;
+        atomic_init(&r->live[i].state, HC_RING_LIVE_OFF);
+    }
+    r->live_listen = -1;
+    *ip_out = 0;
+    *port_out = 0;
+    if (r->p.liveness_ms <= 0)
+        return HCOLL_SUCCESS;
+    struct sockaddr_in a = { .sin_family = AF_INET };
+    if (inet_pton(AF_INET, r->p.tp.bind_addr, &a.sin_addr) != 1)
+        return hc_err_set(eb, HC_NET, RING_LOGRANK(r), HCOLL_ERR_INVALID_ARG,
+                          "ring liveness: rail address '%s' is not IPv4", r->p.tp.bind_addr);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    socklen_t len = sizeof a;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || listen(fd, 8) != 0 ||
+        getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
+        int e = errno;
+        if (fd >= 0)
+            close(fd);
+        return hc_err_set(eb, HC_NET, RING_LOGRANK(r), HCOLL_ERR_SYSTEM,
+                          "ring liveness: cannot listen on %s: %s", r->p.tp.bind_addr,
+                          strerror(e));
+    }
+    r->live_listen = fd;
+    *ip_out = a.sin_addr.s_addr;
+    *port_out = ntohs(a.sin_port);
+    return HCOLL_SUCCESS;
+}
+
+static int wait_fd(int fd, short ev, double deadline)
+{
+    for (;;) {
+        int left = (int)(deadline - hc_now_ms());
+        if (left <= 0)
+            return -1;
+        struct pollfd p = { fd, ev, 0 };
+        int n = poll(&p, 1, left);
+        if (n > 0)
+            return 0;
+        if (n < 0 && errno != EINTR)
+            return -1;
+    }
+}
+
+/* Dial next from the rail address and say who we are. */
+static int live_dial(hc_ring_t *r, uint32_t ip, uint32_t port, double deadline)
+{
+    struct sockaddr_in me = { .sin_family = AF_INET }, to = { .sin_family = AF_INET };
+    inet_pton(AF_INET, r->p.tp.bind_addr, &me.sin_addr);
+    to.sin_addr.s_addr = ip;
+    to.sin_port = htons((uint16_t)port);
+    for (;;) {
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (fd < 0)
+            return -1;
+        int rc = bind(fd, (struct sockaddr *)&me, sizeof me);
+        if (rc == 0)
+            rc = connect(fd, (struct sockaddr *)&to, sizeof to);
+        if (rc != 0 && errno == EINPROGRESS && wait_fd(fd, POLLOUT, deadline) == 0) {
+            int err = 0;
+            socklen_t el = sizeof err;
+            getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el);
+            rc = err ? -1 : 0;
+        }
+        live_hello_t h = { LIVE_HELLO_MAGIC, (uint32_t)r->rank };
+        if (rc == 0 && send(fd, &h, sizeof h, MSG_NOSIGNAL) == (ssize_t)sizeof h)
+            return fd;
+        close(fd);
+        if (hc_now_ms() >= deadline)
+            return -1;
+        usleep(20000);
+    }
+}
+
+/* Accept prev's link; strangers and stale hellos are dropped. */
+static int live_accept(hc_ring_t *r, double deadline)
+{
+    while (wait_fd(r->live_listen, POLLIN, deadline) == 0) {
+        int fd = accept4(r->live_listen, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0)
+            continue;
+        live_hello_t h;
+        double hd = hc_now_ms() + 1000;
+        if (wait_fd(fd, POLLIN, hd < deadline ? hd : deadline) == 0 &&
+            recv(fd, &h, sizeof h, MSG_WAITALL) == (ssize_t)sizeof h &&
+            h.magic == LIVE_HELLO_MAGIC && h.pos == (uint32_t)r->prev)
+            return fd;
+        close(fd);
+    }
+    return -1;
+}
+
+hcoll_status_t hc_ring_live_connect(hc_ring_t *r, uint32_t next_ip, uint32_t next_port)
+{
+    if (r->live_listen < 0)
+        return HCOLL_SUCCESS;
+    const double deadline = hc_now_ms() + r->p.tp.timeout_ms;
+    int out = live_dial(r, next_ip, next_port, deadline);
+    int in = out >= 0 ? live_accept(r, deadline) : -1;
+    close(r->live_listen);
+    r->live_listen = -1;
+    if (out < 0 || in < 0) {
+        if (out >= 0)
+            close(out);
+        return hc_err_set(RING_ERRBUF(r), HC_NET, RING_LOGRANK(r), HCOLL_ERR_TIMEOUT,
+                          "ring liveness: no link %s rank %d on rail %d (%s) within %d ms",
+                          out < 0 ? "to next" : "from prev",
+                          hc_tp_rank(&r->p.tp, out < 0 ? r->next : r->prev), r->p.tp.rail,
+                          r->p.tp.bind_addr, r->p.tp.timeout_ms);
+    }
+    const int fds[2] = { out, in };
+    const int64_t now = (int64_t)hc_now_ms();
+    for (int i = 0; i < 2; i++) {
+        int one = 1;
+        setsockopt(fds[i], IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        r->live[i].fd = fds[i];
+        atomic_store(&r->live[i].last_ms, now);
+        atomic_store(&r->live[i].state, HC_RING_LIVE_UP);
+    }
+    return HCOLL_SUCCESS;
+}
+
+void hc_ring_live_beat(hc_ring_t *r)
+{
+    const char b = LIVE_BEAT;
+    for (int i = 0; r && i < 2; i++)
+        if (atomic_load(&r->live[i].state) == HC_RING_LIVE_UP)
+            (void)send(r->live[i].fd, &b, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+/* A link ended: a goodbye before it means the neighbour left in order. */
+static void live_closed(hc_ring_t *r, int i, const char *why)
+{
+    ring_live_t *l = &r->live[i];
+    if (atomic_load(&l->state) != HC_RING_LIVE_UP)
+        return;
+    snprintf(l->why, sizeof l->why, "%s", why);
+    atomic_store(&l->state, HC_RING_LIVE_DEAD);
+}
+
+void hc_ring_live_poll(hc_ring_t *r, int wait_ms)
+{
+    struct pollfd p[2];
+    int idx[2], n = 0;
+    for (int i = 0; r && i < 2; i++)
+        if (atomic_load(&r->live[i].state) == HC_RING_LIVE_UP) {
+            p[n] = (struct pollfd){ r->live[i].fd, POLLIN, 0 };
+            idx[n++] = i;
+        }
+    if (n == 0) {
+        usleep((useconds_t)wait_ms * 1000);
+        return;
+    }
+    if (poll(p, (nfds_t)n, wait_ms) <= 0)
+        return;
+    for (int k = 0; k < n; k++) {
+        if (!p[k].revents)
+            continue;
+        const int i = idx[k];
+        char buf[256];
+        ssize_t got = recv(r->live[i].fd, buf, sizeof buf, MSG_DONTWAIT);
+        if (got > 0) {
+            atomic_store(&r->live[i].last_ms, (int64_t)hc_now_ms());
+            if (memchr(buf, LIVE_BYE, (size_t)got))
+                atomic_store(&r->live[i].state, HC_RING_LIVE_LEFT);
+        } else if (got == 0) {
+            live_closed(r, i, "closed its liveness link (process exited or was killed)");
+        } else if (errno != EAGAIN && errno != EINTR) {
+            char why[96];
+            snprintf(why, sizeof why, "reset its liveness link (%s)", strerror(errno));
+            live_closed(r, i, why);
+        }
+    }
+}
+
+hcoll_status_t hc_ring_live_check(hc_ring_t *r)
+{
+    const double now = hc_now_ms();
+    for (int i = 0; i < 2; i++) {
+        ring_live_t *l = &r->live[i];
+        const int st = atomic_load(&l->state);
+        const int peer = i == 0 ? r->next : r->prev;
+        const double quiet = now - (double)atomic_load(&l->last_ms);
+        if (st == HC_RING_LIVE_DEAD)
+            return hc_err_set(RING_ERRBUF(r), HC_NET, RING_LOGRANK(r), HCOLL_ERR_PEER_FAILED,
+                              "ring: rank %d (%s) %s; seen on rail %d (%s)",
+                              hc_tp_rank(&r->p.tp, peer), link_name[i], l->why, r->p.tp.rail,
+                              r->p.tp.ifname);
+        if (st == HC_RING_LIVE_UP && quiet > r->p.liveness_ms)
+            return hc_err_set(RING_ERRBUF(r), HC_NET, RING_LOGRANK(r), HCOLL_ERR_PEER_FAILED,
+                              "ring: no sign of life from rank %d (%s) for %.0f ms over rail %d "
+                              "(%s, %s): the rank is stopped or hung, or the rail is down "
+                              "(HCOLL_LIVENESS_MS=%d)",
+                              hc_tp_rank(&r->p.tp, peer), link_name[i], quiet, r->p.tp.rail,
+                              r->p.tp.ifname, r->p.tp.bind_addr,
+                              r->p.liveness_ms);
+    }
+    return HCOLL_SUCCESS;
+}
+
+void hc_ring_live_close(hc_ring_t *r, int graceful)
+{
+    const char b = LIVE_BYE;
+    if (r->live_listen >= 0)
+        close(r->live_listen);
+    r->live_listen = -1;
+    for (int i = 0; i < 2; i++) {
+        ring_live_t *l = &r->live[i];
+        if (l->fd < 0)
+            continue;
+        if (graceful)
+            (void)send(l->fd, &b, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+        close(l->fd);
+        l->fd = -1;
+        atomic_store(&l->state, HC_RING_LIVE_OFF);
+    }
+}
