@@ -535,8 +535,10 @@ hcoll_status_t hc_request_test(struct hcoll_request *rq, int *done_out)
 
 hcoll_status_t hc_request_wait(struct hcoll_request *rq)
 {
-    /* No deadline of its own: the operation's every wait has one, so the
-     * request always completes (with HCOLL_ERR_TIMEOUT at worst). */
+    /* No deadline of its own: every wait of the operation ends (a dead
+     * peer through liveness, a late one at HCOLL_OP_TIMEOUT_MS, an abort
+     * at once), so the request completes; with HCOLL_OP_TIMEOUT_MS=0 it
+     * waits as long as the late peers stay alive. */
     pthread_mutex_lock(&rq->lock);
     while (!rq->done)
         pthread_cond_wait(&rq->cond, &rq->lock);
