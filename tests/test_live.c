@@ -11,6 +11,8 @@
  *   killed_rank       rank 1 is SIGKILLed: every survivor fails within 1 s
  *   op_timeout        HCOLL_OP_TIMEOUT_MS still bounds a wait for a rank
  *                     that is alive and never calls
+ *   abort_while_late  rank 0 waits for late rank 3 with the operation timeout
+ *                     off; a watchdog's hcoll_comm_abort ends its call at once
  *   init_late_rank    rank 3 calls init 3 s after the others (HCOLL_TIMEOUT_MS
  *                     1.5 s, HCOLL_INIT_TIMEOUT_MS 30 s): init succeeds
  *   init_stopped_rank rank 2 joins the rendezvous and is SIGSTOPped while it
@@ -21,6 +23,7 @@
  * ends with SIGKILL, and hct_run's deadline SIGKILLs whatever is left.
  */
 #include <check.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -233,6 +236,75 @@ START_TEST(op_timeout)
 }
 END_TEST
 
+/* ---- abort ----------------------------------------------------------------- */
+
+typedef struct wd {
+    hcoll_comm_t comm;
+    live_arg_t *a;
+} wd_t;
+
+static void *watchdog(void *p)
+{
+    wd_t *w = p;
+    usleep(1000 * 1000);
+    w->a->fault_ms = hct_now_ms();
+    hcoll_comm_abort(w->comm);
+    return NULL;
+}
+
+static int rank_abort_late(int rank, int nranks, void *argp)
+{
+    (void)nranks;
+    live_arg_t *a = argp;
+    live_env(20000, 0);
+    setenv("HCOLL_OP_TIMEOUT_MS", "0", 1); /* no limit: only the abort ends it */
+    hcoll_comm_t comm;
+    if (open_comm(a, rank, &comm))
+        return 1;
+    float *buf = calloc(COUNT, sizeof *buf);
+    HCT_REQUIRE(buf, "no memory");
+    if (rank == 3) { /* late until the others are done */
+        double end = hct_now_ms() + 20000;
+        while ((!a->done[0] || !a->done[1] || !a->done[2]) && hct_now_ms() < end)
+            usleep(1000);
+        hcoll_comm_destroy(comm);
+        free(buf);
+        return 0;
+    }
+    wd_t w = { comm, a };
+    pthread_t th;
+    if (rank == 0)
+        HCT_REQUIRE(pthread_create(&th, NULL, watchdog, &w) == 0, "pthread_create");
+    hcoll_status_t st = hcoll_allreduce(comm, buf, buf, COUNT, HCOLL_FLOAT32, HCOLL_SUM, NULL);
+    double dt = hct_now_ms() - a->fault_ms;
+    a->done[rank] = 1;
+    free(buf);
+    if (rank == 0) {
+        pthread_join(th, NULL);
+        HCT_REQUIRE(st == HCOLL_ERR_ABORTED, "rank 0: %s", hcoll_status_name(st));
+        HCT_REQUIRE(dt < 500, "the abort took %.0f ms to end the call", dt);
+        return 0; /* comm is gone */
+    }
+    /* Rank 1 waits in the ring for rank 3, rank 2 in the node's segment:
+     * both hear of the abort at once, not when rank 3 comes. */
+    HCT_REQUIRE(st == HCOLL_ERR_PEER_FAILED || st == HCOLL_ERR_ABORTED, "rank %d: %s", rank,
+                hcoll_status_name(st));
+    HCT_REQUIRE(dt < 1000, "rank %d heard of the abort after %.0f ms: %s", rank, dt,
+                hcoll_comm_last_error(comm));
+    hcoll_comm_destroy(comm);
+    return 0;
+}
+
+START_TEST(abort_while_late)
+{
+    live_arg_t *a = hct_shared_alloc(sizeof *a);
+    hct_opts_t o = { .nranks = NR, .ranks_per_node = 2, .timeout_ms = 30000 };
+    hct_result_t res[NR];
+    ck_assert_int_eq(hct_run(&o, rank_abort_late, a, res), 0);
+    hct_shared_free(a, sizeof *a);
+}
+END_TEST
+
 /* ---- init ---------------------------------------------------------------- */
 
 static int rank_init_late(int rank, int nranks, void *argp)
@@ -333,6 +405,7 @@ static Suite *suite(void)
     tcase_add_test(t, stopped_rank);
     tcase_add_test(t, killed_rank);
     tcase_add_test(t, op_timeout);
+    tcase_add_test(t, abort_while_late);
     tcase_add_test(t, init_late_rank);
     tcase_add_test(t, init_stopped_rank);
     suite_add_tcase(s, t);

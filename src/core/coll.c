@@ -179,7 +179,8 @@ static hcoll_status_t ring_run_here(hc_coll_t *co, const void *send, void *recv,
 {
     struct hcoll_comm *c = co->comm;
     const hc_ringdrv_op_t rop = { send, recv, count, dtype, op, c->nranks, 0 };
-    const hc_ringdrv_env_t env = { &c->aborted, &c->err, c->rank, "the all-reduce" };
+    const hc_ringdrv_env_t env = { &c->aborted, &c->err, c->rank, "the all-reduce",
+                                   co->intra };
     return hc_ringdrv_run(co->ring, &rop, &env);
 }
 
@@ -534,8 +535,10 @@ hcoll_status_t hc_request_test(struct hcoll_request *rq, int *done_out)
 
 hcoll_status_t hc_request_wait(struct hcoll_request *rq)
 {
-    /* No deadline of its own: the operation's every wait has one, so the
-     * request always completes (with HCOLL_ERR_TIMEOUT at worst). */
+    /* No deadline of its own: every wait of the operation ends (a dead
+     * peer through liveness, a late one at HCOLL_OP_TIMEOUT_MS, an abort
+     * at once), so the request completes; with HCOLL_OP_TIMEOUT_MS=0 it
+     * waits as long as the late peers stay alive. */
     pthread_mutex_lock(&rq->lock);
     while (!rq->done)
         pthread_cond_wait(&rq->cond, &rq->lock);
@@ -766,7 +769,7 @@ hcoll_status_t hc_coll_create(struct hcoll_comm *c)
             co->ring_ag.members[n] = hc_comm_rank_at(c, n, c->local_rank);
         HC_CHECK(ring_setup(co, c->nnodes, c->node), out);
         const hc_ringdrv_env_t env = { &c->aborted, &c->err, c->rank,
-                                       "the inter-node stage" };
+                                       "the inter-node stage", co->intra };
         HC_CHECK(hc_ringthr_start(co->ring, &env, &co->ringthr), out);
     }
     HC_CHECK(hc_live_start(co->intra, co->ring, (int)c->params.liveness_ms, &c->err, c->rank,

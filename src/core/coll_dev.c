@@ -599,7 +599,8 @@ static hcoll_status_t ring_run(hc_coll_dev_t *d, const void *src, void *buf, siz
 {
     struct hcoll_comm *c = d->c;
     const hc_ringdrv_op_t rop = { dev ? src : buf, buf, n, o->dtype, o->op, c->nranks, dev };
-    const hc_ringdrv_env_t env = { &c->aborted, &c->err, c->rank, "the inter-node stage" };
+    const hc_ringdrv_env_t env = { &c->aborted, &c->err, c->rank, "the inter-node stage",
+                                   NULL /* NCCL: its own failures */ };
     struct timespec a, b;
     clock_gettime(CLOCK_MONOTONIC, &a);
     hcoll_status_t st = hc_ringdrv_run(d->ring, &rop, &env);

@@ -22,6 +22,8 @@ struct hc_live {
     struct hc_intra *intra;
     struct hc_ring *ring;
     int interval_ms;
+    int rank;
+    int lost;       /* a ring neighbour died: the node was told */
     atomic_int stop;
     pthread_t thread;
 };
@@ -41,6 +43,15 @@ static void *live_main(void *arg)
             hc_ring_live_poll(l->ring, LIVE_SLICE_MS);
         else
             usleep(LIVE_SLICE_MS * 1000);
+        char why[200];
+        if (!l->lost && hc_ring_live_lost(l->ring, why, sizeof why)) {
+            /* The communicator is lost: tell the local ranks now, even
+             * those waiting in the node's segment for a rank that is late
+             * and would otherwise hear of it only when it arrives. */
+            l->lost = 1;
+            HC_INFO(HC_COLL, l->rank, "liveness: %s; failing this node's calls", why);
+            hc_intra_poison(l->intra);
+        }
     }
     return NULL;
 }
@@ -57,6 +68,7 @@ hcoll_status_t hc_live_start(struct hc_intra *intra, struct hc_ring *ring, int l
                           "no memory for the liveness thread");
     l->intra = intra;
     l->ring = ring;
+    l->rank = rank;
     /* Eight beats per liveness period: a few lost to a busy scheduler
      * still leave the peers far from their verdict. */
     l->interval_ms = liveness_ms / 8;

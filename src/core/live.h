@@ -11,6 +11,14 @@
  *
  * The waits (shm, ring) read what this thread keeps up to date; none of
  * them depends on this thread for progress, only for verdicts on life.
+ *
+ * Spreading a failure: a ring neighbour whose link closes without a
+ * goodbye has exited or failed, so the communicator is lost; the thread
+ * then poisons the node's segment (hc_intra_poison), so that a local rank
+ * waiting there for a rank that is minutes late hears of it now. The
+ * other way round, the ring driver asks the segment's health on every
+ * slice (ringdrv.h), so a ring waiting for a late neighbour hears of a
+ * local failure (an abort) at once.
  */
 #ifndef HC_CORE_LIVE_H
 #define HC_CORE_LIVE_H

@@ -6,6 +6,7 @@
 
 #include "base/log.h"
 #include "inter/ring.h"
+#include "intra/intra.h"
 
 hcoll_status_t hc_ringdrv_run(struct hc_ring *ring, const hc_ringdrv_op_t *op,
                               const hc_ringdrv_env_t *env)
@@ -20,6 +21,8 @@ hcoll_status_t hc_ringdrv_run(struct hc_ring *ring, const hc_ringdrv_op_t *op,
         if (atomic_load(env->aborted))
             return hc_err_set(env->err, HC_COLL, env->rank, HCOLL_ERR_ABORTED,
                               "communicator aborted during %s", env->stage);
+        if ((st = hc_intra_health(env->intra, "(seen from the ring)")) != HCOLL_SUCCESS)
+            return st;
         st = hc_ring_progress(ring, HC_RINGDRV_POLL_MS, &done);
     }
     return st;

@@ -39,10 +39,15 @@ typedef struct hc_ringdrv_env {
     hc_errbuf_t *err;
     int rank;
     const char *stage;
+    /* The node's intra-node backend, or NULL: a local rank that failed or
+     * aborted dooms the call, so the ring stops waiting for peers that
+     * may be late by minutes. */
+    struct hc_intra *intra;
 } hc_ringdrv_env_t;
 
 /* Run op on ring to the end. Blocks; HCOLL_ERR_ABORTED (recorded here)
- * once *env->aborted is set, else the ring's own status. */
+ * once *env->aborted is set, the intra backend's failure once a local rank
+ * failed, else the ring's own status. */
 hcoll_status_t hc_ringdrv_run(struct hc_ring *ring, const hc_ringdrv_op_t *op,
                               const hc_ringdrv_env_t *env);
 

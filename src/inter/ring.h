@@ -126,6 +126,10 @@ void hc_ring_destroy(hc_ring_t *ring);
  * neighbours; read theirs, waiting up to wait_ms. */
 void hc_ring_live_beat(hc_ring_t *ring);
 void hc_ring_live_poll(hc_ring_t *ring, int wait_ms);
+/* 1 when a neighbour's liveness link closed without a goodbye (it exited,
+ * was killed, or failed and reset its ring), with what happened in why;
+ * 0 otherwise. Thread-safe; NULL ring: 0. */
+int hc_ring_live_lost(hc_ring_t *ring, char *why, size_t len);
 
 /* Test hook: the endpoint towards the next rank (NULL for a 1-rank ring). */
 hc_ep_t *hc_ring_debug_ep_next(hc_ring_t *ring);

@@ -227,6 +227,17 @@ void hc_ring_live_poll(hc_ring_t *r, int wait_ms)
     }
 }
 
+int hc_ring_live_lost(hc_ring_t *r, char *why, size_t len)
+{
+    for (int i = 0; r && i < 2; i++)
+        if (atomic_load(&r->live[i].state) == HC_RING_LIVE_DEAD) {
+            snprintf(why, len, "ring rank %d (%s) %s", hc_tp_rank(&r->p.tp, i ? r->prev : r->next),
+                     link_name[i], r->live[i].why);
+            return 1;
+        }
+    return 0;
+}
+
 hcoll_status_t hc_ring_live_check(hc_ring_t *r)
 {
     const double now = hc_now_ms();

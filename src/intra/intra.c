@@ -31,3 +31,16 @@ void hc_intra_beat(hc_intra_t *ctx)
     if (ctx && ctx->ops && ctx->ops->beat)
         ctx->ops->beat(ctx);
 }
+
+hcoll_status_t hc_intra_health(hc_intra_t *ctx, const char *what)
+{
+    if (ctx && ctx->ops && ctx->ops->health)
+        return ctx->ops->health(ctx, what);
+    return HCOLL_SUCCESS;
+}
+
+void hc_intra_poison(hc_intra_t *ctx)
+{
+    if (ctx && ctx->ops && ctx->ops->poison)
+        ctx->ops->poison(ctx);
+}

@@ -111,6 +111,15 @@ struct hc_intra_ops {
      * communicator's liveness thread whether or not a call runs. NULL:
      * the backend has no such wait. */
     void (*beat)(hc_intra_t *ctx);
+    /* HCOLL_SUCCESS while no local rank has failed or aborted; else that
+     * failure, recorded (what: the stage named in the message). Thread-safe,
+     * non-blocking: lets a thread that waits elsewhere (the ring) learn that
+     * the call is lost. NULL: nothing to report. */
+    hcoll_status_t (*health)(hc_intra_t *ctx, const char *what);
+    /* A failure elsewhere (a ring neighbour died) dooms the node's calls:
+     * every local rank's wait, and every later call, fails with
+     * HCOLL_ERR_PEER_FAILED. Thread-safe, non-blocking. NULL: none. */
+    void (*poison)(hc_intra_t *ctx);
 };
 
 /* Every backend's object starts with this, so the generic helpers below can
@@ -149,6 +158,10 @@ void hc_intra_shard(size_t count, int L, int i, size_t *offset_out, size_t *len_
 /* ctx->ops->abort / destroy / beat; NULL is a no-op. */
 void hc_intra_abort(hc_intra_t *ctx);
 void hc_intra_beat(hc_intra_t *ctx);
+/* ctx->ops->health; HCOLL_SUCCESS for NULL. */
+hcoll_status_t hc_intra_health(hc_intra_t *ctx, const char *what);
+/* ctx->ops->poison; NULL is a no-op. */
+void hc_intra_poison(hc_intra_t *ctx);
 void hc_intra_destroy(hc_intra_t *ctx);
 
 #endif

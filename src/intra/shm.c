@@ -356,4 +356,6 @@ const hc_intra_ops_t hc_intra_shm_ops = {
     .abort = hc_shm_abort,
     .destroy = hc_shm_destroy,
     .beat = hc_shm_beat,
+    .health = hc_shm_health,
+    .poison = hc_shm_poison_op,
 };

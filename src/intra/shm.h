@@ -158,5 +158,7 @@ hcoll_status_t hc_shm_allreduce(hc_intra_t *ctx, const void *sendbuf, void *recv
 hcoll_status_t hc_shm_barrier(hc_intra_t *ctx);
 void hc_shm_abort(hc_intra_t *ctx);
 void hc_shm_beat(hc_intra_t *ctx);
+hcoll_status_t hc_shm_health(hc_intra_t *ctx, const char *what);
+void hc_shm_poison_op(hc_intra_t *ctx);
 
 #endif

@@ -111,6 +111,19 @@ void hc_shm_beat(hc_intra_t *ctx)
         __atomic_add_fetch(&s->hdr->ranks[s->lrank].beat, 1, __ATOMIC_RELAXED);
 }
 
+hcoll_status_t hc_shm_health(hc_intra_t *ctx, const char *what)
+{
+    hc_shm_t *s = (hc_shm_t *)ctx;
+    return s ? hc_shm_check_health(s, what) : HCOLL_SUCCESS;
+}
+
+void hc_shm_poison_op(hc_intra_t *ctx)
+{
+    hc_shm_t *s = (hc_shm_t *)ctx;
+    if (s && s->hdr)
+        hc_shm_poison(s, HCOLL_ERR_PEER_FAILED, -1);
+}
+
 /* 1 when rank q's heartbeat has stood still for liveness_ms. The clock
  * starts at the first look, so a rank is never judged on time before
  * anybody watched it. */
