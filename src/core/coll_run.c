@@ -31,23 +31,27 @@
  * rail's ring has the same node order, so all ranks still end with the
  * same bits. The threshold must be equal on every rank (checked at init).
  *
- * Broadcast and barrier are built on the all-reduce, so they take its
- * hierarchy, its rails, its pipelining and its latency path as they are:
+ * Broadcast: first the arguments, then the vector.
  *
- *   broadcast  check    one all-reduce (MAX) of {root, -root, bytes, -bytes}:
- *                       ranks called with another root or size fail alike
- *                       with HCOLL_ERR_MISMATCH instead of mixing data
- *                       (not sticky: every rank saw the same extremes)
- *              data     the root's vector, every other rank's zeros, summed
- *                       as integers (x + 0 = x exactly, whatever the bits),
- *                       in place in recvbuf
- *   barrier             one all-reduce of a single 1: a rank's result depends
- *                       on every rank's input, so nobody leaves before all
- *                       entered; the sum must be the number of ranks
+ *   check   one all-reduce (MAX) of {root, -root, bytes, -bytes}: ranks called
+ *           with another root or size fail alike with HCOLL_ERR_MISMATCH
+ *           instead of mixing data (not sticky: every rank saw the same
+ *           extremes after a complete exchange)
+ *   3stage  root's node          node B               node C
+ *           RS: local rank i     ┌──────────┐         ┌──────────┐
+ *           holds shard i ──rail i chain──► │ shard i ├──rail i──►│ shard i │
+ *           then every node all-gathers its L shards (shared memory)
+ *           RS is a reduce-scatter of the root's bytes and everyone else's
+ *           zeros as integers (x + 0 = x exactly, whatever the bits); the
+ *           chain (hc_ring_bcast_start) forwards each chunk as it lands, so
+ *           each NIC carries about S/L bytes
+ *   ring, flat   the chain over all ranks, from the root
+ *   intra   the all-reduce of the root's bytes and the others' zeros
  *
- * The data step moves what an all-reduce of S bytes moves (2(N-1)/N · S/L
- * per NIC), about twice what a rail chain would (S/L); the chain is the
- * next step (docs/design.md, "Broadcast and barrier").
+ * Barrier: one all-reduce of a single 1: a rank's result depends on every
+ * rank's input, so nobody leaves before all entered (intra fused step,
+ * then the rail ring, on the latency path); the sum must be the number of
+ * ranks.
  */
 #include "core/coll_priv.h"
 #include "base/clock.h"
@@ -71,7 +75,7 @@ static hcoll_status_t ring_run_here(hc_coll_t *co, const void *send, void *recv,
                                     hcoll_dtype_t dtype, hcoll_op_t op)
 {
     struct hcoll_comm *c = co->comm;
-    const hc_ringdrv_op_t rop = { send, recv, count, dtype, op, c->nranks, 0 };
+    const hc_ringdrv_op_t rop = { send, recv, count, dtype, op, c->nranks, 0, 0, 0 };
     const hc_ringdrv_env_t env = { &c->aborted, &c->err, c->rank, "the all-reduce" };
     return hc_ringdrv_run(co->ring, &rop, &env);
 }
@@ -133,7 +137,8 @@ static hcoll_status_t run_3stage(hc_coll_t *co, const hc_coll_args_t *rq, hcoll_
             size_t soff, slen;
             hc_intra_shard(n, L, c->local_rank, &soff, &slen);
             unsigned char *shard = recv + (off + soff) * esize;
-            const hc_ringdrv_op_t job = { shard, shard, slen, rq->dtype, rq->op, c->nranks, 0 };
+            const hc_ringdrv_op_t job = { shard, shard,     slen, rq->dtype, rq->op,
+                                          c->nranks, 0, 0, 0 };
             uint64_t id = hc_ringthr_post(co->ringthr, &job);
             if (have_pending) {
                 rst = hc_ringthr_wait(co->ringthr, pending_id, &tm->inter_us);
@@ -244,6 +249,55 @@ static hcoll_status_t allreduce_in_place(hc_coll_t *co, void *buf, size_t count,
     return st;
 }
 
+/* The ring's broadcast chain from position root over buf, on this thread
+ * (the ring thread is idle between operations). */
+static hcoll_status_t chain_here(hc_coll_t *co, void *buf, size_t count, hcoll_dtype_t dtype,
+                                 int root, hcoll_stage_times_t *tm)
+{
+    struct hcoll_comm *c = co->comm;
+    const hc_ringdrv_op_t rop = { .dst = buf, .count = count, .dtype = dtype, .bcast = 1,
+                                  .root = root };
+    const hc_ringdrv_env_t env = { &c->aborted, &c->err, c->rank, "the broadcast" };
+    double t = hc_now_us();
+    hcoll_status_t st = hc_ringdrv_run(co->ring, &rop, &env);
+    tm->inter_us += hc_now_us() - t;
+    return st;
+}
+
+/* Three stages: the root's node scatters the vector over its L local ranks
+ * (a reduce-scatter of the root's bytes and the others' zeros, exact as
+ * integers), local rank i chains shard i along rail i from the root's node,
+ * and every node all-gathers its L shards. */
+static hcoll_status_t bcast_3stage(hc_coll_t *co, const hc_coll_args_t *a, size_t n,
+                                   hcoll_dtype_t idt, hcoll_stage_times_t *tm)
+{
+    struct hcoll_comm *c = co->comm;
+    const hc_intra_ops_t *iops = co->intra->ops;
+    const size_t es = hcoll_dtype_size(idt);
+    unsigned char *buf = a->recvbuf;
+    const int root_node = c->node_of[a->root];
+    hcoll_status_t st;
+    double t = hc_now_us();
+    if (c->node == root_node) {
+        if (c->rank != a->root)
+            memset(buf, 0, n * es);
+        st = iops->reduce_scatter(co->intra, buf, buf, n, idt, HCOLL_SUM, NULL);
+        tm->intra_rs_us += hc_now_us() - t;
+        if (st != HCOLL_SUCCESS)
+            return st;
+    }
+    size_t soff, slen;
+    hc_intra_shard(n, c->local_size, c->local_rank, &soff, &slen);
+    /* Rail rings have one rank per node, in node order. */
+    st = chain_here(co, buf + soff * es, slen, idt, root_node, tm);
+    if (st != HCOLL_SUCCESS)
+        return st;
+    t = hc_now_us();
+    st = iops->all_gather(co->intra, buf, n, idt, NULL);
+    tm->intra_ag_us += hc_now_us() - t;
+    return st;
+}
+
 static hcoll_status_t run_broadcast(hc_coll_t *co, const hc_coll_args_t *a,
                                     hcoll_stage_times_t *tm, int *agreed_out)
 {
@@ -268,11 +322,25 @@ static hcoll_status_t run_broadcast(hc_coll_t *co, const hc_coll_args_t *a,
         return HCOLL_SUCCESS;
     if (is_root && a->sendbuf != a->recvbuf)
         memcpy(a->recvbuf, a->sendbuf, bytes);
-    else if (!is_root)
-        memset(a->recvbuf, 0, bytes);
-    /* The widest integer that divides the size: fewer, cheaper elements. */
+    /* The widest integer that divides the size: fewer, cheaper elements,
+     * and shards that split no element of it. */
     hcoll_dtype_t idt = bytes % 8 == 0 ? HCOLL_INT64 : bytes % 4 == 0 ? HCOLL_INT32 : HCOLL_UINT8;
-    return allreduce_in_place(co, a->recvbuf, bytes / hcoll_dtype_size(idt), idt, HCOLL_SUM, tm);
+    const size_t n = bytes / hcoll_dtype_size(idt);
+    switch (co->plan) {
+    case HC_PLAN_SINGLE:
+        return HCOLL_SUCCESS;
+    case HC_PLAN_INTRA:
+        if (!is_root)
+            memset(a->recvbuf, 0, bytes);
+        return allreduce_in_place(co, a->recvbuf, n, idt, HCOLL_SUM, tm);
+    case HC_PLAN_RING:
+    case HC_PLAN_FLAT:
+        /* Ring positions are ranks. */
+        return chain_here(co, a->recvbuf, n, idt, a->root, tm);
+    case HC_PLAN_3STAGE:
+        return bcast_3stage(co, a, n, idt, tm);
+    }
+    return HCOLL_ERR_INTERNAL;
 }
 
 static hcoll_status_t run_barrier(hc_coll_t *co, hcoll_stage_times_t *tm)
