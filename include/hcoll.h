@@ -450,6 +450,56 @@ HCOLL_API hcoll_status_t hcoll_wait(hcoll_request_t req);
 HCOLL_API hcoll_status_t hcoll_request_free(hcoll_request_t req);
 
 /* ------------------------------------------------------------------------ */
+/* Broadcast and barrier                                                      */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * hcoll_broadcast: recvbuf[0..count) on every rank = sendbuf[0..count) of
+ * rank root (NCCL's ncclBroadcast). sendbuf is read on the root only
+ * (other ranks may pass NULL); on the root sendbuf == recvbuf means in
+ * place, otherwise the two must not overlap. count (elements of dtype)
+ * may be 0; count, dtype and root must be the same on every rank: a rank
+ * called with another root or byte size fails, with every other rank,
+ * with HCOLL_ERR_MISMATCH (the communicator stays usable). The bytes
+ * arrive bit for bit, whatever the dtype. Collective; blocks until the
+ * vector is in recvbuf; on a communicator still being set up returns
+ * HCOLL_IN_PROGRESS and does nothing. Thread-safe as hcoll_allreduce: calls
+ * on one communicator run one at a time, in the order they were issued.
+ * stream: NULL. Device buffers and streams are not supported yet:
+ * HCOLL_ERR_UNSUPPORTED.
+ * Returns HCOLL_SUCCESS, HCOLL_ERR_INVALID_ARG for a bad argument (root
+ * not a rank, NULL buffer with count > 0, unknown dtype), or the error of
+ * the communicator (a peer failed, timeout, abort; sticky).
+ */
+HCOLL_API hcoll_status_t hcoll_broadcast(hcoll_comm_t comm, const void *sendbuf,
+                                         void *recvbuf, size_t count,
+                                         hcoll_dtype_t dtype, int root, void *stream);
+
+/*
+ * hcoll_broadcast_async: as hcoll_broadcast, but returns at once with a
+ * request in *req_out (hcoll_test, hcoll_wait, hcoll_request_free,
+ * hcoll_request_stage_times), queued behind the communicator's earlier
+ * requests of any kind. Buffers stay untouched by the caller until it
+ * completes.
+ */
+HCOLL_API hcoll_status_t hcoll_broadcast_async(hcoll_comm_t comm, const void *sendbuf,
+                                               void *recvbuf, size_t count,
+                                               hcoll_dtype_t dtype, int root,
+                                               void *stream, hcoll_request_t *req_out);
+
+/*
+ * hcoll_barrier: returns on a rank only once every rank of comm has
+ * entered its matching barrier. Collective; blocks; no buffers. Returns
+ * HCOLL_SUCCESS or the communicator's error (a rank that died makes the
+ * others fail within HCOLL_TIMEOUT_MS, usually at once). Thread-safe as
+ * hcoll_allreduce.
+ * hcoll_barrier_async: the same as a request in *req_out; it completes
+ * once every rank has entered.
+ */
+HCOLL_API hcoll_status_t hcoll_barrier(hcoll_comm_t comm);
+HCOLL_API hcoll_status_t hcoll_barrier_async(hcoll_comm_t comm, hcoll_request_t *req_out);
+
+/* ------------------------------------------------------------------------ */
 /* Per-stage timing                                                           */
 /* ------------------------------------------------------------------------ */
 
@@ -480,8 +530,8 @@ typedef struct hcoll_stage_times {
 /*
  * hcoll_request_stage_times: the times of a finished request
  * (HCOLL_IN_PROGRESS while it runs). hcoll_comm_last_stage_times: the
- * times of the communicator's most recently finished all-reduce, blocking
- * or not (HCOLL_ERR_INVALID_ARG before the first). Non-blocking, local.
+ * times of the communicator's most recently finished collective (all-reduce,
+ * broadcast or barrier), blocking or not (HCOLL_ERR_INVALID_ARG before the first). Non-blocking, local.
  */
 HCOLL_API hcoll_status_t hcoll_request_stage_times(hcoll_request_t req,
                                                    hcoll_stage_times_t *times_out);

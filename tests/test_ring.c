@@ -450,6 +450,94 @@ START_TEST(test_count_mismatch)
 }
 END_TEST
 
+/* The broadcast chain: every root, sizes of one element to many chunks,
+ * interleaved with all-reduces (whose sequence numbers must stay in step),
+ * random bytes that must arrive bit for bit. */
+static int rank_bcast(int rank, int n, void *arg)
+{
+    shm_t *shm = arg;
+    ag_ctx_t ag = { shm, rank };
+    hc_ring_t *ring;
+    HCT_REQUIRE(ring_up(rank, n, &ag, 4096, 0, 1, 20000, &ring) == HCOLL_SUCCESS, "create: %s",
+                eb.msg);
+    static const size_t counts[] = { 1, 7, 1025, 100003 };
+    uint32_t *buf = malloc(100003 * sizeof *buf), *want = malloc(100003 * sizeof *want);
+    HCT_REQUIRE(buf && want, "no memory");
+    for (int it = 0; it < 3; it++)
+        for (int root = 0; root < n; root++)
+            for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
+                size_t cnt = counts[k];
+                for (size_t i = 0; i < cnt; i++)
+                    want[i] = (uint32_t)(i * 2654435761u) ^ (uint32_t)(root * 77 + it);
+                for (size_t i = 0; i < cnt; i++)
+                    buf[i] = rank == root ? want[i] : 0xdeadbeefu;
+                hcoll_status_t st = hc_ring_bcast_start(ring, buf, cnt, HCOLL_INT32, root);
+                int done = 0;
+                while (st == HCOLL_SUCCESS && !done)
+                    st = hc_ring_progress(ring, 1000, &done);
+                HCT_REQUIRE(st == HCOLL_SUCCESS, "root %d count %zu: %s", root, cnt, eb.msg);
+                HCT_REQUIRE(memcmp(buf, want, cnt * sizeof *buf) == 0,
+                            "root %d count %zu: wrong bytes", root, cnt);
+                if (k % 2 == 0) {
+                    float x = 1.0f;
+                    HCT_REQUIRE(hc_ring_allreduce(ring, &x, &x, 1, HCOLL_FLOAT32, HCOLL_SUM) ==
+                                        HCOLL_SUCCESS &&
+                                    x == (float)n,
+                                "all-reduce between broadcasts: %s", eb.msg);
+                }
+            }
+    hc_ring_destroy(ring);
+    free(buf);
+    free(want);
+    return 0;
+}
+
+START_TEST(test_bcast_chain)
+{
+    const int n = 2 + _i;
+    shm_t *shm = shm_new(n);
+    hct_opts_t o = { .nranks = n, .ranks_per_node = 1, .timeout_ms = 60000 };
+    hct_result_t res[MAXR];
+    ck_assert_int_eq(hct_run(&o, rank_bcast, shm, res), 0);
+    hct_shared_free(shm, sizeof *shm);
+}
+END_TEST
+
+/* A rank that names another root: its descriptor's signature differs, so
+ * a neighbour fails with HCOLL_ERR_MISMATCH rather than at the deadline. */
+static int rank_bcast_mismatch(int rank, int n, void *arg)
+{
+    shm_t *shm = arg;
+    ag_ctx_t ag = { shm, rank };
+    hc_ring_t *ring;
+    HCT_REQUIRE(ring_up(rank, n, &ag, 4096, 0, 1, 5000, &ring) == HCOLL_SUCCESS, "create: %s",
+                eb.msg);
+    static char buf[10000];
+    hcoll_status_t st = hc_ring_bcast_start(ring, buf, sizeof buf, HCOLL_UINT8, rank == 1);
+    int done = 0;
+    while (st == HCOLL_SUCCESS && !done)
+        st = hc_ring_progress(ring, 1000, &done);
+    shm->hash[rank] = (uint64_t)st;
+    HCT_REQUIRE(st != HCOLL_SUCCESS, "a mismatched broadcast succeeded");
+    HCT_REQUIRE(st != HCOLL_ERR_TIMEOUT, "waited for the deadline: %s", eb.msg);
+    hc_ring_destroy(ring);
+    return 0;
+}
+
+START_TEST(test_bcast_root_mismatch)
+{
+    shm_t *shm = shm_new(3);
+    hct_opts_t o = { .nranks = 3, .ranks_per_node = 1, .timeout_ms = 60000 };
+    hct_result_t res[MAXR];
+    ck_assert_int_eq(hct_run(&o, rank_bcast_mismatch, shm, res), 0);
+    int mismatch = 0;
+    for (int r = 0; r < 3; r++)
+        mismatch += shm->hash[r] == (uint64_t)HCOLL_ERR_MISMATCH;
+    ck_assert_msg(mismatch >= 1, "no rank reported HCOLL_ERR_MISMATCH");
+    hct_shared_free(shm, sizeof *shm);
+}
+END_TEST
+
 START_TEST(test_single_rank)
 {
     hc_errbuf_init(&eb);
@@ -961,6 +1049,7 @@ static Suite *ring_suite(void)
     tcase_add_loop_test(tc, test_large, 0, (int)(sizeof large_cases / sizeof large_cases[0]));
     tcase_add_test(tc, test_chain_order);
     tcase_add_test(tc, test_many_small);
+    tcase_add_loop_test(tc, test_bcast_chain, 0, 3);
     tcase_add_test(tc, test_device_mode);
     tcase_add_test(tc, test_device_refused_together);
     suite_add_tcase(s, tc);
@@ -971,6 +1060,7 @@ static Suite *ring_suite(void)
     tcase_add_test(tc, test_live_late_vs_frozen);
     tcase_add_test(tc, test_corrupt_frame);
     tcase_add_loop_test(tc, test_count_mismatch, 0, 2);
+    tcase_add_test(tc, test_bcast_root_mismatch);
     suite_add_tcase(s, tc);
     return s;
 }

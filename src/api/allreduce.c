@@ -20,7 +20,9 @@ static hcoll_status_t allreduce_entry(hcoll_comm_t comm, const void *sendbuf, vo
     if (!comm->coll)
         return hc_err_set(&comm->err, HC_COLL, comm->rank, HCOLL_ERR_INTERNAL,
                           "communicator has no data plane");
-    return hc_coll_allreduce(comm->coll, sendbuf, recvbuf, count, dtype, op, stream, req_out);
+    const hc_coll_args_t a = { .kind = HC_COLL_ALLREDUCE, .sendbuf = sendbuf, .recvbuf = recvbuf,
+                               .count = count, .dtype = dtype, .op = op };
+    return hc_coll_submit(comm->coll, &a, stream, req_out);
 }
 
 HCOLL_API hcoll_status_t hcoll_allreduce(hcoll_comm_t comm, const void *sendbuf, void *recvbuf,
@@ -86,6 +88,6 @@ HCOLL_API hcoll_status_t hcoll_comm_last_stage_times(hcoll_comm_t comm,
                           "communicator has no data plane");
     if (!hc_coll_last_times(comm->coll, times_out))
         return hc_err_set(&comm->err, HC_COLL, comm->rank, HCOLL_ERR_INVALID_ARG,
-                          "no all-reduce has finished on this communicator yet");
+                          "no collective has finished on this communicator yet");
     return HCOLL_SUCCESS;
 }

@@ -1,36 +1,11 @@
 /*
- * The all-reduce executor.
+ * The executor: requests, the worker, the sticky failure, the data plane's
+ * life. What one operation does is coll_run.c.
  *
- * Three-stage plan, one vector of S bytes cut into pieces p0 p1 p2 ...:
- *
- *   executor thread   RS(p0) RS(p1) AG(p0) RS(p2) AG(p1) ... AG(pK-1)
- *   ring thread              ring(p0)  ring(p1)   ring(p2) ...
- *                     (ring(k) overlaps RS(k+1) and AG(k-1))
- *
- *   RS(p)   intra-node reduce-scatter: local rank i now holds shard i of p
- *   ring(p) shard i of p all-reduced among the ranks with local rank i, one
- *           per node, over rail i (in place in recvbuf)
- *   AG(p)   intra-node all-gather: every local rank holds all of p
- *
- * Small vectors (at most HCOLL_SMALL_BYTES) take the latency path instead:
- *
- *   executor thread   AR(all)            ring(all, on rail i)
- *   AR(all)   the intra stage fused into one step (every local rank folds
- *             all L contributions: intra->ops->allreduce)
- *   ring(all) every local rank runs its rail's ring over the whole node sum,
- *             on the executor's own thread; no intra all-gather follows
- *
- * A small all-reduce costs synchronisations, not bytes: this path has one
- * intra-node step instead of two and no hand-off to the ring thread and
- * back (each a futex wake and a trip through the scheduler, tens of us on
- * a busy host), for L times the bytes on the wire. Every local rank feeds
- * its ring the same bits (the fused fold has RS's fixed order) and every
- * rail's ring has the same node order, so all ranks still end with the
- * same bits. The threshold must be equal on every rank (checked at init).
- *
- * Requests: hcoll_allreduce_async queues a request for the communicator's
- * worker thread, which runs them one at a time in issue order. A blocking
- * hcoll_allreduce waits for earlier requests and then runs on the caller's
+ * Requests: a request is a kind (all-reduce, broadcast, barrier) and its
+ * arguments (hc_coll_args_t). Every _async call queues one for the
+ * communicator's worker thread, which runs them one at a time in issue
+ * order. A blocking call waits for earlier requests and then runs on the caller's
  * thread, which saves a thread hand-off on every small call. Whoever runs
  * an operation holds the executor role (exec_busy) so only one runs at once.
  *
@@ -41,9 +16,9 @@
  *
  * Around this file: the ring thread is ringthr.c, the loop that drives a
  * ring ringdrv.c, plan choice and argument checks plan.c, device buffers
- * coll_dev.c; the public entry points are src/api/allreduce.c.
+ * coll_dev.c; the public entry points are src/api/allreduce.c and bcast.c.
  */
-#include "core/coll.h"
+#include "core/coll_priv.h"
 #include "base/clock.h"
 
 #include <errno.h>
@@ -58,7 +33,6 @@
 
 #include "core/coll_dev.h" /* device buffers (coll_dev.c) */
 #include "core/comm.h"
-#include "core/live.h"
 #include "core/ringdrv.h"
 #include "core/ringthr.h"
 #include "base/err.h"
@@ -67,17 +41,6 @@
 #include "inter/ring.h"
 #include "intra/intra.h"
 
-/* Pieces of the pipeline hold this many ring chunks per shard: enough to
- * keep the ring's slots busy, small enough that the pipeline fills fast. */
-#define PIECE_CHUNKS 4
-
-typedef struct hc_group_ag {
-    hc_boot_t *boot;
-    int nranks;     /* of the communicator */
-    int nmembers;
-    int *members;   /* communicator ranks, in group order */
-} hc_group_ag_t;
-
 struct hcoll_request {
     pthread_mutex_t lock;
     pthread_cond_t cond;
@@ -85,45 +48,13 @@ struct hcoll_request {
     hcoll_status_t status;
     hcoll_stage_times_t times;
 
-    /* Arguments; used only by the executor. */
-    const void *sendbuf;
-    void *recvbuf;
-    size_t count;
-    hcoll_dtype_t dtype;
-    hcoll_op_t op;
+    hc_coll_args_t args; /* used only by the executor */
     struct hcoll_request *next;
     /* Device-buffer call (coll_dev.c): its host stage, run by execute. */
     hc_dev_op_t *dev;
     /* Nobody waits for it (a blocking call with a stream returned once
      * enqueued): the worker frees it when done. */
     int detached;
-};
-
-struct hc_coll {
-    struct hcoll_comm *comm;
-    enum hc_plan plan;
-    hc_intra_t *intra;
-    hc_ring_t *ring;
-    hc_group_ag_t intra_ag, ring_ag;
-    size_t piece_bytes;
-    size_t small_bytes; /* latency path up to this many bytes (HCOLL_SMALL_BYTES) */
-
-    /* Requests and the executor role. */
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
-    struct hcoll_request *head, *tail;
-    int exec_busy;
-    int waiters;   /* blocking callers queued behind earlier requests */
-    int worker_started;
-    int stopping;
-    pthread_t worker;
-    hcoll_status_t failed; /* sticky; HCOLL_SUCCESS while healthy */
-    hcoll_stage_times_t last_times;
-    int have_last_times;
-    hc_coll_dev_t *dev; /* device-buffer path (coll_dev.c); CUDA only once used */
-
-    hc_ringthr_t *ringthr; /* the ring thread (three-stage plan only) */
-    hc_live_t *live;       /* the liveness thread (core/live.h) */
 };
 
 /* HCOLL_OP_TIMEOUT_MS as the backends take it: 0 (no limit) is < 0 there. */
@@ -169,164 +100,6 @@ static hcoll_status_t group_init(hc_group_ag_t *g, struct hcoll_comm *c, int n)
     return HCOLL_SUCCESS;
 }
 
-/* ------------------------------------------------------------------------ */
-/* Executing one all-reduce                                                   */
-/* ------------------------------------------------------------------------ */
-
-/* The ring over buf on the calling thread, until done, an error or abort. */
-static hcoll_status_t ring_run_here(hc_coll_t *co, const void *send, void *recv, size_t count,
-                                    hcoll_dtype_t dtype, hcoll_op_t op)
-{
-    struct hcoll_comm *c = co->comm;
-    const hc_ringdrv_op_t rop = { send, recv, count, dtype, op, c->nranks, 0 };
-    const hc_ringdrv_env_t env = { &c->aborted, &c->err, c->rank, "the all-reduce",
-                                   co->intra };
-    return hc_ringdrv_run(co->ring, &rop, &env);
-}
-
-/* Latency path of the three-stage plan (see the top of the file). The ring
- * thread is idle: run_3stage waits for every job it posts, and the ring is
- * handed over under the ring thread's lock, so this thread may drive the ring itself. */
-static hcoll_status_t run_3stage_small(hc_coll_t *co, struct hcoll_request *rq)
-{
-    double t = hc_now_us();
-    hcoll_status_t st = co->intra->ops->allreduce(co->intra, rq->sendbuf, rq->recvbuf, rq->count,
-                                                  rq->dtype, rq->op, NULL);
-    /* One fused stage: split it evenly, as the one-node plan does. */
-    rq->times.intra_rs_us = rq->times.intra_ag_us = (hc_now_us() - t) / 2;
-    if (st != HCOLL_SUCCESS)
-        return st;
-    t = hc_now_us();
-    st = ring_run_here(co, rq->recvbuf, rq->recvbuf, rq->count, rq->dtype, rq->op);
-    rq->times.inter_us = hc_now_us() - t;
-    return st;
-}
-
-static hcoll_status_t run_3stage(hc_coll_t *co, struct hcoll_request *rq)
-{
-    struct hcoll_comm *c = co->comm;
-    const hc_intra_ops_t *iops = co->intra->ops;
-    const size_t esize = hcoll_dtype_size(rq->dtype);
-    const int L = c->local_size;
-    const unsigned char *send = rq->sendbuf;
-    unsigned char *recv = rq->recvbuf;
-    size_t piece = co->piece_bytes / esize;
-    if (piece < (size_t)L)
-        piece = (size_t)L;
-    const size_t npieces = (rq->count + piece - 1) / piece;
-    hcoll_status_t st = HCOLL_SUCCESS, rst;
-    double t;
-
-    /* Stage 2 of piece k is waited for only after stage 1 of piece k+1. */
-    uint64_t pending_id = 0;
-    size_t pending_off = 0, pending_n = 0;
-    int have_pending = 0;
-
-    for (size_t k = 0; k <= npieces; k++) {
-        if (k < npieces) {
-            size_t off = k * piece;
-            size_t n = rq->count - off < piece ? rq->count - off : piece;
-            t = hc_now_us();
-            st = iops->reduce_scatter(co->intra, send + off * esize, recv + off * esize, n,
-                                      rq->dtype, rq->op, NULL);
-            rq->times.intra_rs_us += hc_now_us() - t;
-            if (st != HCOLL_SUCCESS) {
-                /* The ring thread may still be reducing the previous piece
-                 * in recvbuf: the buffers go back to the caller only after
-                 * it is done with them. */
-                if (have_pending)
-                    hc_ringthr_wait(co->ringthr, pending_id, &rq->times.inter_us);
-                break;
-            }
-            size_t soff, slen;
-            hc_intra_shard(n, L, c->local_rank, &soff, &slen);
-            unsigned char *shard = recv + (off + soff) * esize;
-            const hc_ringdrv_op_t job = { shard, shard, slen, rq->dtype, rq->op, c->nranks, 0 };
-            uint64_t id = hc_ringthr_post(co->ringthr, &job);
-            if (have_pending) {
-                rst = hc_ringthr_wait(co->ringthr, pending_id, &rq->times.inter_us);
-                if (rst != HCOLL_SUCCESS) {
-                    st = rst;
-                    /* Let the ring thread finish the job just posted (it
-                     * fails at once) before the buffers go back. */
-                    hc_ringthr_wait(co->ringthr, id, &rq->times.inter_us);
-                    break;
-                }
-                t = hc_now_us();
-                st = iops->all_gather(co->intra, recv + pending_off * esize, pending_n,
-                                      rq->dtype, NULL);
-                rq->times.intra_ag_us += hc_now_us() - t;
-                if (st != HCOLL_SUCCESS) {
-                    hc_ringthr_wait(co->ringthr, id, &rq->times.inter_us);
-                    break;
-                }
-            }
-            pending_id = id;
-            pending_off = off;
-            pending_n = n;
-            have_pending = 1;
-        } else if (have_pending) {
-            st = hc_ringthr_wait(co->ringthr, pending_id, &rq->times.inter_us);
-            if (st != HCOLL_SUCCESS)
-                break;
-            t = hc_now_us();
-            st = iops->all_gather(co->intra, recv + pending_off * esize, pending_n, rq->dtype,
-                                  NULL);
-            rq->times.intra_ag_us += hc_now_us() - t;
-        }
-    }
-    return st;
-}
-
-static hcoll_status_t run_op(hc_coll_t *co, struct hcoll_request *rq)
-{
-    struct hcoll_comm *c = co->comm;
-    double t0 = hc_now_us(), t;
-    hcoll_status_t st = HCOLL_SUCCESS;
-    /* The same on every rank: count and dtype must be, and so must the knob. */
-    const int small = rq->count * hcoll_dtype_size(rq->dtype) <= co->small_bytes;
-    memset(&rq->times, 0, sizeof rq->times);
-
-    switch (co->plan) {
-    case HC_PLAN_SINGLE:
-        /* count 0 may come with NULL buffers, which memcpy must not see. */
-        if (rq->sendbuf != rq->recvbuf && rq->count > 0)
-            memcpy(rq->recvbuf, rq->sendbuf, rq->count * hcoll_dtype_size(rq->dtype));
-        break;
-    case HC_PLAN_INTRA: {
-        const hc_intra_ops_t *iops = co->intra->ops;
-        t = hc_now_us();
-        if (small) {
-            st = iops->allreduce(co->intra, rq->sendbuf, rq->recvbuf, rq->count, rq->dtype,
-                                 rq->op, NULL);
-            /* One fused stage: split it evenly so the breakdown still adds up. */
-            rq->times.intra_rs_us = rq->times.intra_ag_us = (hc_now_us() - t) / 2;
-        } else {
-            st = iops->reduce_scatter(co->intra, rq->sendbuf, rq->recvbuf, rq->count, rq->dtype,
-                                      rq->op, NULL);
-            rq->times.intra_rs_us = hc_now_us() - t;
-            t = hc_now_us();
-            if (st == HCOLL_SUCCESS)
-                st = iops->all_gather(co->intra, rq->recvbuf, rq->count, rq->dtype, NULL);
-            rq->times.intra_ag_us = hc_now_us() - t;
-        }
-        if (st == HCOLL_SUCCESS)
-            hc_reduce_avg_finish(rq->recvbuf, rq->count, rq->dtype, rq->op, c->nranks);
-        break;
-    }
-    case HC_PLAN_RING:
-    case HC_PLAN_FLAT:
-        t = hc_now_us();
-        st = ring_run_here(co, rq->sendbuf, rq->recvbuf, rq->count, rq->dtype, rq->op);
-        rq->times.inter_us = hc_now_us() - t;
-        break;
-    case HC_PLAN_3STAGE:
-        st = small ? run_3stage_small(co, rq) : run_3stage(co, rq);
-        break;
-    }
-    rq->times.total_us = hc_now_us() - t0;
-    return st;
-}
 
 /* ------------------------------------------------------------------------ */
 /* Requests and the worker                                                    */
@@ -346,6 +119,7 @@ static void request_complete(struct hcoll_request *rq, hcoll_status_t st)
 static hcoll_status_t execute(hc_coll_t *co, struct hcoll_request *rq)
 {
     struct hcoll_comm *c = co->comm;
+    int agreed = 0;
     pthread_mutex_lock(&co->lock);
     hcoll_status_t st = co->failed;
     pthread_mutex_unlock(&co->lock);
@@ -366,8 +140,12 @@ static hcoll_status_t execute(hc_coll_t *co, struct hcoll_request *rq)
         st = hc_coll_dev_execute(co->dev, rq->dev, HCOLL_SUCCESS, &rq->times);
         rq->dev = NULL;
     } else {
-        st = run_op(co, rq);
+        st = hc_coll_run(co, &rq->args, &rq->times, &agreed);
     }
+    /* Every rank found the same argument mismatch after a complete
+     * exchange: nothing is in flight, the communicator stays usable. */
+    if (agreed)
+        return st;
 
     /* Whatever failed (this rank's intra stage, a peer, an abort), the ring
      * neighbours may be blocked on this rank: reset the connections now so
@@ -426,27 +204,47 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-hcoll_status_t hc_coll_allreduce(hc_coll_t *co, const void *sendbuf, void *recvbuf, size_t count,
-                                 hcoll_dtype_t dtype, hcoll_op_t op, void *stream,
-                                 struct hcoll_request **req_out)
+/* The checks of a host call of any kind, and the device stages of a device
+ * all-reduce (*dop_out then set, as hc_coll_dev_enqueue says). */
+static hcoll_status_t submit_check(hc_coll_t *co, const hc_coll_args_t *a, void *stream,
+                                   hc_dev_op_t **dop_out)
 {
     struct hcoll_comm *comm = co->comm;
-    hcoll_status_t st;
-    /* Device buffers: the GPU stages go on the stream now, the host stage
-     * is queued as a request like any other (coll_dev.c). */
+    *dop_out = NULL;
+    switch (a->kind) {
+    case HC_COLL_ALLREDUCE:
+        /* Device buffers: the GPU stages go on the stream now, the host
+         * stage is queued as a request like any other (coll_dev.c). */
+        if (hc_coll_dev_wanted(a->sendbuf, a->recvbuf, stream))
+            return hc_coll_dev_enqueue(co->dev, a->sendbuf, a->recvbuf, a->count, a->dtype,
+                                       a->op, stream, dop_out);
+        return hc_coll_check_args(comm, a->sendbuf, a->recvbuf, a->count, a->dtype, a->op, 0);
+    case HC_COLL_BROADCAST:
+        if (hc_coll_dev_wanted(comm->rank == a->root ? a->sendbuf : NULL, a->recvbuf, stream))
+            return hc_err_set(&comm->err, HC_COLL, comm->rank, HCOLL_ERR_UNSUPPORTED,
+                              "broadcast: device buffers and streams are not supported yet; "
+                              "use host buffers and stream NULL");
+        return hc_coll_check_bcast(comm, a->sendbuf, a->recvbuf, a->count, a->dtype, a->root);
+    case HC_COLL_BARRIER:
+        return HCOLL_SUCCESS;
+    }
+    return hc_err_set(&comm->err, HC_COLL, comm->rank, HCOLL_ERR_INTERNAL,
+                      "unknown collective %d", (int)a->kind);
+}
+
+hcoll_status_t hc_coll_submit(hc_coll_t *co, const hc_coll_args_t *args, void *stream,
+                              struct hcoll_request **req_out)
+{
+    struct hcoll_comm *comm = co->comm;
     hc_dev_op_t *dop = NULL;
-    if (hc_coll_dev_wanted(sendbuf, recvbuf, stream)) {
-        st = hc_coll_dev_enqueue(co->dev, sendbuf, recvbuf, count, dtype, op, stream, &dop);
-        if (!dop)
-            return st;
+    hcoll_status_t st = submit_check(co, args, stream, &dop);
+    if (dop) {
         /* An op comes back with an error when its stream already waits for
          * it: it is queued anyway, to release that stream in order. */
         if (st != HCOLL_SUCCESS)
             req_out = NULL;
-    } else {
-        st = hc_coll_check_args(comm, sendbuf, recvbuf, count, dtype, op, 0);
-        if (st != HCOLL_SUCCESS)
-            return st;
+    } else if (st != HCOLL_SUCCESS) {
+        return st;
     }
     const hcoll_status_t dev_st = st;
 
@@ -456,11 +254,7 @@ hcoll_status_t hc_coll_allreduce(hc_coll_t *co, const void *sendbuf, void *recvb
                           "no memory for a request");
     pthread_mutex_init(&rq->lock, NULL);
     pthread_cond_init(&rq->cond, NULL);
-    rq->sendbuf = sendbuf;
-    rq->recvbuf = recvbuf;
-    rq->count = count;
-    rq->dtype = dtype;
-    rq->op = op;
+    rq->args = *args;
     rq->dev = dop;
     rq->detached = dop && !req_out;
 
@@ -772,11 +566,11 @@ hcoll_status_t hc_coll_create(struct hcoll_comm *c)
                                        "the inter-node stage", co->intra };
         HC_CHECK(hc_ringthr_start(co->ring, &env, &co->ringthr), out);
     }
+    /* Device-buffer path: bookkeeping only; CUDA and NCCL are set up by the
+     * first device call (coll_dev.c), so host-only users never pay. */
     HC_CHECK(hc_live_start(co->intra, co->ring, (int)c->params.liveness_ms, &c->err, c->rank,
                            &co->live),
              out);
-    /* Device-buffer path: bookkeeping only; CUDA and NCCL are set up by the
-     * first device call (coll_dev.c), so host-only users never pay. */
     HC_CHECK(hc_coll_dev_create(c, co->plan, co->ring, group_allgather, &co->intra_ag,
                                 co->piece_bytes, &co->dev),
              out);

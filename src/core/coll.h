@@ -1,6 +1,7 @@
 /*
- * The all-reduce executor: plan selection, the data plane of a
- * communicator (intra-node backend, ring, threads) and requests.
+ * The executor: plan selection, the data plane of a communicator
+ * (intra-node backend, ring, threads) and requests of every kind
+ * (all-reduce, broadcast, barrier).
  *
  * Plans, chosen once per communicator from its topology:
  *   single  one rank: a copy
@@ -49,17 +50,41 @@ hcoll_status_t hc_coll_create(struct hcoll_comm *comm);
  */
 void hc_coll_destroy(hc_coll_t *co, int aborting);
 
-/*
- * hcoll_allreduce (req_out NULL) and hcoll_allreduce_async: the checks,
- * the device stages, then the request, queued for the worker or (blocking,
- * host buffers) run on this thread after every earlier one.
- */
-hcoll_status_t hc_coll_allreduce(hc_coll_t *co, const void *sendbuf, void *recvbuf, size_t count,
-                                 hcoll_dtype_t dtype, hcoll_op_t op, void *stream,
-                                 struct hcoll_request **req_out);
+/* The collectives a request can carry. */
+enum hc_coll_kind { HC_COLL_ALLREDUCE, HC_COLL_BROADCAST, HC_COLL_BARRIER };
 
-/* The stage times of the last all-reduce that succeeded: 1 and *times_out,
- * or 0 when none has finished yet. */
+/* One call's arguments, whatever its kind (fields a kind does not use are
+ * ignored): all-reduce sendbuf, recvbuf, count, dtype, op; broadcast
+ * sendbuf (root only), recvbuf, count, dtype, root; barrier none. */
+typedef struct hc_coll_args {
+    enum hc_coll_kind kind;
+    const void *sendbuf;
+    void *recvbuf;
+    size_t count;
+    hcoll_dtype_t dtype;
+    hcoll_op_t op;
+    int root;
+} hc_coll_args_t;
+
+/*
+ * The arguments of a host broadcast: a known dtype, root a rank, recvbuf
+ * present (and on the root sendbuf) when count > 0, a size that fits
+ * memory, no partial overlap on the root. As hc_coll_check_args.
+ */
+hcoll_status_t hc_coll_check_bcast(struct hcoll_comm *c, const void *sendbuf,
+                                   const void *recvbuf, size_t count, hcoll_dtype_t dtype,
+                                   int root);
+
+/*
+ * Every collective, blocking (req_out NULL) or not: the checks, the device
+ * stages (device all-reduce), then the request, queued for the worker or
+ * (blocking, host buffers) run on this thread after every earlier one.
+ */
+hcoll_status_t hc_coll_submit(hc_coll_t *co, const hc_coll_args_t *args, void *stream,
+                              struct hcoll_request **req_out);
+
+/* The stage times of the last collective that succeeded: 1 and
+ * *times_out, or 0 when none has finished yet. */
 int hc_coll_last_times(hc_coll_t *co, hcoll_stage_times_t *times_out);
 
 /* Requests (hcoll.h's hcoll_test, hcoll_wait, hcoll_request_free and

@@ -598,7 +598,8 @@ static hcoll_status_t ring_run(hc_coll_dev_t *d, const void *src, void *buf, siz
                                const hc_dev_op_t *o, int dev, double *ring_us)
 {
     struct hcoll_comm *c = d->c;
-    const hc_ringdrv_op_t rop = { dev ? src : buf, buf, n, o->dtype, o->op, c->nranks, dev };
+    const hc_ringdrv_op_t rop = { dev ? src : buf, buf, n, o->dtype, o->op, c->nranks, dev,
+                                  0, 0 };
     const hc_ringdrv_env_t env = { &c->aborted, &c->err, c->rank, "the inter-node stage",
                                    NULL /* NCCL: its own failures */ };
     struct timespec a, b;

@@ -62,3 +62,32 @@ hcoll_status_t hc_coll_check_args(struct hcoll_comm *c, const void *sendbuf,
                           "sendbuf == recvbuf)");
     return HCOLL_SUCCESS;
 }
+
+hcoll_status_t hc_coll_check_bcast(struct hcoll_comm *c, const void *sendbuf,
+                                   const void *recvbuf, size_t count, hcoll_dtype_t dtype,
+                                   int root)
+{
+    if (hcoll_dtype_size(dtype) == 0)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
+                          "dtype %d is not a known type", (int)dtype);
+    if (root < 0 || root >= c->nranks)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
+                          "root %d is not a rank of this communicator (size %d)", root,
+                          c->nranks);
+    if (count == 0)
+        return HCOLL_SUCCESS;
+    const int is_root = c->rank == root;
+    if (!recvbuf || (is_root && !sendbuf))
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
+                          "%s is NULL with count %zu", !recvbuf ? "recvbuf" : "sendbuf", count);
+    size_t esize = hcoll_dtype_size(dtype);
+    if (count > SIZE_MAX / esize / 2)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
+                          "count %zu of %s is larger than memory", count, hcoll_dtype_name(dtype));
+    uintptr_t s = (uintptr_t)sendbuf, r = (uintptr_t)recvbuf, bytes = count * esize;
+    if (is_root && s != r && s < r + bytes && r < s + bytes)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
+                          "sendbuf and recvbuf overlap without being equal (in place means "
+                          "sendbuf == recvbuf)");
+    return HCOLL_SUCCESS;
+}

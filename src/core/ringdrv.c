@@ -13,7 +13,8 @@ hcoll_status_t hc_ringdrv_run(struct hc_ring *ring, const hc_ringdrv_op_t *op,
 {
     int done = 0;
     hcoll_status_t st =
-        op->device ? hc_ring_start_device(ring, op->src, op->dst, op->count, op->dtype, op->op,
+        op->bcast    ? hc_ring_bcast_start(ring, op->dst, op->count, op->dtype, op->root)
+        : op->device ? hc_ring_start_device(ring, op->src, op->dst, op->count, op->dtype, op->op,
                                           op->avg_div)
                    : hc_ring_start(ring, op->src, op->dst, op->count, op->dtype, op->op,
                                    op->avg_div);

@@ -20,7 +20,9 @@ struct hc_ring;
 #define HC_RINGDRV_POLL_MS 20
 
 /* One ring all-reduce: src into dst (equal: in place), the average divided
- * by avg_div; device: both are device memory (hc_ring_start_device). */
+ * by avg_div; device: both are device memory (hc_ring_start_device).
+ * bcast: instead a broadcast of dst from ring position root
+ * (hc_ring_bcast_start; src, op and avg_div unused). */
 typedef struct hc_ringdrv_op {
     const void *src;
     void *dst;
@@ -29,6 +31,8 @@ typedef struct hc_ringdrv_op {
     hcoll_op_t op;
     int avg_div;
     int device;
+    int bcast;
+    int root;
 } hc_ringdrv_op_t;
 
 /* Where the driver reports an abort: the communicator's abort flag, its

@@ -40,6 +40,17 @@
  * k+1 has reached it, sent when that rank had finished k, its last use of
  * the half that k+2 writes. AVG divides once, after the fold.
  *
+ * Broadcast (hc_ring_bcast_start): a chain root, root+1, ..., root-1 of
+ * all-gather-like puts straight into next's buffer, chunk by chunk, each
+ * forwarded as soon as it landed (no staging slots, no credits):
+ *
+ *   root ──m0 m1 m2──► root+1 ──m0 m1──► root+2 ──m0──► ... ──► root-1
+ *     ▲                                                             │
+ *     └──────────── one empty message once root-1 has all ──────────┘
+ *
+ * (so the root does not finish before its prev started: neighbours stay
+ * at most one operation apart, as the immediates' seq needs).
+ *
  * Device buffers (GPUDirect): the same chunked ring, with staging slots in
  * device memory that prev's NIC writes, the reductions, the AVG division
  * and copies done by the caller's device operations (hc_ring_devops_t),
@@ -116,7 +127,30 @@ hcoll_status_t hc_ring_send_ready(hc_ring_t *r)
         r->nbusy++;
         o->rs_next++;
     }
-    while (o->have_desc && o->ag_next < o->g.nmsg) {
+    /* Broadcast chain: message m is bytes [m*chunk, ...), sent by the root
+     * at once and forwarded by the others as it lands. */
+    while (o->bcast && o->have_desc && o->ag_next < o->g.nmsg) {
+        size_t m = o->ag_next, off = m * r->chunk_bytes, bytes = o->count * o->esize;
+        if (r->next == o->root) { /* the last rank: all landed, tell the root */
+            if (o->ag_nrecv < o->g.nmsg)
+                break;
+            st = hc_ring_put(r, r->ep_next, NULL, 0, &o->next_recv, 0, 0,
+                             IMM(IMM_AG, seq, 0, m));
+            if (st != HCOLL_SUCCESS)
+                return st;
+            o->ag_next++;
+            continue;
+        }
+        if (r->rank != o->root && !o->ag_done[m])
+            break;
+        size_t len = bytes - off < r->chunk_bytes ? bytes - off : r->chunk_bytes;
+        st = hc_ring_put(r, r->ep_next, o->recv_mr, off, &o->next_recv, off, len,
+                         IMM(IMM_AG, seq, 0, m));
+        if (st != HCOLL_SUCCESS)
+            return st;
+        o->ag_next++;
+    }
+    while (!o->bcast && o->have_desc && o->ag_next < o->g.nmsg) {
         size_t m = o->ag_next, s = m / o->g.C, c = m % o->g.C;
         if (s == 0 ? !o->rs_done[(size_t)(r->n - 2) * o->g.C + c] : !o->ag_done[m - o->g.C])
             break;

@@ -106,6 +106,18 @@ hcoll_status_t hc_ring_start_device(hc_ring_t *ring, const void *sendbuf, void *
                                     size_t count, hcoll_dtype_t dtype, hcoll_op_t op,
                                     int avg_divisor);
 
+/*
+ * Start a broadcast of buf (count elements) from ring position root: a
+ * chain root -> root+1 -> ... -> root-1 along the ring's direction, cut
+ * into chunk_bytes messages, each forwarded as soon as it lands, straight
+ * into the next rank's buf (its key comes in the operation's descriptor,
+ * whose signature carries count, dtype and root). Progress and finish as
+ * an all-reduce (hc_ring_progress). Every rank of the ring must start it,
+ * with the same count, dtype and root; root must hold the data in buf.
+ */
+hcoll_status_t hc_ring_bcast_start(hc_ring_t *ring, void *buf, size_t count, hcoll_dtype_t dtype,
+                                   int root);
+
 /* Start + progress until done. Blocking, collective. */
 hcoll_status_t hc_ring_allreduce(hc_ring_t *ring, const void *sendbuf, void *recvbuf,
                                  size_t count, hcoll_dtype_t dtype, hcoll_op_t op);

@@ -36,7 +36,8 @@ static int op_complete(const hc_ring_t *r)
     /* Also wait for my credits and my puts: when an operation ends nothing
      * of it is still in flight towards or from this rank. */
     return o->rs_next == o->g.nmsg && o->rs_nrecv == o->g.nmsg && o->ag_next == o->g.nmsg &&
-           o->ag_nrecv == o->g.nmsg && r->puts_out == 0 && r->nbusy == 0;
+           o->ag_nrecv == o->g.nmsg && r->puts_out == 0 && r->nbusy == 0 &&
+           (!o->bcast || o->have_desc);
 }
 
 /* What a start may not be called with; not sticky, the ring stays usable. */
@@ -246,6 +247,68 @@ static hcoll_status_t op_timed_out(hc_ring_t *r)
                       : o->have_desc ? "descriptor received"
                                      : "no descriptor from next rank",
                       r->p.liveness_ms > 0 ? " HCOLL_OP_TIMEOUT_MS, neighbours alive" : "");
+}
+
+/*
+ * The broadcast chain. No reduce-scatter phase and no staging slots: every
+ * message goes straight into next's buffer at its own offset (as the
+ * all-gather does), so there are no credits either; the root only sends,
+ * the last rank only receives (and closes the chain), the others forward
+ * each message once it landed. The op field of the signature names the root, so that a
+ * neighbour with another root fails with HCOLL_ERR_MISMATCH.
+ */
+hcoll_status_t hc_ring_bcast_start(hc_ring_t *r, void *buf, size_t count, hcoll_dtype_t dtype,
+                                   int root)
+{
+    hc_errbuf_t *eb = RING_ERRBUF(r);
+    hcoll_status_t st = start_check(r, buf, buf, count, dtype, HCOLL_SUM, 0);
+    if (st != HCOLL_SUCCESS)
+        return st;
+    if (root < 0 || root >= r->n)
+        return hc_err_set(eb, HC_NET, RING_LOGRANK(r), HCOLL_ERR_INVALID_ARG,
+                          "ring: broadcast root %d out of %d positions", root, r->n);
+    if (count == 0 || r->n == 1)
+        return HCOLL_SUCCESS;
+    ring_op_t *o = &r->op;
+    memset(o, 0, sizeof *o);
+    o->send = o->recv = buf;
+    o->count = count;
+    o->esize = hcoll_dtype_size(dtype);
+    o->dtype = dtype;
+    o->op = (hcoll_op_t)(0x80 | (root & 0x7f));
+    o->bcast = 1;
+    o->root = root;
+    const size_t bytes = count * o->esize;
+    o->g.n = r->n;
+    o->g.nmsg = (bytes + r->chunk_bytes - 1) / r->chunk_bytes;
+    if (o->g.nmsg >= IMM_MSG_MAX)
+        return hc_err_set(eb, HC_NET, RING_LOGRANK(r), HCOLL_ERR_UNSUPPORTED,
+                          "ring: a broadcast of %zu bytes needs more than %zu messages; raise "
+                          "HCOLL_CHUNK_BYTES",
+                          bytes, IMM_MSG_MAX - 1);
+    if (o->g.nmsg > r->flags_cap) {
+        uint8_t *f = realloc(r->flags, o->g.nmsg);
+        if (!f)
+            return hc_err_set(eb, HC_NET, RING_LOGRANK(r), HCOLL_ERR_NO_MEMORY,
+                              "ring: out of memory");
+        r->flags = f;
+        r->flags_cap = o->g.nmsg;
+    }
+    memset(r->flags, 0, o->g.nmsg);
+    o->ag_done = r->flags;
+    o->rs_next = o->rs_nrecv = o->g.nmsg; /* no reduce-scatter */
+    /* The last rank closes the chain with one empty message (number
+     * nmsg-1) to the root once it holds everything: the root finishes an
+     * operation only after its prev has started it, which keeps every rank
+     * at most one operation ahead of its prev, as the ring's immediates
+     * need. The root receives only that. */
+    if (r->rank == root) {
+        memset(o->ag_done, 1, o->g.nmsg - 1);
+        o->ag_nrecv = o->g.nmsg - 1;
+    }
+    if (r->next == root)
+        o->ag_next = o->g.nmsg - 1;
+    return start_chunked(r);
 }
 
 hcoll_status_t hc_ring_progress(hc_ring_t *r, int wait_ms, int *done_out)

@@ -96,6 +96,8 @@ typedef struct ring_op {
     char *ghalf;         /* gather mode: this operation's half of gbuf */
     uint8_t *rs_done;    /* [nmsg] received and reduced */
     uint8_t *ag_done;    /* [nmsg] landed */
+    int bcast;           /* a broadcast chain (ring_op.c): root, ..., root-1 */
+    int root;            /* the chain's first position */
 } ring_op_t;
 
 enum { HC_RING_LIVE_OFF = 0, HC_RING_LIVE_UP, HC_RING_LIVE_LEFT, HC_RING_LIVE_DEAD };

@@ -1,0 +1,66 @@
+/*
+ * The executor's objects, shared by coll.c (requests, the worker, the data
+ * plane's life) and coll_run.c (what one operation of each kind does) and
+ * by nothing else. Calls go one way: coll.c -> coll_run.c.
+ */
+#ifndef HC_CORE_COLL_PRIV_H
+#define HC_CORE_COLL_PRIV_H
+
+#include <pthread.h>
+#include <stddef.h>
+
+#include "boot/boot.h"
+#include "core/coll.h"
+#include "core/coll_dev.h"
+#include "core/live.h"
+#include "core/ringthr.h"
+#include "inter/ring.h"
+#include "intra/intra.h"
+
+/* Pieces of the pipeline hold this many ring chunks per shard: enough to
+ * keep the ring's slots busy, small enough that the pipeline fills fast. */
+#define PIECE_CHUNKS 4
+
+typedef struct hc_group_ag {
+    hc_boot_t *boot;
+    int nranks;     /* of the communicator */
+    int nmembers;
+    int *members;   /* communicator ranks, in group order */
+} hc_group_ag_t;
+
+struct hc_coll {
+    struct hcoll_comm *comm;
+    enum hc_plan plan;
+    hc_intra_t *intra;
+    hc_ring_t *ring;
+    hc_group_ag_t intra_ag, ring_ag;
+    size_t piece_bytes;
+    size_t small_bytes; /* latency path up to this many bytes (HCOLL_SMALL_BYTES) */
+
+    /* Requests and the executor role. */
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    struct hcoll_request *head, *tail;
+    int exec_busy;
+    int waiters;   /* blocking callers queued behind earlier requests */
+    int worker_started;
+    int stopping;
+    pthread_t worker;
+    hcoll_status_t failed; /* sticky; HCOLL_SUCCESS while healthy */
+    hcoll_stage_times_t last_times;
+    int have_last_times;
+    hc_coll_dev_t *dev; /* device-buffer path (coll_dev.c); CUDA only once used */
+
+    hc_ringthr_t *ringthr; /* the ring thread (three-stage plan only) */
+    hc_live_t *live;       /* the liveness thread (core/live.h) */
+};
+
+/* Run one host-buffer operation of any kind as the executor (the caller
+ * holds the role), on this thread; *times is overwritten (coll_run.c).
+ * *agreed_out = 1 when it failed because the ranks' arguments differ and
+ * every rank found out alike after a complete exchange: the data plane is
+ * then idle and sound, so the failure need not be sticky. */
+hcoll_status_t hc_coll_run(hc_coll_t *co, const hc_coll_args_t *a, hcoll_stage_times_t *times,
+                           int *agreed_out);
+
+#endif

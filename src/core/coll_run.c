@@ -1,0 +1,373 @@
+/*
+ * One operation of each kind, on the executor's thread (coll.c holds the
+ * requests and the worker).
+ *
+ * All-reduce.
+ *
+ * Three-stage plan, one vector of S bytes cut into pieces p0 p1 p2 ...:
+ *
+ *   executor thread   RS(p0) RS(p1) AG(p0) RS(p2) AG(p1) ... AG(pK-1)
+ *   ring thread              ring(p0)  ring(p1)   ring(p2) ...
+ *                     (ring(k) overlaps RS(k+1) and AG(k-1))
+ *
+ *   RS(p)   intra-node reduce-scatter: local rank i now holds shard i of p
+ *   ring(p) shard i of p all-reduced among the ranks with local rank i, one
+ *           per node, over rail i (in place in recvbuf)
+ *   AG(p)   intra-node all-gather: every local rank holds all of p
+ *
+ * Small vectors (at most HCOLL_SMALL_BYTES) take the latency path instead:
+ *
+ *   executor thread   AR(all)            ring(all, on rail i)
+ *   AR(all)   the intra stage fused into one step (every local rank folds
+ *             all L contributions: intra->ops->allreduce)
+ *   ring(all) every local rank runs its rail's ring over the whole node sum,
+ *             on the executor's own thread; no intra all-gather follows
+ *
+ * A small all-reduce costs synchronisations, not bytes: this path has one
+ * intra-node step instead of two and no hand-off to the ring thread and
+ * back (each a futex wake and a trip through the scheduler, tens of us on
+ * a busy host), for L times the bytes on the wire. Every local rank feeds
+ * its ring the same bits (the fused fold has RS's fixed order) and every
+ * rail's ring has the same node order, so all ranks still end with the
+ * same bits. The threshold must be equal on every rank (checked at init).
+ *
+ * Broadcast: first the arguments, then the vector.
+ *
+ *   check   one all-reduce (MAX) of {root, -root, bytes, -bytes}: ranks called
+ *           with another root or size fail alike with HCOLL_ERR_MISMATCH
+ *           instead of mixing data (not sticky: every rank saw the same
+ *           extremes after a complete exchange)
+ *   3stage  root's node          node B               node C
+ *           RS: local rank i     ┌──────────┐         ┌──────────┐
+ *           holds shard i ──rail i chain──► │ shard i ├──rail i──►│ shard i │
+ *           then every node all-gathers its L shards (shared memory)
+ *           RS is a reduce-scatter of the root's bytes and everyone else's
+ *           zeros as integers (x + 0 = x exactly, whatever the bits); the
+ *           chain (hc_ring_bcast_start) forwards each chunk as it lands, so
+ *           each NIC carries about S/L bytes
+ *   ring, flat   the chain over all ranks, from the root
+ *   intra   the all-reduce of the root's bytes and the others' zeros
+ *
+ * Barrier: one all-reduce of a single 1: a rank's result depends on every
+ * rank's input, so nobody leaves before all entered (intra fused step,
+ * then the rail ring, on the latency path); the sum must be the number of
+ * ranks.
+ */
+#include "core/coll_priv.h"
+#include "base/clock.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/comm.h"
+#include "core/ringdrv.h"
+#include "base/err.h"
+#include "base/log.h"
+#include "base/reduce.h"
+
+/* ------------------------------------------------------------------------ */
+/* Executing one all-reduce                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* The ring over buf on the calling thread, until done, an error or abort. */
+static hcoll_status_t ring_run_here(hc_coll_t *co, const void *send, void *recv, size_t count,
+                                    hcoll_dtype_t dtype, hcoll_op_t op)
+{
+    struct hcoll_comm *c = co->comm;
+    const hc_ringdrv_op_t rop = { send, recv, count, dtype, op, c->nranks, 0, 0, 0 };
+    const hc_ringdrv_env_t env = { &c->aborted, &c->err, c->rank, "the all-reduce",
+                                   co->intra };
+    return hc_ringdrv_run(co->ring, &rop, &env);
+}
+
+/* Latency path of the three-stage plan (see the top of the file). The ring
+ * thread is idle: run_3stage waits for every job it posts, and the ring is
+ * handed over under the ring thread's lock, so this thread may drive the ring itself. */
+static hcoll_status_t run_3stage_small(hc_coll_t *co, const hc_coll_args_t *rq, hcoll_stage_times_t *tm)
+{
+    double t = hc_now_us();
+    hcoll_status_t st = co->intra->ops->allreduce(co->intra, rq->sendbuf, rq->recvbuf, rq->count,
+                                                  rq->dtype, rq->op, NULL);
+    /* One fused stage: split it evenly, as the one-node plan does. */
+    tm->intra_rs_us = tm->intra_ag_us = (hc_now_us() - t) / 2;
+    if (st != HCOLL_SUCCESS)
+        return st;
+    t = hc_now_us();
+    st = ring_run_here(co, rq->recvbuf, rq->recvbuf, rq->count, rq->dtype, rq->op);
+    tm->inter_us = hc_now_us() - t;
+    return st;
+}
+
+static hcoll_status_t run_3stage(hc_coll_t *co, const hc_coll_args_t *rq, hcoll_stage_times_t *tm)
+{
+    struct hcoll_comm *c = co->comm;
+    const hc_intra_ops_t *iops = co->intra->ops;
+    const size_t esize = hcoll_dtype_size(rq->dtype);
+    const int L = c->local_size;
+    const unsigned char *send = rq->sendbuf;
+    unsigned char *recv = rq->recvbuf;
+    size_t piece = co->piece_bytes / esize;
+    if (piece < (size_t)L)
+        piece = (size_t)L;
+    const size_t npieces = (rq->count + piece - 1) / piece;
+    hcoll_status_t st = HCOLL_SUCCESS, rst;
+    double t;
+
+    /* Stage 2 of piece k is waited for only after stage 1 of piece k+1. */
+    uint64_t pending_id = 0;
+    size_t pending_off = 0, pending_n = 0;
+    int have_pending = 0;
+
+    for (size_t k = 0; k <= npieces; k++) {
+        if (k < npieces) {
+            size_t off = k * piece;
+            size_t n = rq->count - off < piece ? rq->count - off : piece;
+            t = hc_now_us();
+            st = iops->reduce_scatter(co->intra, send + off * esize, recv + off * esize, n,
+                                      rq->dtype, rq->op, NULL);
+            tm->intra_rs_us += hc_now_us() - t;
+            if (st != HCOLL_SUCCESS) {
+                /* The ring thread may still be reducing the previous piece
+                 * in recvbuf: the buffers go back to the caller only after
+                 * it is done with them. */
+                if (have_pending)
+                    hc_ringthr_wait(co->ringthr, pending_id, &tm->inter_us);
+                break;
+            }
+            size_t soff, slen;
+            hc_intra_shard(n, L, c->local_rank, &soff, &slen);
+            unsigned char *shard = recv + (off + soff) * esize;
+            const hc_ringdrv_op_t job = { shard, shard,     slen, rq->dtype, rq->op,
+                                          c->nranks, 0, 0, 0 };
+            uint64_t id = hc_ringthr_post(co->ringthr, &job);
+            if (have_pending) {
+                rst = hc_ringthr_wait(co->ringthr, pending_id, &tm->inter_us);
+                if (rst != HCOLL_SUCCESS) {
+                    st = rst;
+                    /* Let the ring thread finish the job just posted (it
+                     * fails at once) before the buffers go back. */
+                    hc_ringthr_wait(co->ringthr, id, &tm->inter_us);
+                    break;
+                }
+                t = hc_now_us();
+                st = iops->all_gather(co->intra, recv + pending_off * esize, pending_n,
+                                      rq->dtype, NULL);
+                tm->intra_ag_us += hc_now_us() - t;
+                if (st != HCOLL_SUCCESS) {
+                    hc_ringthr_wait(co->ringthr, id, &tm->inter_us);
+                    break;
+                }
+            }
+            pending_id = id;
+            pending_off = off;
+            pending_n = n;
+            have_pending = 1;
+        } else if (have_pending) {
+            st = hc_ringthr_wait(co->ringthr, pending_id, &tm->inter_us);
+            if (st != HCOLL_SUCCESS)
+                break;
+            t = hc_now_us();
+            st = iops->all_gather(co->intra, recv + pending_off * esize, pending_n, rq->dtype,
+                                  NULL);
+            tm->intra_ag_us += hc_now_us() - t;
+        }
+    }
+    return st;
+}
+
+static hcoll_status_t run_allreduce(hc_coll_t *co, const hc_coll_args_t *rq, hcoll_stage_times_t *tm)
+{
+    struct hcoll_comm *c = co->comm;
+    double t0 = hc_now_us(), t;
+    hcoll_status_t st = HCOLL_SUCCESS;
+    /* The same on every rank: count and dtype must be, and so must the knob. */
+    const int small = rq->count * hcoll_dtype_size(rq->dtype) <= co->small_bytes;
+    memset(tm, 0, sizeof *tm);
+
+    switch (co->plan) {
+    case HC_PLAN_SINGLE:
+        /* count 0 may come with NULL buffers, which memcpy must not see. */
+        if (rq->sendbuf != rq->recvbuf && rq->count > 0)
+            memcpy(rq->recvbuf, rq->sendbuf, rq->count * hcoll_dtype_size(rq->dtype));
+        break;
+    case HC_PLAN_INTRA: {
+        const hc_intra_ops_t *iops = co->intra->ops;
+        t = hc_now_us();
+        if (small) {
+            st = iops->allreduce(co->intra, rq->sendbuf, rq->recvbuf, rq->count, rq->dtype,
+                                 rq->op, NULL);
+            /* One fused stage: split it evenly so the breakdown still adds up. */
+            tm->intra_rs_us = tm->intra_ag_us = (hc_now_us() - t) / 2;
+        } else {
+            st = iops->reduce_scatter(co->intra, rq->sendbuf, rq->recvbuf, rq->count, rq->dtype,
+                                      rq->op, NULL);
+            tm->intra_rs_us = hc_now_us() - t;
+            t = hc_now_us();
+            if (st == HCOLL_SUCCESS)
+                st = iops->all_gather(co->intra, rq->recvbuf, rq->count, rq->dtype, NULL);
+            tm->intra_ag_us = hc_now_us() - t;
+        }
+        if (st == HCOLL_SUCCESS)
+            hc_reduce_avg_finish(rq->recvbuf, rq->count, rq->dtype, rq->op, c->nranks);
+        break;
+    }
+    case HC_PLAN_RING:
+    case HC_PLAN_FLAT:
+        t = hc_now_us();
+        st = ring_run_here(co, rq->sendbuf, rq->recvbuf, rq->count, rq->dtype, rq->op);
+        tm->inter_us = hc_now_us() - t;
+        break;
+    case HC_PLAN_3STAGE:
+        st = small ? run_3stage_small(co, rq, tm) : run_3stage(co, rq, tm);
+        break;
+    }
+    tm->total_us = hc_now_us() - t0;
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Broadcast and barrier                                                      */
+/* ------------------------------------------------------------------------ */
+
+static void times_add(hcoll_stage_times_t *sum, const hcoll_stage_times_t *t)
+{
+    sum->intra_rs_us += t->intra_rs_us;
+    sum->inter_us += t->inter_us;
+    sum->intra_ag_us += t->intra_ag_us;
+}
+
+/* An all-reduce of count elements in place in buf; its times add to *tm. */
+static hcoll_status_t allreduce_in_place(hc_coll_t *co, void *buf, size_t count,
+                                         hcoll_dtype_t dtype, hcoll_op_t op,
+                                         hcoll_stage_times_t *tm)
+{
+    const hc_coll_args_t a = { .kind = HC_COLL_ALLREDUCE, .sendbuf = buf, .recvbuf = buf,
+                               .count = count, .dtype = dtype, .op = op };
+    hcoll_stage_times_t t;
+    hcoll_status_t st = run_allreduce(co, &a, &t);
+    times_add(tm, &t);
+    return st;
+}
+
+/* The ring's broadcast chain from position root over buf, on this thread
+ * (the ring thread is idle between operations). */
+static hcoll_status_t chain_here(hc_coll_t *co, void *buf, size_t count, hcoll_dtype_t dtype,
+                                 int root, hcoll_stage_times_t *tm)
+{
+    struct hcoll_comm *c = co->comm;
+    const hc_ringdrv_op_t rop = { .dst = buf, .count = count, .dtype = dtype, .bcast = 1,
+                                  .root = root };
+    const hc_ringdrv_env_t env = { &c->aborted, &c->err, c->rank, "the broadcast",
+                                   co->intra };
+    double t = hc_now_us();
+    hcoll_status_t st = hc_ringdrv_run(co->ring, &rop, &env);
+    tm->inter_us += hc_now_us() - t;
+    return st;
+}
+
+/* Three stages: the root's node scatters the vector over its L local ranks
+ * (a reduce-scatter of the root's bytes and the others' zeros, exact as
+ * integers), local rank i chains shard i along rail i from the root's node,
+ * and every node all-gathers its L shards. */
+static hcoll_status_t bcast_3stage(hc_coll_t *co, const hc_coll_args_t *a, size_t n,
+                                   hcoll_dtype_t idt, hcoll_stage_times_t *tm)
+{
+    struct hcoll_comm *c = co->comm;
+    const hc_intra_ops_t *iops = co->intra->ops;
+    const size_t es = hcoll_dtype_size(idt);
+    unsigned char *buf = a->recvbuf;
+    const int root_node = c->node_of[a->root];
+    hcoll_status_t st;
+    double t = hc_now_us();
+    if (c->node == root_node) {
+        if (c->rank != a->root)
+            memset(buf, 0, n * es);
+        st = iops->reduce_scatter(co->intra, buf, buf, n, idt, HCOLL_SUM, NULL);
+        tm->intra_rs_us += hc_now_us() - t;
+        if (st != HCOLL_SUCCESS)
+            return st;
+    }
+    size_t soff, slen;
+    hc_intra_shard(n, c->local_size, c->local_rank, &soff, &slen);
+    /* Rail rings have one rank per node, in node order. */
+    st = chain_here(co, buf + soff * es, slen, idt, root_node, tm);
+    if (st != HCOLL_SUCCESS)
+        return st;
+    t = hc_now_us();
+    st = iops->all_gather(co->intra, buf, n, idt, NULL);
+    tm->intra_ag_us += hc_now_us() - t;
+    return st;
+}
+
+static hcoll_status_t run_broadcast(hc_coll_t *co, const hc_coll_args_t *a,
+                                    hcoll_stage_times_t *tm, int *agreed_out)
+{
+    struct hcoll_comm *c = co->comm;
+    const size_t bytes = a->count * hcoll_dtype_size(a->dtype);
+    const int is_root = c->rank == a->root;
+    /* Every rank learns the extremes of everyone's root and size: equal
+     * extremes mean equal arguments, so every rank decides alike. */
+    int64_t chk[4] = { a->root, -(int64_t)a->root, (int64_t)bytes, -(int64_t)bytes };
+    hcoll_status_t st = allreduce_in_place(co, chk, 4, HCOLL_INT64, HCOLL_MAX, tm);
+    if (st != HCOLL_SUCCESS)
+        return st;
+    if (chk[0] != -chk[1] || chk[2] != -chk[3]) {
+        *agreed_out = 1;
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_MISMATCH,
+                          "broadcast: ranks disagree on the arguments (roots from %lld to %lld, "
+                          "sizes from %lld to %lld bytes; this rank: root %d, %zu bytes)",
+                          (long long)-chk[1], (long long)chk[0], (long long)-chk[3],
+                          (long long)chk[2], a->root, bytes);
+    }
+    if (bytes == 0)
+        return HCOLL_SUCCESS;
+    if (is_root && a->sendbuf != a->recvbuf)
+        memcpy(a->recvbuf, a->sendbuf, bytes);
+    /* The widest integer that divides the size: fewer, cheaper elements,
+     * and shards that split no element of it. */
+    hcoll_dtype_t idt = bytes % 8 == 0 ? HCOLL_INT64 : bytes % 4 == 0 ? HCOLL_INT32 : HCOLL_UINT8;
+    const size_t n = bytes / hcoll_dtype_size(idt);
+    switch (co->plan) {
+    case HC_PLAN_SINGLE:
+        return HCOLL_SUCCESS;
+    case HC_PLAN_INTRA:
+        if (!is_root)
+            memset(a->recvbuf, 0, bytes);
+        return allreduce_in_place(co, a->recvbuf, n, idt, HCOLL_SUM, tm);
+    case HC_PLAN_RING:
+    case HC_PLAN_FLAT:
+        /* Ring positions are ranks. */
+        return chain_here(co, a->recvbuf, n, idt, a->root, tm);
+    case HC_PLAN_3STAGE:
+        return bcast_3stage(co, a, n, idt, tm);
+    }
+    return HCOLL_ERR_INTERNAL;
+}
+
+static hcoll_status_t run_barrier(hc_coll_t *co, hcoll_stage_times_t *tm)
+{
+    struct hcoll_comm *c = co->comm;
+    int32_t one = 1;
+    hcoll_status_t st = allreduce_in_place(co, &one, 1, HCOLL_INT32, HCOLL_SUM, tm);
+    if (st == HCOLL_SUCCESS && one != c->nranks)
+        st = hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_MISMATCH,
+                        "barrier: %d of %d ranks entered it; the others called another "
+                        "collective",
+                        (int)one, c->nranks);
+    return st;
+}
+
+hcoll_status_t hc_coll_run(hc_coll_t *co, const hc_coll_args_t *a, hcoll_stage_times_t *tm,
+                           int *agreed_out)
+{
+    *agreed_out = 0;
+    if (a->kind == HC_COLL_ALLREDUCE)
+        return run_allreduce(co, a, tm);
+    const double t0 = hc_now_us();
+    memset(tm, 0, sizeof *tm);
+    hcoll_status_t st =
+        a->kind == HC_COLL_BROADCAST ? run_broadcast(co, a, tm, agreed_out) : run_barrier(co, tm);
+    tm->total_us = hc_now_us() - t0;
+    return st;
+}
