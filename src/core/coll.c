@@ -58,6 +58,7 @@
 
 #include "core/coll_dev.h" /* device buffers (coll_dev.c) */
 #include "core/comm.h"
+#include "core/redop.h"
 #include "core/ringdrv.h"
 #include "core/ringthr.h"
 #include "base/err.h"
@@ -89,7 +90,8 @@ struct hcoll_request {
     void *recvbuf;
     size_t count;
     hcoll_dtype_t dtype;
-    hcoll_op_t op;
+    hcoll_op_t op;        /* the stages' op (SUM for a scaled one) */
+    hc_redop_t ro;        /* scaled ops: the scalar (core/redop.h) */
     struct hcoll_request *next;
     /* Device-buffer call (coll_dev.c): its host stage, run by execute. */
     hc_dev_op_t *dev;
@@ -165,6 +167,19 @@ static hcoll_status_t group_init(hc_group_ag_t *g, struct hcoll_comm *c, int n)
 /* Executing one all-reduce                                                   */
 /* ------------------------------------------------------------------------ */
 
+/* Scaled ops (redop.h): elements [off, off + n) of this rank's input times
+ * the scalar, into recvbuf, which the first stage then reads in place. The
+ * buffer the first stage reads. */
+static const void *prescale(struct hcoll_request *rq, size_t off, size_t n)
+{
+    const size_t es = hcoll_dtype_size(rq->dtype);
+    if (!rq->ro.scaled || n == 0)
+        return (const unsigned char *)rq->sendbuf + off * es;
+    unsigned char *dst = (unsigned char *)rq->recvbuf + off * es;
+    hc_redop_scale_host(&rq->ro, dst, (const unsigned char *)rq->sendbuf + off * es, n, rq->dtype);
+    return dst;
+}
+
 /* The ring over buf on the calling thread, until done, an error or abort. */
 static hcoll_status_t ring_run_here(hc_coll_t *co, const void *send, void *recv, size_t count,
                                     hcoll_dtype_t dtype, hcoll_op_t op)
@@ -181,8 +196,8 @@ static hcoll_status_t ring_run_here(hc_coll_t *co, const void *send, void *recv,
 static hcoll_status_t run_3stage_small(hc_coll_t *co, struct hcoll_request *rq)
 {
     double t = hc_now_us();
-    hcoll_status_t st = co->intra->ops->allreduce(co->intra, rq->sendbuf, rq->recvbuf, rq->count,
-                                                  rq->dtype, rq->op, NULL);
+    hcoll_status_t st = co->intra->ops->allreduce(co->intra, prescale(rq, 0, rq->count),
+                                                  rq->recvbuf, rq->count, rq->dtype, rq->op, NULL);
     /* One fused stage: split it evenly, as the one-node plan does. */
     rq->times.intra_rs_us = rq->times.intra_ag_us = (hc_now_us() - t) / 2;
     if (st != HCOLL_SUCCESS)
@@ -199,7 +214,6 @@ static hcoll_status_t run_3stage(hc_coll_t *co, struct hcoll_request *rq)
     const hc_intra_ops_t *iops = co->intra->ops;
     const size_t esize = hcoll_dtype_size(rq->dtype);
     const int L = c->local_size;
-    const unsigned char *send = rq->sendbuf;
     unsigned char *recv = rq->recvbuf;
     size_t piece = co->piece_bytes / esize;
     if (piece < (size_t)L)
@@ -218,7 +232,7 @@ static hcoll_status_t run_3stage(hc_coll_t *co, struct hcoll_request *rq)
             size_t off = k * piece;
             size_t n = rq->count - off < piece ? rq->count - off : piece;
             t = hc_now_us();
-            st = iops->reduce_scatter(co->intra, send + off * esize, recv + off * esize, n,
+            st = iops->reduce_scatter(co->intra, prescale(rq, off, n), recv + off * esize, n,
                                       rq->dtype, rq->op, NULL);
             rq->times.intra_rs_us += hc_now_us() - t;
             if (st != HCOLL_SUCCESS) {
@@ -281,20 +295,22 @@ static hcoll_status_t run_op(hc_coll_t *co, struct hcoll_request *rq)
     switch (co->plan) {
     case HC_PLAN_SINGLE:
         /* count 0 may come with NULL buffers, which memcpy must not see. */
-        if (rq->sendbuf != rq->recvbuf && rq->count > 0)
+        if (rq->ro.scaled)
+            prescale(rq, 0, rq->count);
+        else if (rq->sendbuf != rq->recvbuf && rq->count > 0)
             memcpy(rq->recvbuf, rq->sendbuf, rq->count * hcoll_dtype_size(rq->dtype));
         break;
     case HC_PLAN_INTRA: {
         const hc_intra_ops_t *iops = co->intra->ops;
         t = hc_now_us();
+        const void *src = prescale(rq, 0, rq->count);
         if (small) {
-            st = iops->allreduce(co->intra, rq->sendbuf, rq->recvbuf, rq->count, rq->dtype,
-                                 rq->op, NULL);
+            st = iops->allreduce(co->intra, src, rq->recvbuf, rq->count, rq->dtype, rq->op, NULL);
             /* One fused stage: split it evenly so the breakdown still adds up. */
             rq->times.intra_rs_us = rq->times.intra_ag_us = (hc_now_us() - t) / 2;
         } else {
-            st = iops->reduce_scatter(co->intra, rq->sendbuf, rq->recvbuf, rq->count, rq->dtype,
-                                      rq->op, NULL);
+            st = iops->reduce_scatter(co->intra, src, rq->recvbuf, rq->count, rq->dtype, rq->op,
+                                      NULL);
             rq->times.intra_rs_us = hc_now_us() - t;
             t = hc_now_us();
             if (st == HCOLL_SUCCESS)
@@ -308,7 +324,8 @@ static hcoll_status_t run_op(hc_coll_t *co, struct hcoll_request *rq)
     case HC_PLAN_RING:
     case HC_PLAN_FLAT:
         t = hc_now_us();
-        st = ring_run_here(co, rq->sendbuf, rq->recvbuf, rq->count, rq->dtype, rq->op);
+        st = ring_run_here(co, prescale(rq, 0, rq->count), rq->recvbuf, rq->count, rq->dtype,
+                           rq->op);
         rq->times.inter_us = hc_now_us() - t;
         break;
     case HC_PLAN_3STAGE:
@@ -426,8 +443,12 @@ hcoll_status_t hc_coll_allreduce(hc_coll_t *co, const void *sendbuf, void *recvb
     /* Device buffers: the GPU stages go on the stream now, the host stage
      * is queued as a request like any other (coll_dev.c). */
     hc_dev_op_t *dop = NULL;
+    hc_redop_t ro;
+    if ((st = hc_redop_resolve(comm, op, dtype, &ro)) != HCOLL_SUCCESS)
+        return st;
     if (hc_coll_dev_wanted(sendbuf, recvbuf, stream)) {
-        st = hc_coll_dev_enqueue(co->dev, sendbuf, recvbuf, count, dtype, op, stream, &dop);
+        st = hc_coll_dev_enqueue(co->dev, sendbuf, recvbuf, count, dtype, op, &ro, stream,
+                                 &dop);
         if (!dop)
             return st;
         /* An op comes back with an error when its stream already waits for
@@ -435,7 +456,11 @@ hcoll_status_t hc_coll_allreduce(hc_coll_t *co, const void *sendbuf, void *recvb
         if (st != HCOLL_SUCCESS)
             req_out = NULL;
     } else {
-        st = hc_coll_check_args(comm, sendbuf, recvbuf, count, dtype, op, 0);
+        if (ro.dev_scalar)
+            return hc_err_set(&comm->err, HC_COLL, comm->rank, HCOLL_ERR_INVALID_ARG,
+                              "allreduce: op %d has a device scalar and serves device "
+                              "buffers only", (int)op);
+        st = hc_coll_check_args(comm, sendbuf, recvbuf, count, dtype, ro.op, 0);
         if (st != HCOLL_SUCCESS)
             return st;
     }
@@ -451,7 +476,8 @@ hcoll_status_t hc_coll_allreduce(hc_coll_t *co, const void *sendbuf, void *recvb
     rq->recvbuf = recvbuf;
     rq->count = count;
     rq->dtype = dtype;
-    rq->op = op;
+    rq->op = ro.op;
+    rq->ro = ro;
     rq->dev = dop;
     rq->detached = dop && !req_out;
 

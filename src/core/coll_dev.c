@@ -55,6 +55,7 @@
 #include "base/reduce.h"
 #include "core/coll.h"
 #include "core/comm.h"
+#include "core/redop.h"
 #include "core/ringdrv.h"
 #include "gdr/devctx.h"
 #include "gdr/event.h"
@@ -529,11 +530,14 @@ out:
 
 hcoll_status_t hc_coll_dev_enqueue(hc_coll_dev_t *d, const void *sendbuf, void *recvbuf,
                                    size_t count, hcoll_dtype_t dtype, hcoll_op_t op,
-                                   void *stream, hc_dev_op_t **op_out)
+                                   const hc_redop_t *ro, void *stream, hc_dev_op_t **op_out)
 {
     struct hcoll_comm *c = d->c;
     hcoll_status_t st;
     *op_out = NULL;
+    if (ro->scaled && op != HCOLL_AVG)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_UNSUPPORTED,
+                          "PREMUL_SUM ops do not serve device buffers yet");
     const size_t es = hcoll_dtype_size(dtype);
     size_t segc = count, nseg = 1;
     if (d->plan == HC_PLAN_3STAGE && es) {
