@@ -132,8 +132,14 @@ typedef enum hcoll_dtype {
  *     float 1.0f/n and round to nearest-even when the product is stored.
  *     The result is therefore rounded sums of rounded products, which in
  *     general is not the correctly rounded mean.
- *     Device buffers: AVG there still sums and then divides once, and
- *     PREMUL_SUM ops serve host buffers only (HCOLL_ERR_UNSUPPORTED).
+ *     Device buffers: the NCCL intra-node stage scales (a PreMulSum op;
+ *     NCCL takes the scalar in the type, so for FLOAT16/BFLOAT16 AVG's 1/n
+ *     is rounded to the type first: exact when n is a power of two); with
+ *     one rank per node the staged copy is scaled on the host as above.
+ *     There, with a GPUDirect ring, AVG sums and then divides once, and a
+ *     PREMUL_SUM op is HCOLL_ERR_UNSUPPORTED, as it is on a single-rank
+ *     communicator and, with a device-resident scalar, wherever there is
+ *     no NCCL stage (one rank per node).
  *     AVG of the integer types is SUM over all ranks, then one division by
  *     the number of ranks, truncating toward zero (C's '/').
  *   - A PREMUL_SUM op (hcoll_op_create_premul_sum) is SUM over ranks of

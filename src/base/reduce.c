@@ -616,6 +616,21 @@ hc_scalar_t hc_scalar_load(const void *p, hcoll_dtype_t dtype)
     return s;
 }
 
+void hc_scalar_store(void *p, hcoll_dtype_t dtype, hc_scalar_t s)
+{
+    uint16_t h;
+    switch (dtype) {
+    case HCOLL_FLOAT32: memcpy(p, &s.f32, 4); break;
+    case HCOLL_FLOAT64: memcpy(p, &s.f64, 8); break;
+    case HCOLL_FLOAT16: h = hc_float_to_half(s.f32); memcpy(p, &h, 2); break;
+    case HCOLL_BFLOAT16: h = hc_float_to_bf16(s.f32); memcpy(p, &h, 2); break;
+    case HCOLL_INT8: case HCOLL_UINT8: { uint8_t v = (uint8_t)s.i64; memcpy(p, &v, 1); break; }
+    case HCOLL_INT32: { uint32_t v = (uint32_t)s.i64; memcpy(p, &v, 4); break; }
+    case HCOLL_INT64: memcpy(p, &s.i64, 8); break;
+    default: break;
+    }
+}
+
 hc_scalar_t hc_scalar_avg(hcoll_dtype_t dtype, int n)
 {
     hc_scalar_t s;

@@ -44,6 +44,9 @@ typedef union hc_scalar {
  * float exactly). dtype must be valid. */
 hc_scalar_t hc_scalar_load(const void *p, hcoll_dtype_t dtype);
 
+/* s as one element of dtype at p (half types rounded to nearest-even). */
+void hc_scalar_store(void *p, hcoll_dtype_t dtype, hc_scalar_t s);
+
 /* AVG's multiplier over n ranks for a floating dtype: the float 1.0f / n
  * (FLOAT32 and the half types) or the double 1.0 / n (FLOAT64). */
 hc_scalar_t hc_scalar_avg(hcoll_dtype_t dtype, int n);

@@ -13,6 +13,7 @@
 #include "base/log.h"
 #include "core/comm.h"
 #include "gdr/gdr.h"
+#include "intra/intra.h"
 
 #define TAG_BITS 7
 #define GEN_BITS 11
@@ -192,5 +193,45 @@ void hc_redop_scale_host(const hc_redop_t *r, void *dst, const void *src, size_t
                          hcoll_dtype_t dtype)
 {
     if (r->scaled && !r->dev_scalar && count > 0)
-        hc_reduce_scale(dst, src, count, dtype, r->scalar);
+        hc_reduce_scale(dst, src ? src : dst, count, dtype, r->scalar);
+}
+
+hcoll_status_t hc_redop_dev_plan(struct hcoll_comm *c, hc_redop_t *r, hcoll_op_t *op,
+                                 hcoll_op_t user_op, int nccl, int single, int gdr)
+{
+    const char *why = NULL;
+    r->host_scale = 0;
+    if (!r->scaled || nccl)
+        return HCOLL_SUCCESS;
+    if (user_op == HCOLL_AVG && (single || gdr)) {
+        r->scaled = 0; /* one rank: times 1/1; GPUDirect: sum, then divide */
+        *op = single ? HCOLL_SUM : HCOLL_AVG;
+        return HCOLL_SUCCESS;
+    }
+    if (single)
+        why = "a single-rank communicator has no stage that scales device buffers";
+    else if (gdr)
+        why = "the GPUDirect ring (one rank per node) has no scaling kernel";
+    else if (r->dev_scalar)
+        why = "a device-resident scalar needs an NCCL stage (several ranks per node)";
+    if (!why) {
+        r->host_scale = 1;
+        return HCOLL_SUCCESS;
+    }
+    return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_UNSUPPORTED,
+                      "PREMUL_SUM on device buffers: %s", why);
+}
+
+hcoll_status_t hc_redop_intra_scale(struct hc_intra *intra, const hc_redop_t *r,
+                                    hcoll_dtype_t dtype, int on)
+{
+    unsigned char v[8];
+    if (!r->scaled || !intra)
+        return HCOLL_SUCCESS;
+    if (!on)
+        return intra->ops->set_scale(intra, NULL, dtype, 0);
+    if (r->dev_scalar)
+        return intra->ops->set_scale(intra, r->dev_scalar, dtype, 1);
+    hc_scalar_store(v, dtype, r->scalar);
+    return intra->ops->set_scale(intra, v, dtype, 0);
 }

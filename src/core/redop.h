@@ -33,6 +33,7 @@ typedef struct hc_redop {
     int scaled;             /* each rank's input is multiplied by the scalar first */
     hc_scalar_t scalar;     /* the multiplier, when it lives on the host */
     const void *dev_scalar; /* else: one element of device memory, read at run time */
+    int host_scale;         /* device buffers: the staged ring scales its host copy */
 } hc_redop_t;
 
 /* The op table of a new / freed communicator (comm.c). */
@@ -50,9 +51,27 @@ hcoll_status_t hc_redop_destroy(struct hcoll_comm *c, hcoll_op_t op);
 hcoll_status_t hc_redop_resolve(struct hcoll_comm *c, hcoll_op_t op, hcoll_dtype_t dtype,
                                 hc_redop_t *out);
 
-/* Host buffers: dst = scalar * src (count elements, dst may be src) when r
- * is scaled and its scalar lives on the host. */
+/* Host buffers: dst = scalar * src (count elements; dst may be src, and
+ * src NULL means dst in place) when r is scaled and its scalar lives on
+ * the host. */
 void hc_redop_scale_host(const hc_redop_t *r, void *dst, const void *src, size_t count,
                          hcoll_dtype_t dtype);
+
+/* Device buffers: where a scaled op scales, given the plan. nccl: an NCCL
+ * stage reads the input (it scales: hc_redop_intra_scale). single: one
+ * rank (AVG is then a copy; PREMUL_SUM is refused). Else the ring over all
+ * ranks: staged through host memory, r->host_scale = 1 (the host copy is
+ * scaled, host scalars only); GPUDirect (gdr): AVG falls back to the sum
+ * and one division at the end (*op = HCOLL_AVG), PREMUL_SUM is refused.
+ * Refusals are HCOLL_ERR_UNSUPPORTED, recorded in c. */
+hcoll_status_t hc_redop_dev_plan(struct hcoll_comm *c, hc_redop_t *r, hcoll_op_t *op,
+                                 hcoll_op_t user_op, int nccl, int single, int gdr);
+
+/* Around intra-node calls on device buffers: on = 1 hands r's scalar to
+ * the backend (set_scale) when r is scaled, on = 0 clears it. intra NULL
+ * (no intra stage): nothing. */
+struct hc_intra;
+hcoll_status_t hc_redop_intra_scale(struct hc_intra *intra, const hc_redop_t *r,
+                                    hcoll_dtype_t dtype, int on);
 
 #endif
