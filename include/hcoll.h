@@ -497,10 +497,11 @@ HCOLL_API hcoll_status_t hcoll_request_free(hcoll_request_t req);
  * hcoll_op_destroy: releases op. Requests already issued with it are not
  * affected (a host scalar was copied; a device scalar must stay valid until
  * they complete). Destroying it twice, or an op of another communicator,
- * is HCOLL_ERR_INVALID_ARG, and so is a later all-reduce with it (handles
- * are checked by communicator and by generation, so a stale one is refused
- * unless its slot has since been reused 2048 times). Non-blocking, local,
- * thread-safe.
+ * is HCOLL_ERR_INVALID_ARG, and so is a later all-reduce with it. (A handle
+ * carries a tag of its communicator and a generation of its slot, so a
+ * foreign or stale one is refused, except for a 1 in 128 tag collision
+ * between communicators or a slot reused a multiple of 2048 times since.)
+ * Destroying comm releases its ops. Non-blocking, local, thread-safe.
  */
 typedef enum hcoll_scalar_residence {
     HCOLL_SCALAR_HOST_IMMEDIATE = 0,
