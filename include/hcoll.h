@@ -123,8 +123,29 @@ typedef enum hcoll_dtype {
  *   - MAX and MIN propagate NaN: if either input is NaN, the result is NaN.
  *     On device buffers with several ranks per node, NCCL's intra-node
  *     MAX/MIN do not propagate NaN, so a NaN may vanish there.
- *   - AVG is SUM over all ranks, then one division by the number of ranks.
- *     For integers the division truncates toward zero (C's '/').
+ *   - AVG of the floating types (FLOAT32, FLOAT16, BFLOAT16, FLOAT64)
+ *     multiplies each rank's input by 1/n (n ranks) first, then sums as
+ *     SUM does, so an average that fits the type never overflows on the way
+ *     (NCCL's ncclAvg does the same). The multiplier is the float 1.0f/n
+ *     (FLOAT64: the double 1.0/n); FLOAT32 multiplies in float, FLOAT64 in
+ *     double, FLOAT16/BFLOAT16 widen the input to float, multiply by the
+ *     float 1.0f/n and round to nearest-even when the product is stored.
+ *     The result is therefore rounded sums of rounded products, which in
+ *     general is not the correctly rounded mean.
+ *     Device buffers: the NCCL intra-node stage scales (a PreMulSum op;
+ *     NCCL takes the scalar in the type, so for FLOAT16/BFLOAT16 AVG's 1/n
+ *     is rounded to the type first: exact when n is a power of two); with
+ *     one rank per node the staged copy is scaled on the host as above.
+ *     There, with a GPUDirect ring, AVG sums and then divides once, and a
+ *     PREMUL_SUM op is HCOLL_ERR_UNSUPPORTED, as it is on a single-rank
+ *     communicator and, with a device-resident scalar, wherever there is
+ *     no NCCL stage (one rank per node).
+ *     AVG of the integer types is SUM over all ranks, then one division by
+ *     the number of ranks, truncating toward zero (C's '/').
+ *   - A PREMUL_SUM op (hcoll_op_create_premul_sum) is SUM over ranks of
+ *     scalar x input, each product computed and rounded as AVG's above
+ *     with the rank's scalar instead of 1/n; for integers the product
+ *     wraps modulo 2^width as SUM does.
  *   - Results are bit-identical on every rank: each element is reduced in
  *     one fixed order, whatever the rank.
  */
@@ -145,6 +166,7 @@ typedef enum hcoll_op {
 HCOLL_API size_t hcoll_dtype_size(hcoll_dtype_t dtype);
 HCOLL_API const char *hcoll_dtype_name(hcoll_dtype_t dtype);
 HCOLL_API const char *hcoll_op_name(hcoll_op_t op);
+
 
 /* ------------------------------------------------------------------------ */
 /* Handles                                                                    */
@@ -448,6 +470,50 @@ HCOLL_API hcoll_status_t hcoll_allreduce_async(hcoll_comm_t comm, const void *se
 HCOLL_API hcoll_status_t hcoll_test(hcoll_request_t req, int *done_out);
 HCOLL_API hcoll_status_t hcoll_wait(hcoll_request_t req);
 HCOLL_API hcoll_status_t hcoll_request_free(hcoll_request_t req);
+
+/*
+ * Pre-scaled sums, NCCL's ncclRedOpCreatePreMulSum: an op whose result is
+ * the sum over ranks of (scalar x input).
+ *
+ * hcoll_op_create_premul_sum: makes such an op on comm, for dtype only.
+ *   comm       a ready communicator (not NULL)
+ *   scalar     in: one element of dtype. HCOLL_SCALAR_HOST_IMMEDIATE: host
+ *              memory, read now (the caller may reuse it at once).
+ *              HCOLL_SCALAR_DEVICE: device memory (cudaMalloc'd, on the
+ *              communicator's GPU), read each time an all-reduce with the
+ *              op runs on the GPU, so it may change between calls (stream
+ *              order); such an op serves device buffers only.
+ *   dtype      the type it reduces: every dtype, the integers included
+ *              (products wrap modulo 2^width, as SUM does)
+ *   residence  where scalar lives, as above
+ *   op_out     out: the op, a value above the built-in ones, valid with
+ *              hcoll_allreduce / hcoll_allreduce_async on comm and dtype
+ *              until hcoll_op_destroy; another dtype is
+ *              HCOLL_ERR_INVALID_ARG. Ranks may use different scalars.
+ * Returns HCOLL_SUCCESS; HCOLL_ERR_INVALID_ARG for a NULL pointer, an
+ * unknown dtype or residence, a device scalar that is not device memory;
+ * HCOLL_ERR_NO_MEMORY when 4096 ops are live on comm. Non-blocking, local
+ * (not collective), thread-safe.
+ *
+ * hcoll_op_destroy: releases op. Requests already issued with it are not
+ * affected (a host scalar was copied; a device scalar must stay valid until
+ * they complete). Destroying it twice, or an op of another communicator,
+ * is HCOLL_ERR_INVALID_ARG, and so is a later all-reduce with it. (A handle
+ * carries a tag of its communicator and a generation of its slot, so a
+ * foreign or stale one is refused, except for a 1 in 128 tag collision
+ * between communicators or a slot reused a multiple of 2048 times since.)
+ * Destroying comm releases its ops. Non-blocking, local, thread-safe.
+ */
+typedef enum hcoll_scalar_residence {
+    HCOLL_SCALAR_HOST_IMMEDIATE = 0,
+    HCOLL_SCALAR_DEVICE = 1
+} hcoll_scalar_residence_t;
+
+HCOLL_API hcoll_status_t hcoll_op_create_premul_sum(hcoll_comm_t comm, const void *scalar,
+                                                    hcoll_dtype_t dtype,
+                                                    hcoll_scalar_residence_t residence,
+                                                    hcoll_op_t *op_out);
+HCOLL_API hcoll_status_t hcoll_op_destroy(hcoll_comm_t comm, hcoll_op_t op);
 
 /* ------------------------------------------------------------------------ */
 /* Broadcast and barrier                                                      */

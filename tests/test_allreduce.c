@@ -176,8 +176,13 @@ static double gen(enum kind k, hcoll_op_t op, hcoll_dtype_t dt, int r, int n, si
     if (k == K_NAN && (i % 5) == 0 && (int)((i / 5) % (size_t)n) == r)
         return NAN;
     switch (op) {
-    case HCOLL_SUM:
     case HCOLL_AVG:
+        /* Floats are pre-multiplied by 1/n: multiples of n keep every
+         * product and sum exact. */
+        if (is_float(dt))
+            return (double)n * ((double)(h % 7) - 3.0);
+        return uns ? (double)(h % 4) : (double)(h % 7) - 3.0;
+    case HCOLL_SUM:
         return uns ? (double)(h % 4) : (double)(h % 7) - 3.0;
     case HCOLL_PROD:
         if (is_float(dt)) {
@@ -195,17 +200,32 @@ static double gen(enum kind k, hcoll_op_t op, hcoll_dtype_t dt, int r, int n, si
     }
 }
 
+/* AVG of floats pre-multiplies each input by the float 1/n (FLOAT64: the
+ * double), rounding the product to the type (hcoll.h). */
+static double avg_term(hcoll_dtype_t dt, int n, double v)
+{
+    switch (dt) {
+    case HCOLL_FLOAT64: return v * (1.0 / n);
+    case HCOLL_FLOAT32: return (float)v * (1.0f / (float)n);
+    case HCOLL_FLOAT16: return h2f(f2h((float)v * (1.0f / (float)n)));
+    default: return bf2f(f2bf((float)v * (1.0f / (float)n)));
+    }
+}
+
 /* The expected bits of element i, written to want (esize bytes). */
 static void reference(enum kind k, hcoll_op_t op, hcoll_dtype_t dt, int n, size_t i, void *want)
 {
     if (is_float(dt)) {
         double acc = gen(k, op, dt, 0, n, i);
         int nan = isnan(acc);
+        if (op == HCOLL_AVG)
+            acc = avg_term(dt, n, acc);
         for (int r = 1; r < n; r++) {
             double v = gen(k, op, dt, r, n, i);
             nan |= isnan(v);
             switch (op) {
-            case HCOLL_SUM: case HCOLL_AVG: acc += v; break;
+            case HCOLL_SUM: acc += v; break;
+            case HCOLL_AVG: acc += avg_term(dt, n, v); break;
             case HCOLL_PROD: acc *= v; break;
             case HCOLL_MAX: acc = v > acc ? v : acc; break;
             case HCOLL_MIN: acc = v < acc ? v : acc; break;
@@ -214,12 +234,6 @@ static void reference(enum kind k, hcoll_op_t op, hcoll_dtype_t dt, int n, size_
         }
         if (nan)
             acc = NAN;
-        if (op == HCOLL_AVG) {
-            if (dt == HCOLL_FLOAT64)
-                acc = acc / n;
-            else /* divide in float, round once on store */
-                acc = (double)((float)acc / (float)n);
-        }
         put(dt, want, 0, acc);
         return;
     }

@@ -84,20 +84,117 @@ static void store(void *p, size_t i, hcoll_dtype_t dt, double v)
 }
 
 /* The expected result: the inputs of all ranks reduced on the host with
- * the library's host kernels in rank order (exact inputs: order-free). */
+ * the library's host kernels in rank order (exact inputs: order-free).
+ * AVG of floats pre-multiplies each input by 1/n, then sums (hcoll.h); the
+ * ranks here are powers of two, so 1/n is exact in every type and NCCL's
+ * scalar (1/n in the type) and the host's (the float 1/n) agree. */
 static void expected(void *out, size_t n, hcoll_dtype_t dt, hcoll_op_t op, int nranks)
 {
     size_t es = hcoll_dtype_size(dt);
     unsigned char *tmp = malloc(n * es + 1);
+    const int scaled = op == HCOLL_AVG && hc_dtype_is_float(dt);
+    const hc_scalar_t k = hc_scalar_avg(dt, nranks);
     for (size_t i = 0; i < n; i++)
         store(out, i, dt, input(0, i, op));
+    if (scaled)
+        hc_reduce_scale(out, out, n, dt, k);
     for (int r = 1; r < nranks; r++) {
         for (size_t i = 0; i < n; i++)
             store(tmp, i, dt, input(r, i, op));
-        hc_reduce(out, out, tmp, n, dt, op);
+        if (scaled)
+            hc_reduce_scale(tmp, tmp, n, dt, k);
+        hc_reduce(out, out, tmp, n, dt, scaled ? HCOLL_SUM : op);
     }
-    hc_reduce_avg_finish(out, n, dt, op, nranks);
+    if (!scaled)
+        hc_reduce_avg_finish(out, n, dt, op, nranks);
     free(tmp);
+}
+
+/* fp16 AVG of 20000 gives 20000 (the sum, 80000 on 4 ranks, is past
+ * fp16's 65504); PREMUL_SUM with a host scalar ((rank + 1) / 4, exact) and,
+ * where an NCCL stage exists, a device scalar read when the call runs (so
+ * changing it between calls changes the result). Without an NCCL stage a
+ * device scalar is refused as unsupported. */
+static int check_scaled(hcoll_comm_t comm, const hc_cu_api_t *cu, void *stream, int rank,
+                        int nranks, int nccl)
+{
+    const size_t n = 4099;
+    uint16_t *h = malloc(n * 2);
+    float *f = malloc(n * 4), *g = malloc(n * 4);
+    HCT_REQUIRE(h && f && g, "no memory");
+    hc_cu_dptr_t b, fb, sc;
+    GPU_OK(cu->mem_alloc(&b, n * 2));
+    GPU_OK(cu->mem_alloc(&fb, n * 4));
+    GPU_OK(cu->mem_alloc(&sc, 64));
+    for (size_t i = 0; i < n; i++)
+        h[i] = 0x74e2; /* 20000 */
+    GPU_OK(cu->memcpy_htod_async(b, h, n * 2, stream));
+    HCT_OK(comm, hcoll_allreduce(comm, (void *)(uintptr_t)b, (void *)(uintptr_t)b, n,
+                                 HCOLL_FLOAT16, HCOLL_AVG, stream));
+    GPU_OK(cu->memcpy_dtoh_async(h, b, n * 2, stream));
+    GPU_OK(cu->stream_synchronize(stream));
+    for (size_t i = 0; i < n; i++)
+        HCT_REQUIRE(h[i] == 0x74e2, "rank %d: fp16 AVG of 20000: element %zu is 0x%04x", rank,
+                    i, h[i]);
+
+    float s = (float)(rank + 1) / 4.0f;
+    hcoll_op_t op;
+    HCT_OK(comm, hcoll_op_create_premul_sum(comm, &s, HCOLL_FLOAT32,
+                                            HCOLL_SCALAR_HOST_IMMEDIATE, &op));
+    for (size_t i = 0; i < n; i++)
+        f[i] = (float)input(rank, i, HCOLL_SUM);
+    GPU_OK(cu->memcpy_htod_async(fb, f, n * 4, stream));
+    HCT_OK(comm, hcoll_allreduce(comm, (void *)(uintptr_t)fb, (void *)(uintptr_t)fb, n,
+                                 HCOLL_FLOAT32, op, stream));
+    GPU_OK(cu->memcpy_dtoh_async(g, fb, n * 4, stream));
+    GPU_OK(cu->stream_synchronize(stream));
+    HCT_OK(comm, hcoll_op_destroy(comm, op));
+    for (size_t i = 0; i < n; i++) {
+        float want = 0;
+        for (int r = 0; r < nranks; r++)
+            want += (float)(r + 1) / 4.0f * (float)input(r, i, HCOLL_SUM);
+        HCT_REQUIRE(g[i] == want, "rank %d: PREMUL_SUM (host scalar): element %zu is %g, want %g",
+                    rank, i, g[i], want);
+    }
+
+    GPU_OK(cu->memcpy_htod_async(sc, &s, 4, stream));
+    GPU_OK(cu->stream_synchronize(stream));
+    HCT_OK(comm, hcoll_op_create_premul_sum(comm, (void *)(uintptr_t)sc, HCOLL_FLOAT32,
+                                            HCOLL_SCALAR_DEVICE, &op));
+    /* A device-scalar op on host buffers is refused. */
+    HCT_REQUIRE(hcoll_allreduce(comm, f, g, n, HCOLL_FLOAT32, op, NULL) == HCOLL_ERR_INVALID_ARG,
+                "a device-scalar op on host buffers was accepted");
+    for (int pass = 1; pass <= 2; pass++) {
+        float sv = s * (float)pass; /* changed between calls: read at run time */
+        GPU_OK(cu->memcpy_htod_async(sc, &sv, 4, stream));
+        GPU_OK(cu->memcpy_htod_async(fb, f, n * 4, stream));
+        hcoll_status_t st = hcoll_allreduce(comm, (void *)(uintptr_t)fb, (void *)(uintptr_t)fb,
+                                            n, HCOLL_FLOAT32, op, stream);
+        if (!nccl) {
+            HCT_REQUIRE(st == HCOLL_ERR_UNSUPPORTED, "device scalar without NCCL: %s",
+                        hcoll_status_name(st));
+            break;
+        }
+        HCT_OK(comm, st);
+        GPU_OK(cu->memcpy_dtoh_async(g, fb, n * 4, stream));
+        GPU_OK(cu->stream_synchronize(stream));
+        for (size_t i = 0; i < n; i++) {
+            float want = 0;
+            for (int r = 0; r < nranks; r++)
+                want += (float)(r + 1) / 4.0f * (float)pass * (float)input(r, i, HCOLL_SUM);
+            HCT_REQUIRE(g[i] == want,
+                        "rank %d: PREMUL_SUM (device scalar, pass %d): element %zu is %g, "
+                        "want %g", rank, pass, i, g[i], want);
+        }
+    }
+    HCT_OK(comm, hcoll_op_destroy(comm, op));
+    GPU_OK(cu->mem_free(b));
+    GPU_OK(cu->mem_free(fb));
+    GPU_OK(cu->mem_free(sc));
+    free(h);
+    free(f);
+    free(g);
+    return 0;
 }
 
 static int check_one(hcoll_comm_t comm, const hc_cu_api_t *cu, void *stream, int rank,
@@ -197,7 +294,8 @@ static int rank_correctness(int rank, int nranks, void *arg)
         if (check_one(comm, cu, stream, rank, nranks, sizes[k], HCOLL_FLOAT32, HCOLL_SUM, 0) ||
             check_one(comm, cu, stream, rank, nranks, sizes[k], HCOLL_BFLOAT16, HCOLL_AVG, 1))
             return 1;
-    if (check_request(comm, cu, stream, nranks, j->rpn > 1))
+    if (check_request(comm, cu, stream, nranks, j->rpn > 1) ||
+        check_scaled(comm, cu, stream, rank, nranks, j->rpn > 1))
         return 1;
     HCT_OK(comm, hcoll_comm_destroy(comm));
     cu->stream_destroy(stream);

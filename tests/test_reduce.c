@@ -927,6 +927,56 @@ START_TEST(test_int_wraparound)
 END_TEST
 
 /* ------------------------------------------------------------------------ */
+/* Pre-multiplication (AVG of floats, PREMUL_SUM)                             */
+/* ------------------------------------------------------------------------ */
+
+/* AVG of floats now multiplies each input by 1/n before the sum (it used to
+ * divide the sum): hc_reduce_scale, element by element, checked against the
+ * documented arithmetic, in and out of place, and the scalars' round trip. */
+START_TEST(test_scale)
+{
+    /* fp16: widen, times the float 1/4, round at the store. */
+    uint16_t h[3] = { 0x74e2 /* 20000 */, 0x7bff /* 65504 */, 0x3c01 }, ho[3];
+    hc_reduce_scale(ho, h, 3, HCOLL_FLOAT16, hc_scalar_avg(HCOLL_FLOAT16, 4));
+    ck_assert_uint_eq(ho[0], hc_float_to_half(5000.0f));
+    ck_assert_uint_eq(ho[1], hc_float_to_half(16376.0f));
+    ck_assert_uint_eq(ho[2], hc_float_to_half(hc_half_to_float(0x3c01) * 0.25f));
+    /* fp16 by 1/3: the float product rounded once. */
+    hc_reduce_scale(h, h, 3, HCOLL_FLOAT16, hc_scalar_avg(HCOLL_FLOAT16, 3)); /* in place */
+    ck_assert_uint_eq(h[0], hc_float_to_half(20000.0f * (1.0f / 3.0f)));
+    /* bf16 */
+    uint16_t b = hc_float_to_bf16(3.0f);
+    hc_reduce_scale(&b, &b, 1, HCOLL_BFLOAT16, hc_scalar_avg(HCOLL_BFLOAT16, 3));
+    ck_assert_uint_eq(b, hc_float_to_bf16(3.0f * (1.0f / 3.0f)));
+    /* f32 and f64: one product in the type. */
+    float f[2] = { 0.1f, -7.0f };
+    hc_reduce_scale(f, f, 2, HCOLL_FLOAT32, hc_scalar_avg(HCOLL_FLOAT32, 5));
+    ck_assert(f[0] == 0.1f * (1.0f / 5.0f) && f[1] == -7.0f * (1.0f / 5.0f));
+    double d = 0.1;
+    hc_reduce_scale(&d, &d, 1, HCOLL_FLOAT64, hc_scalar_avg(HCOLL_FLOAT64, 3));
+    ck_assert(d == 0.1 * (1.0 / 3.0));
+    /* Integers wrap. */
+    int8_t i8[2] = { 100, -128 };
+    int32_t s8 = -3;
+    hc_reduce_scale(i8, i8, 2, HCOLL_INT8, hc_scalar_load(&(int8_t){ (int8_t)s8 }, HCOLL_INT8));
+    ck_assert_int_eq(i8[0], (int8_t)(uint8_t)(100 * -3));
+    ck_assert_int_eq(i8[1], (int8_t)(uint8_t)(-128 * -3));
+    int64_t i64 = INT64_MAX, k64 = 2;
+    hc_reduce_scale(&i64, &i64, 1, HCOLL_INT64, hc_scalar_load(&k64, HCOLL_INT64));
+    ck_assert_int_eq(i64, -2);
+    /* A scalar stored then loaded is the same value (half types exactly). */
+    for (int dt = 0; dt < HCOLL_DTYPE_COUNT_; dt++) {
+        unsigned char buf[8] = { 0 }, back[8] = { 0 };
+        hc_scalar_t s = hc_dtype_is_float((hcoll_dtype_t)dt) ? hc_scalar_avg((hcoll_dtype_t)dt, 4)
+                                                              : (hc_scalar_t){ .i64 = -5 };
+        hc_scalar_store(buf, (hcoll_dtype_t)dt, s);
+        hc_scalar_store(back, (hcoll_dtype_t)dt, hc_scalar_load(buf, (hcoll_dtype_t)dt));
+        ck_assert_mem_eq(buf, back, 8);
+    }
+}
+END_TEST
+
+/* ------------------------------------------------------------------------ */
 /* AVG finish                                                                 */
 /* ------------------------------------------------------------------------ */
 
@@ -1144,6 +1194,7 @@ static Suite *reduce_suite(void)
     suite_add_tcase(s, tc);
 
     tc = tcase("avg");
+    tcase_add_test(tc, test_scale);
     tcase_add_test(tc, test_avg_finish_int);
     tcase_add_test(tc, test_avg_finish_float);
     tcase_add_test(tc, test_avg_finish_noop);

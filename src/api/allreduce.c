@@ -6,6 +6,7 @@
 #include "base/log.h"
 #include "core/coll.h"
 #include "core/comm.h"
+#include "core/redop.h"
 #include "hcoll.h"
 
 static hcoll_status_t allreduce_entry(hcoll_comm_t comm, const void *sendbuf, void *recvbuf,
@@ -90,4 +91,31 @@ HCOLL_API hcoll_status_t hcoll_comm_last_stage_times(hcoll_comm_t comm,
         return hc_err_set(&comm->err, HC_COLL, comm->rank, HCOLL_ERR_INVALID_ARG,
                           "no collective has finished on this communicator yet");
     return HCOLL_SUCCESS;
+}
+
+/* PREMUL_SUM ops: a table in the communicator (core/redop.c). */
+static hcoll_status_t op_entry(hcoll_comm_t comm, const char *what)
+{
+    if (!comm)
+        return hc_err_set(NULL, HC_COLL, -1, HCOLL_ERR_INVALID_ARG, "%s: comm is NULL", what);
+    return hc_comm_ready(comm, what);
+}
+
+HCOLL_API hcoll_status_t hcoll_op_create_premul_sum(hcoll_comm_t comm, const void *scalar,
+                                                    hcoll_dtype_t dtype,
+                                                    hcoll_scalar_residence_t residence,
+                                                    hcoll_op_t *op_out)
+{
+    hcoll_status_t st = op_entry(comm, "op_create_premul_sum");
+    if (st != HCOLL_SUCCESS)
+        return st;
+    return hc_redop_create(comm, scalar, dtype, residence, op_out);
+}
+
+HCOLL_API hcoll_status_t hcoll_op_destroy(hcoll_comm_t comm, hcoll_op_t op)
+{
+    hcoll_status_t st = op_entry(comm, "op_destroy");
+    if (st != HCOLL_SUCCESS)
+        return st;
+    return hc_redop_destroy(comm, op);
 }

@@ -588,6 +588,88 @@ void hc_reduce_avg_finish(void *buf, size_t count, hcoll_dtype_t dtype, hcoll_op
     hc_reduce_get()->avg[dtype](buf, count, nranks);
 }
 
+/* ------------------------------------------------------------------------ */
+/* Pre-multiplication (AVG of floats, PREMUL_SUM)                             */
+/* ------------------------------------------------------------------------ */
+
+int hc_dtype_is_float(hcoll_dtype_t dtype)
+{
+    return dtype == HCOLL_FLOAT32 || dtype == HCOLL_FLOAT16 || dtype == HCOLL_BFLOAT16 ||
+           dtype == HCOLL_FLOAT64;
+}
+
+hc_scalar_t hc_scalar_load(const void *p, hcoll_dtype_t dtype)
+{
+    hc_scalar_t s = { .i64 = 0 };
+    uint16_t h;
+    switch (dtype) {
+    case HCOLL_FLOAT32: memcpy(&s.f32, p, sizeof s.f32); break;
+    case HCOLL_FLOAT64: memcpy(&s.f64, p, sizeof s.f64); break;
+    case HCOLL_FLOAT16: memcpy(&h, p, 2); s.f32 = hc_half_to_float(h); break;
+    case HCOLL_BFLOAT16: memcpy(&h, p, 2); s.f32 = hc_bf16_to_float(h); break;
+    case HCOLL_INT8: { int8_t v; memcpy(&v, p, 1); s.i64 = v; break; }
+    case HCOLL_UINT8: { uint8_t v; memcpy(&v, p, 1); s.i64 = v; break; }
+    case HCOLL_INT32: { int32_t v; memcpy(&v, p, 4); s.i64 = v; break; }
+    case HCOLL_INT64: memcpy(&s.i64, p, 8); break;
+    default: break;
+    }
+    return s;
+}
+
+void hc_scalar_store(void *p, hcoll_dtype_t dtype, hc_scalar_t s)
+{
+    uint16_t h;
+    switch (dtype) {
+    case HCOLL_FLOAT32: memcpy(p, &s.f32, 4); break;
+    case HCOLL_FLOAT64: memcpy(p, &s.f64, 8); break;
+    case HCOLL_FLOAT16: h = hc_float_to_half(s.f32); memcpy(p, &h, 2); break;
+    case HCOLL_BFLOAT16: h = hc_float_to_bf16(s.f32); memcpy(p, &h, 2); break;
+    case HCOLL_INT8: case HCOLL_UINT8: { uint8_t v = (uint8_t)s.i64; memcpy(p, &v, 1); break; }
+    case HCOLL_INT32: { uint32_t v = (uint32_t)s.i64; memcpy(p, &v, 4); break; }
+    case HCOLL_INT64: memcpy(p, &s.i64, 8); break;
+    default: break;
+    }
+}
+
+hc_scalar_t hc_scalar_avg(hcoll_dtype_t dtype, int n)
+{
+    hc_scalar_t s;
+    if (dtype == HCOLL_FLOAT64)
+        s.f64 = 1.0 / (double)n;
+    else
+        s.f32 = 1.0f / (float)n;
+    return s;
+}
+
+/* Plain loops: the compiler vectorises the float ones, and a scaling pass
+ * is memory-bound anyway. Integer products go through unsigned types so
+ * that they wrap instead of being undefined. */
+#define HC_SCALE_LOOP(T, EXPR)                                                \
+    do {                                                                      \
+        for (size_t i_ = 0; i_ < count; i_++) {                               \
+            T v_;                                                             \
+            memcpy(&v_, (const unsigned char *)src + i_ * sizeof(T), sizeof(T)); \
+            v_ = (EXPR);                                                      \
+            memcpy((unsigned char *)dst + i_ * sizeof(T), &v_, sizeof(T));    \
+        }                                                                     \
+    } while (0)
+
+void hc_reduce_scale(void *dst, const void *src, size_t count, hcoll_dtype_t dtype,
+                     hc_scalar_t s)
+{
+    switch (dtype) {
+    case HCOLL_FLOAT32: HC_SCALE_LOOP(float, v_ * s.f32); break;
+    case HCOLL_FLOAT64: HC_SCALE_LOOP(double, v_ * s.f64); break;
+    case HCOLL_FLOAT16: HC_SCALE_LOOP(uint16_t, hc_float_to_half(hc_half_to_float(v_) * s.f32)); break;
+    case HCOLL_BFLOAT16: HC_SCALE_LOOP(uint16_t, hc_float_to_bf16(hc_bf16_to_float(v_) * s.f32)); break;
+    case HCOLL_INT8:
+    case HCOLL_UINT8: HC_SCALE_LOOP(uint8_t, (uint8_t)(v_ * (uint8_t)s.i64)); break;
+    case HCOLL_INT32: HC_SCALE_LOOP(uint32_t, v_ * (uint32_t)s.i64); break;
+    case HCOLL_INT64: HC_SCALE_LOOP(uint64_t, v_ * (uint64_t)s.i64); break;
+    default: break;
+    }
+}
+
 const char *hc_reduce_impl_name(void)
 {
     return hc_reduce_get()->name;

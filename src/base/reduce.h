@@ -29,6 +29,38 @@ void hc_reduce(void *dst, const void *a, const void *b, size_t count, hcoll_dtyp
 void hc_reduce_avg_finish(void *buf, size_t count, hcoll_dtype_t dtype, hcoll_op_t op,
                           int nranks);
 
+/*
+ * A scalar multiplier (AVG's 1/n, a PREMUL_SUM op's scalar) in the precision
+ * the scaling computes in: f32 for FLOAT32/FLOAT16/BFLOAT16, f64 for
+ * FLOAT64, i64 for the integers (used modulo 2^width).
+ */
+typedef union hc_scalar {
+    float f32;
+    double f64;
+    int64_t i64;
+} hc_scalar_t;
+
+/* The scalar stored at p as one element of dtype (half types widened to
+ * float exactly). dtype must be valid. */
+hc_scalar_t hc_scalar_load(const void *p, hcoll_dtype_t dtype);
+
+/* s as one element of dtype at p (half types rounded to nearest-even). */
+void hc_scalar_store(void *p, hcoll_dtype_t dtype, hc_scalar_t s);
+
+/* AVG's multiplier over n ranks for a floating dtype: the float 1.0f / n
+ * (FLOAT32 and the half types) or the double 1.0 / n (FLOAT64). */
+hc_scalar_t hc_scalar_avg(hcoll_dtype_t dtype, int n);
+
+/* 1 for the floating dtypes (AVG pre-multiplies them). */
+int hc_dtype_is_float(hcoll_dtype_t dtype);
+
+/* dst[i] = s * src[i], for i < count; dst may equal src. FLOAT32: one float
+ * product; FLOAT64: one double product; FLOAT16/BFLOAT16: the element
+ * widened to float times s.f32, rounded to nearest-even at the store;
+ * integers: the product modulo 2^width (wraps, never traps). */
+void hc_reduce_scale(void *dst, const void *src, size_t count, hcoll_dtype_t dtype,
+                     hc_scalar_t s);
+
 /* 1 when dtype and op are values this library knows. */
 int hc_reduce_valid(hcoll_dtype_t dtype, hcoll_op_t op);
 

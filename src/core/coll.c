@@ -217,8 +217,14 @@ static hcoll_status_t submit_check(hc_coll_t *co, const hc_coll_args_t *a, void 
          * stage is queued as a request like any other (coll_dev.c). */
         if (hc_coll_dev_wanted(a->sendbuf, a->recvbuf, stream))
             return hc_coll_dev_enqueue(co->dev, a->sendbuf, a->recvbuf, a->count, a->dtype,
-                                       a->op, stream, dop_out);
-        return hc_coll_check_args(comm, a->sendbuf, a->recvbuf, a->count, a->dtype, a->op, 0);
+                                       a->op, &a->ro, stream, dop_out);
+        if (a->ro.dev_scalar)
+            return hc_err_set(&comm->err, HC_COLL, comm->rank, HCOLL_ERR_INVALID_ARG,
+                              "allreduce: op %d has a device scalar and serves device "
+                              "buffers only",
+                              (int)a->op);
+        return hc_coll_check_args(comm, a->sendbuf, a->recvbuf, a->count, a->dtype, a->ro.op,
+                                  0);
     case HC_COLL_BROADCAST:
         if (hc_coll_dev_wanted(comm->rank == a->root ? a->sendbuf : NULL, a->recvbuf, stream))
             return hc_err_set(&comm->err, HC_COLL, comm->rank, HCOLL_ERR_UNSUPPORTED,
@@ -237,7 +243,12 @@ hcoll_status_t hc_coll_submit(hc_coll_t *co, const hc_coll_args_t *args, void *s
 {
     struct hcoll_comm *comm = co->comm;
     hc_dev_op_t *dop = NULL;
-    hcoll_status_t st = submit_check(co, args, stream, &dop);
+    hc_coll_args_t a = *args;
+    hcoll_status_t st;
+    if (a.kind == HC_COLL_ALLREDUCE &&
+        (st = hc_redop_resolve(comm, a.op, a.dtype, &a.ro)) != HCOLL_SUCCESS)
+        return st;
+    st = submit_check(co, &a, stream, &dop);
     if (dop) {
         /* An op comes back with an error when its stream already waits for
          * it: it is queued anyway, to release that stream in order. */
@@ -254,7 +265,9 @@ hcoll_status_t hc_coll_submit(hc_coll_t *co, const hc_coll_args_t *args, void *s
                           "no memory for a request");
     pthread_mutex_init(&rq->lock, NULL);
     pthread_cond_init(&rq->cond, NULL);
-    rq->args = *args;
+    rq->args = a;
+    if (a.kind == HC_COLL_ALLREDUCE)
+        rq->args.op = a.ro.op;
     rq->dev = dop;
     rq->detached = dop && !req_out;
 

@@ -13,6 +13,7 @@
 #ifndef HC_CORE_COLL_H
 #define HC_CORE_COLL_H
 
+#include "core/redop.h"
 #include "hcoll.h"
 
 struct hcoll_comm;
@@ -62,7 +63,8 @@ typedef struct hc_coll_args {
     void *recvbuf;
     size_t count;
     hcoll_dtype_t dtype;
-    hcoll_op_t op;
+    hcoll_op_t op;        /* all-reduce: the stages' op (SUM for a scaled one) */
+    hc_redop_t ro;        /* all-reduce: what the caller's op means (core/redop.h) */
     int root;
 } hc_coll_args_t;
 

@@ -24,10 +24,9 @@
  * flag on the internal stream behind the last copy, which lets AG(k) go.
  *
  * Other plans: one rank per node and unequal nodes stage the whole vector
- * (no NCCL); one node is ncclAllReduce on the stream (plus the AVG kernel);
- * one rank is a device copy. AVG: the intra stages sum; the ring divides
- * its shard by the total rank count (its avg_divisor) before its own
- * all-gather, so the final NCCL all-gather moves divided shards.
+ * (no NCCL); one node is ncclAllReduce on the stream; one rank is a device
+ * copy. Scaled ops (AVG of floats, PREMUL_SUM) scale where the input is
+ * first read (redop.h); integer AVG divides once at the end.
  *
  * Failure: a stream waiting on the flag must never hang. A host stage that
  * fails still writes its s (the result is then undefined, the error is
@@ -55,6 +54,7 @@
 #include "base/reduce.h"
 #include "core/coll.h"
 #include "core/comm.h"
+#include "core/redop.h"
 #include "core/ringdrv.h"
 #include "gdr/devctx.h"
 #include "gdr/event.h"
@@ -88,6 +88,7 @@ struct hc_dev_op {
     int nseg;              /* segments with a host stage and a flag number */
     hcoll_dtype_t dtype;
     hcoll_op_t op;
+    hc_redop_t ro;         /* scaled ops: where and by what (redop.h) */
     void *tev[DEV_TEV];
     int ntev;              /* slots used */
     int fused;             /* one NCCL all-reduce: its time is split RS/AG */
@@ -484,6 +485,8 @@ static hcoll_status_t plan_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, const void 
     struct hcoll_comm *c = d->c;
     const size_t es = hcoll_dtype_size(o->dtype);
     hcoll_status_t st = HCOLL_SUCCESS;
+    hc_intra_t *scaler = plan_needs_nccl(d->plan) ? d->nccl : NULL; /* PreMulSum, redop.h */
+    HC_CHECK(hc_redop_intra_scale(scaler, &o->ro, o->dtype, 1), out);
     switch (d->plan) {
     case HC_PLAN_SINGLE:
         if (sendbuf != recvbuf)
@@ -507,6 +510,7 @@ static hcoll_status_t plan_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, const void 
         st = staged_enqueue(d, o, sendbuf, recvbuf, count, segc, nseg, stream);
         break;
     }
+    hc_redop_intra_scale(scaler, &o->ro, o->dtype, 0); /* clearing cannot fail */
 out:
     return st;
 }
@@ -529,7 +533,7 @@ out:
 
 hcoll_status_t hc_coll_dev_enqueue(hc_coll_dev_t *d, const void *sendbuf, void *recvbuf,
                                    size_t count, hcoll_dtype_t dtype, hcoll_op_t op,
-                                   void *stream, hc_dev_op_t **op_out)
+                                   const hc_redop_t *ro, void *stream, hc_dev_op_t **op_out)
 {
     struct hcoll_comm *c = d->c;
     hcoll_status_t st;
@@ -545,20 +549,19 @@ hcoll_status_t hc_coll_dev_enqueue(hc_coll_dev_t *d, const void *sendbuf, void *
         return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_NO_MEMORY,
                           "no memory for a device operation");
     o->dtype = dtype;
-    o->op = op;
+    o->op = ro->op;
+    o->ro = *ro;
     if (count == 0) {
         /* Nothing moves; the request still completes in order. */
-        if (!hc_reduce_valid(dtype, op)) {
+        if ((st = hc_coll_check_args(c, sendbuf, recvbuf, 0, dtype, o->op, 0)) != HCOLL_SUCCESS) {
             free(o);
-            return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
-                              "dtype %d / op %d is not a known type and operation",
-                              (int)dtype, (int)op);
+            return st;
         }
         *op_out = o;
         return HCOLL_SUCCESS;
     }
     int dev = -1;
-    HC_CHECK(dev_validate(d, sendbuf, recvbuf, count, dtype, op, stream, &dev), clean_op);
+    HC_CHECK(dev_validate(d, sendbuf, recvbuf, count, dtype, o->op, stream, &dev), clean_op);
     if (d->setup_failed != HCOLL_SUCCESS) {
         st = hc_err_set(&c->err, HC_COLL, c->rank, d->setup_failed,
                         "the device path could not be set up earlier (%s)",
@@ -566,7 +569,9 @@ hcoll_status_t hc_coll_dev_enqueue(hc_coll_dev_t *d, const void *sendbuf, void *
         goto clean_op;
     }
     if (!d->ready)
-        HC_CHECK(dev_first_call(d, sendbuf, recvbuf, count, dtype, op, stream, dev), clean_op);
+        HC_CHECK(dev_first_call(d, sendbuf, recvbuf, count, dtype, o->op, stream, dev), clean_op);
+    HC_CHECK(hc_redop_dev_plan(c, &o->ro, &o->op, op, plan_needs_nccl(d->plan),
+                               d->plan == HC_PLAN_SINGLE, d->gdr), clean_op);
 
     HC_CHECK(hc_gdr_dev_enter(d->gpu), clean_op);
     HC_CHECK(hc_gdr_dev_stream_check(d->gpu, stream), clean_ctx);
@@ -641,6 +646,8 @@ static hcoll_status_t host_stage(hc_coll_dev_t *d, const hc_dev_op_t *o, const h
             HC_CHECK(hc_gdr_dev_stage_wait(gpu, step.buf, tmo), out);
             break;
         case HC_DEVSTAGE_RING:
+            if (o->ro.host_scale) /* no NCCL stage scaled this rank's input */
+                hc_redop_scale_host(&o->ro, gpu->stage[step.buf], NULL, n, o->dtype);
             HC_CHECK(ring_run(d, gpu->stage[step.buf], gpu->stage[step.buf], n, o, 0, ring_us),
                      out);
             break;

@@ -25,6 +25,7 @@ struct hc_ring;
 
 typedef struct hc_coll_dev hc_coll_dev_t;
 typedef struct hc_dev_op hc_dev_op_t;
+struct hc_redop; /* core/redop.h */
 
 /* ---- The device path ---------------------------------------------------- */
 
@@ -56,7 +57,8 @@ hcoll_status_t hc_coll_dev_create(struct hcoll_comm *c, int plan, struct hc_ring
  */
 hcoll_status_t hc_coll_dev_enqueue(hc_coll_dev_t *d, const void *sendbuf, void *recvbuf,
                                    size_t count, hcoll_dtype_t dtype, hcoll_op_t op,
-                                   void *stream, hc_dev_op_t **op_out);
+                                   const struct hc_redop *ro, void *stream,
+                                   hc_dev_op_t **op_out);
 
 /*
  * The host stage of op, on the executor (worker thread), in issue order.

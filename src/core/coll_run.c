@@ -70,6 +70,19 @@
 /* Executing one all-reduce                                                   */
 /* ------------------------------------------------------------------------ */
 
+/* Scaled ops (redop.h): elements [off, off + n) of this rank's input times
+ * the scalar, into recvbuf, which the first stage then reads in place.
+ * Returns the buffer the first stage reads. */
+static const void *prescale(const hc_coll_args_t *rq, size_t off, size_t n)
+{
+    const size_t es = hcoll_dtype_size(rq->dtype);
+    if (!rq->ro.scaled || n == 0)
+        return (const unsigned char *)rq->sendbuf + off * es;
+    unsigned char *dst = (unsigned char *)rq->recvbuf + off * es;
+    hc_redop_scale_host(&rq->ro, dst, (const unsigned char *)rq->sendbuf + off * es, n, rq->dtype);
+    return dst;
+}
+
 /* The ring over buf on the calling thread, until done, an error or abort. */
 static hcoll_status_t ring_run_here(hc_coll_t *co, const void *send, void *recv, size_t count,
                                     hcoll_dtype_t dtype, hcoll_op_t op)
@@ -87,8 +100,8 @@ static hcoll_status_t ring_run_here(hc_coll_t *co, const void *send, void *recv,
 static hcoll_status_t run_3stage_small(hc_coll_t *co, const hc_coll_args_t *rq, hcoll_stage_times_t *tm)
 {
     double t = hc_now_us();
-    hcoll_status_t st = co->intra->ops->allreduce(co->intra, rq->sendbuf, rq->recvbuf, rq->count,
-                                                  rq->dtype, rq->op, NULL);
+    hcoll_status_t st = co->intra->ops->allreduce(co->intra, prescale(rq, 0, rq->count),
+                                                  rq->recvbuf, rq->count, rq->dtype, rq->op, NULL);
     /* One fused stage: split it evenly, as the one-node plan does. */
     tm->intra_rs_us = tm->intra_ag_us = (hc_now_us() - t) / 2;
     if (st != HCOLL_SUCCESS)
@@ -105,7 +118,6 @@ static hcoll_status_t run_3stage(hc_coll_t *co, const hc_coll_args_t *rq, hcoll_
     const hc_intra_ops_t *iops = co->intra->ops;
     const size_t esize = hcoll_dtype_size(rq->dtype);
     const int L = c->local_size;
-    const unsigned char *send = rq->sendbuf;
     unsigned char *recv = rq->recvbuf;
     size_t piece = co->piece_bytes / esize;
     if (piece < (size_t)L)
@@ -124,7 +136,7 @@ static hcoll_status_t run_3stage(hc_coll_t *co, const hc_coll_args_t *rq, hcoll_
             size_t off = k * piece;
             size_t n = rq->count - off < piece ? rq->count - off : piece;
             t = hc_now_us();
-            st = iops->reduce_scatter(co->intra, send + off * esize, recv + off * esize, n,
+            st = iops->reduce_scatter(co->intra, prescale(rq, off, n), recv + off * esize, n,
                                       rq->dtype, rq->op, NULL);
             tm->intra_rs_us += hc_now_us() - t;
             if (st != HCOLL_SUCCESS) {
@@ -188,20 +200,22 @@ static hcoll_status_t run_allreduce(hc_coll_t *co, const hc_coll_args_t *rq, hco
     switch (co->plan) {
     case HC_PLAN_SINGLE:
         /* count 0 may come with NULL buffers, which memcpy must not see. */
-        if (rq->sendbuf != rq->recvbuf && rq->count > 0)
+        if (rq->ro.scaled)
+            prescale(rq, 0, rq->count);
+        else if (rq->sendbuf != rq->recvbuf && rq->count > 0)
             memcpy(rq->recvbuf, rq->sendbuf, rq->count * hcoll_dtype_size(rq->dtype));
         break;
     case HC_PLAN_INTRA: {
         const hc_intra_ops_t *iops = co->intra->ops;
         t = hc_now_us();
+        const void *src = prescale(rq, 0, rq->count);
         if (small) {
-            st = iops->allreduce(co->intra, rq->sendbuf, rq->recvbuf, rq->count, rq->dtype,
-                                 rq->op, NULL);
+            st = iops->allreduce(co->intra, src, rq->recvbuf, rq->count, rq->dtype, rq->op, NULL);
             /* One fused stage: split it evenly so the breakdown still adds up. */
             tm->intra_rs_us = tm->intra_ag_us = (hc_now_us() - t) / 2;
         } else {
-            st = iops->reduce_scatter(co->intra, rq->sendbuf, rq->recvbuf, rq->count, rq->dtype,
-                                      rq->op, NULL);
+            st = iops->reduce_scatter(co->intra, src, rq->recvbuf, rq->count, rq->dtype, rq->op,
+                                      NULL);
             tm->intra_rs_us = hc_now_us() - t;
             t = hc_now_us();
             if (st == HCOLL_SUCCESS)
@@ -215,7 +229,8 @@ static hcoll_status_t run_allreduce(hc_coll_t *co, const hc_coll_args_t *rq, hco
     case HC_PLAN_RING:
     case HC_PLAN_FLAT:
         t = hc_now_us();
-        st = ring_run_here(co, rq->sendbuf, rq->recvbuf, rq->count, rq->dtype, rq->op);
+        st = ring_run_here(co, prescale(rq, 0, rq->count), rq->recvbuf, rq->count, rq->dtype,
+                           rq->op);
         tm->inter_us = hc_now_us() - t;
         break;
     case HC_PLAN_3STAGE:

@@ -17,6 +17,7 @@
  * process that made the id may stay alive while the ranks run elsewhere.
  */
 #include "core/comm.h"
+#include "core/redop.h"
 #include "core/coll.h"
 
 #include <arpa/inet.h>
@@ -185,6 +186,7 @@ void hc_comm_free(struct hcoll_comm *c, int aborting)
     free(c->node_start);
     free(c->node_ranks);
     free(c->peers);
+    hc_redop_table_fini(c);
     hc_secure_zero(c->key, sizeof c->key);
     hc_errbuf_fini(&c->err);
     free(c);
@@ -321,6 +323,7 @@ static hcoll_status_t comm_new(hc_comm_init_t *ia, const hcoll_config_t *config,
         return hc_err_set(NULL, HC_INIT, ia->rank, HCOLL_ERR_NO_MEMORY, "init: out of memory");
     }
     hc_errbuf_init(&c->err);
+    hc_redop_table_init(c);
     c->rank = ia->rank;
     c->nranks = ia->nranks;
     c->authenticated = ia->authenticated;

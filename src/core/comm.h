@@ -101,6 +101,12 @@ struct hcoll_comm {
     atomic_int aborted;
 
     struct hc_coll *coll; /* the data plane and executor (core/coll.h) */
+
+    /* PREMUL_SUM ops made on this communicator (core/redop.h). */
+    pthread_mutex_t op_lock;
+    struct hc_premul *premul; /* [npremul] slots */
+    int npremul;
+    unsigned op_tag;          /* tells this communicator's handles from others' */
 };
 
 /* Rank with local rank `local` on node `node`, or -1 when there is none. */

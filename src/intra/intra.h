@@ -17,10 +17,11 @@
  * hc_intra_nccl_ops (device memory on the caller's stream, nccl.c).
  *
  * AVG: no intra operation ever divides. reduce_scatter, all_gather and
- * allreduce treat HCOLL_AVG as HCOLL_SUM; the caller finishes AVG exactly
- * once at the very end with hc_reduce_avg_finish over the *full* rank
- * count (all nodes), so that the division happens once and identically on
- * every rank.
+ * allreduce treat HCOLL_AVG as HCOLL_SUM; the caller finishes integer AVG
+ * exactly once at the very end with hc_reduce_avg_finish over the *full*
+ * rank count (all nodes). Floating AVG and PREMUL_SUM are sums of scaled
+ * inputs (core/redop.h): the host executor scales host buffers before the
+ * intra stage; device backends scale inside it (set_scale).
  *
  * Calls on one hc_intra_t are collective over the L local ranks: every
  * local rank issues the same calls, in the same order, with the same count,
@@ -100,6 +101,14 @@ struct hc_intra_ops {
                                 size_t count, hcoll_dtype_t dtype, hcoll_op_t op,
                                 void *stream);
     hcoll_status_t (*barrier)(hc_intra_t *ctx);
+    /* Optional (NULL: the backend cannot; the host executor scales host
+     * buffers itself). Until the next call, reduce_scatter and allreduce
+     * with op HCOLL_SUM multiply each local rank's input by the scalar
+     * before summing: one element of the calls' dtype, in device memory
+     * when on_device (read when the GPU runs the call), else host memory
+     * read now. scalar NULL: plain sums again. */
+    hcoll_status_t (*set_scale)(hc_intra_t *ctx, const void *scalar, hcoll_dtype_t dtype,
+                                int on_device);
     /* Thread-safe, non-blocking: blocked and later calls of this rank
      * return HCOLL_ERR_ABORTED; peers' calls fail with
      * HCOLL_ERR_PEER_FAILED promptly. Frees nothing. */

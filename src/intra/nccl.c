@@ -18,7 +18,10 @@
  * take one rooted operation per shard inside a group: the same bytes move.
  *
  * AVG reduces as SUM here (intra.h): the caller divides once by the full
- * rank count. NCCL's MAX/MIN do not propagate NaN (they are fmax/fmin) and
+ * rank count. Scaled sums (set_scale: floating AVG, PREMUL_SUM) are SUM
+ * calls made with a PreMulSum op created for the one call and destroyed
+ * once it is enqueued (ncclRedOpCreatePreMulSum; NCCL holds the scalar, or
+ * its device address, from then on). NCCL's MAX/MIN do not propagate NaN (they are fmax/fmin) and
  * NCCL's half-type reductions round at every step in its own order, so
  * device results equal the host path's except for NaN under MAX/MIN and
  * the order of half/float sums; they are bit-identical across ranks.
@@ -96,6 +99,8 @@ static void nccl_load(void)
     SYM(broadcast, "ncclBroadcast");
     SYM(group_start, "ncclGroupStart");
     SYM(group_end, "ncclGroupEnd");
+    SYM(premul_create, "ncclRedOpCreatePreMulSum");
+    SYM(premul_destroy, "ncclRedOpDestroy");
 #undef SYM
     g_nccl_lib.api.get_version(&g_nccl_lib.api.version);
     if (g_nccl_lib.api.version < HC_NCCL_VERSION_2_14) {
@@ -165,6 +170,10 @@ typedef struct nccl_ctx {
     hc_errbuf_t *eb;
     atomic_int aborted;
     hcoll_status_t failed; /* sticky */
+    /* set_scale: SUM calls become PreMulSum with this scalar. */
+    int scaled, scale_on_device;
+    const void *scale_dev;       /* device memory */
+    unsigned char scale_host[8]; /* one element, copied */
 } nccl_ctx_t;
 
 /* A non-blocking communicator's call may answer "in progress": poll its
@@ -308,20 +317,72 @@ static hcoll_status_t nccl_check_args(nccl_ctx_t *x, hcoll_dtype_t dtype, hcoll_
     return nccl_ready(x);
 }
 
+static hcoll_status_t nccl_set_scale(hc_intra_t *ctx, const void *scalar, hcoll_dtype_t dtype,
+                                     int on_device)
+{
+    nccl_ctx_t *x = (nccl_ctx_t *)ctx;
+    x->scaled = scalar != NULL;
+    x->scale_on_device = on_device;
+    x->scale_dev = on_device ? scalar : NULL;
+    if (scalar && !on_device)
+        memcpy(x->scale_host, scalar, hcoll_dtype_size(dtype));
+    return HCOLL_SUCCESS;
+}
+
+/* A SUM call while scaled: *nop becomes a PreMulSum op for this call
+ * (*made = 1: destroy it once the call is enqueued). */
+static hcoll_status_t nccl_scaled_op(nccl_ctx_t *x, hcoll_op_t op, int ndt, int *nop, int *made)
+{
+    *made = 0;
+    if (!x->scaled || op != HCOLL_SUM)
+        return HCOLL_SUCCESS;
+    /* ncclScalarDevice = 0, ncclScalarHostImmediate = 1 (nccl.h). */
+    hc_nccl_res_t r = x->nc->premul_create(nop,
+                                           x->scale_on_device ? (void *)x->scale_dev
+                                                              : (void *)x->scale_host,
+                                           ndt, x->scale_on_device ? 0 : 1, x->comm);
+    if (r != HC_NCCL_SUCCESS)
+        return x->failed = hc_err_set(x->eb, HC_COLL, x->rank, HCOLL_ERR_NCCL,
+                                      "ncclRedOpCreatePreMulSum: %s", x->nc->err_string(r));
+    *made = 1;
+    return HCOLL_SUCCESS;
+}
+
+static hcoll_status_t nccl_scaled_done(nccl_ctx_t *x, int nop, int made, hcoll_status_t st)
+{
+    if (made)
+        x->nc->premul_destroy(nop, x->comm);
+    return st;
+}
+
 static hcoll_status_t nccl_group_end(nccl_ctx_t *x, const char *what)
 {
     return nccl_settle(x, x->nc->group_end(), what);
 }
+
+static hcoll_status_t nccl_rs_run(nccl_ctx_t *x, const void *sendbuf, void *recvbuf,
+                                  size_t count, hcoll_dtype_t dtype, int ndt, int nop,
+                                  void *stream);
 
 static hcoll_status_t nccl_reduce_scatter(hc_intra_t *ctx, const void *sendbuf, void *recvbuf,
                                           size_t count, hcoll_dtype_t dtype, hcoll_op_t op,
                                           void *stream)
 {
     nccl_ctx_t *x = (nccl_ctx_t *)ctx;
-    int ndt, nop;
+    int ndt, nop, made;
     hcoll_status_t st = nccl_check_args(x, dtype, op, stream, &ndt, &nop);
     if (st != HCOLL_SUCCESS || count == 0)
         return st;
+    if ((st = nccl_scaled_op(x, op, ndt, &nop, &made)) != HCOLL_SUCCESS)
+        return st;
+    return nccl_scaled_done(x, nop, made,
+                            nccl_rs_run(x, sendbuf, recvbuf, count, dtype, ndt, nop, stream));
+}
+
+static hcoll_status_t nccl_rs_run(nccl_ctx_t *x, const void *sendbuf, void *recvbuf,
+                                  size_t count, hcoll_dtype_t dtype, int ndt, int nop,
+                                  void *stream)
+{
     const size_t es = hcoll_dtype_size(dtype);
     const int L = x->local_size;
     size_t off, len;
@@ -390,12 +451,15 @@ static hcoll_status_t nccl_allreduce(hc_intra_t *ctx, const void *sendbuf, void 
                                      void *stream)
 {
     nccl_ctx_t *x = (nccl_ctx_t *)ctx;
-    int ndt, nop;
+    int ndt, nop, made;
     hcoll_status_t st = nccl_check_args(x, dtype, op, stream, &ndt, &nop);
     if (st != HCOLL_SUCCESS || count == 0)
         return st;
-    return nccl_settle(x, x->nc->all_reduce(sendbuf, recvbuf, count, ndt, nop, x->comm, stream),
-                       "ncclAllReduce");
+    if ((st = nccl_scaled_op(x, op, ndt, &nop, &made)) != HCOLL_SUCCESS)
+        return st;
+    st = nccl_settle(x, x->nc->all_reduce(sendbuf, recvbuf, count, ndt, nop, x->comm, stream),
+                     "ncclAllReduce");
+    return nccl_scaled_done(x, nop, made, st);
 }
 
 static hcoll_status_t nccl_barrier(hc_intra_t *ctx)
@@ -441,6 +505,7 @@ const hc_intra_ops_t hc_intra_nccl_ops = {
     .all_gather = nccl_all_gather,
     .allreduce = nccl_allreduce,
     .barrier = nccl_barrier,
+    .set_scale = nccl_set_scale,
     .abort = nccl_abort_op,
     .destroy = nccl_destroy,
 };

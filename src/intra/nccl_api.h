@@ -54,6 +54,10 @@ typedef struct hc_nccl_api {
     hc_nccl_res_t (*broadcast)(const void *, void *, size_t, int, int, hc_nccl_comm_t, void *);
     hc_nccl_res_t (*group_start)(void);
     hc_nccl_res_t (*group_end)(void);
+    /* ncclRedOpCreatePreMulSum(op, scalar, datatype, residence, comm) and
+     * ncclRedOpDestroy(op, comm) (NCCL 2.11). */
+    hc_nccl_res_t (*premul_create)(int *, void *, int, int, hc_nccl_comm_t);
+    hc_nccl_res_t (*premul_destroy)(int, hc_nccl_comm_t);
 } hc_nccl_api_t;
 
 /* The table, or NULL with the reason in why (may be NULL): libnccl.so.2 not

@@ -51,6 +51,10 @@
  *   - groups nest; an error inside a group cancels the whole group. (A
  *     non-blocking group with a NULL stream launches in the calling
  *     thread, whose context owns that stream, and returns ncclSuccess.)
+ *   - ncclRedOpCreatePreMulSum / ncclRedOpDestroy: each input times the
+ *     scalar (host immediate: copied; device: read when the op runs),
+ *     rounded in its type, then summed; the op may be destroyed once the
+ *     calls using it are enqueued.
  *   - ncclAvg: floats pre-multiply each input by 1/n (NCCL's PreMulSum),
  *     integers sum then divide; MAX/MIN of floats are fmax/fmin (NaN does
  *     not propagate); half types round at every step.
@@ -122,6 +126,7 @@ typedef enum {
 } ncclResult_t;
 
 enum { NC_SUM = 0, NC_PROD = 1, NC_MAX = 2, NC_MIN = 3, NC_AVG = 4, NC_NUM_OPS = 5 };
+#define PM_MAX 64 /* live PreMulSum ops per communicator */
 enum {
     NC_INT8 = 0, NC_UINT8 = 1, NC_INT32 = 2, NC_UINT32 = 3, NC_INT64 = 4, NC_UINT64 = 5,
     NC_FLOAT16 = 6, NC_FLOAT32 = 7, NC_FLOAT64 = 8, NC_BFLOAT16 = 9, NC_FP8E4M3 = 10,
@@ -566,6 +571,12 @@ struct ncclComm {
     int connected, finalized;     /* host side, under lock */
     uint64_t issued, done;        /* operations enqueued / finished, under lock */
     uint64_t step;                /* the running operation's step counter */
+    /* ncclRedOpCreatePreMulSum ops: handle NC_NUM_OPS + index, under lock. */
+    struct {
+        int live, dtype, residence; /* residence: 0 device, 1 host immediate */
+        unsigned char val[8];
+        const void *dev;
+    } pm[PM_MAX];
 };
 
 /* Every communicator ever made stays listed (destroyed ones marked dead and
@@ -962,6 +973,11 @@ typedef struct op {
     size_t count; /* as NCCL counts: per rank for AllGather/ReduceScatter */
     void *stream;
     uint64_t seq;
+    /* A PreMulSum op, captured at enqueue (NCCL lets the op be destroyed
+     * once the call is enqueued): the scalar, or its device address. */
+    int pm;
+    unsigned char pm_val[8];
+    const void *pm_dev;
 } op_t;
 
 static unsigned char *slot_at(ncclComm_t c, uint64_t t, int j)
@@ -991,10 +1007,41 @@ static void buf_bytes(const ncclComm_t c, const op_t *o, size_t *sb, size_t *rb)
     }
 }
 
+/* PreMulSum: every input times the scalar, rounded in its type (half types
+ * in float); integers wrap. */
+static void premul_scalar(void *dst, const void *src, size_t n, int t, const unsigned char *k)
+{
+    unsigned char *d = dst;
+    const unsigned char *s = src;
+    for (size_t i = 0; i < n; i++) {
+        switch (t) {
+        case NC_FLOAT32: { float x, y; memcpy(&x, s + 4 * i, 4); memcpy(&y, k, 4); x *= y;
+                           memcpy(d + 4 * i, &x, 4); break; }
+        case NC_FLOAT64: { double x, y; memcpy(&x, s + 8 * i, 8); memcpy(&y, k, 8); x *= y;
+                           memcpy(d + 8 * i, &x, 8); break; }
+        case NC_FLOAT16: case NC_BFLOAT16:
+            half_put(d + 2 * i, t, half_get(s + 2 * i, t) * half_get(k, t)); break;
+        case NC_INT8: case NC_UINT8: d[i] = (unsigned char)(s[i] * k[0]); break;
+        case NC_INT32: case NC_UINT32: { uint32_t x, y; memcpy(&x, s + 4 * i, 4); memcpy(&y, k, 4);
+                                         x *= y; memcpy(d + 4 * i, &x, 4); break; }
+        default: { uint64_t x, y; memcpy(&x, s + 8 * i, 8); memcpy(&y, k, 8); x *= y;
+                   memcpy(d + 8 * i, &x, 8); break; }
+        }
+    }
+}
+
 /* What every rank posts: its input, pre-multiplied for a floating AVG. */
 static void post(void *slot, const void *src, size_t m, const op_t *o, int nranks)
 {
-    if (o->redop == NC_AVG && type_is_float(o->dtype))
+    if (o->pm) {
+        unsigned char k[8] = { 0 };
+        const size_t es = type_size(o->dtype);
+        const void *p = o->pm_dev ? hcmock_dev_to_host((uint64_t)(uintptr_t)o->pm_dev, es)
+                                  : o->pm_val;
+        if (p) /* a device scalar freed meanwhile reads as 0 */
+            memcpy(k, p, es);
+        premul_scalar(slot, src, m, o->dtype, k);
+    } else if (o->redop == NC_AVG && type_is_float(o->dtype))
         premul(slot, src, m, o->dtype, nranks);
     else
         memcpy(slot, src, m * type_size(o->dtype));
@@ -1005,7 +1052,7 @@ static void post(void *slot, const void *src, size_t m, const op_t *o, int nrank
 static void combine(ncclComm_t c, void *dst, uint64_t t, size_t off, size_t m, const op_t *o)
 {
     const size_t es = type_size(o->dtype);
-    const int op = o->redop == NC_AVG ? NC_SUM : o->redop;
+    const int op = o->redop == NC_AVG || o->pm ? NC_SUM : o->redop;
     memcpy(dst, slot_at(c, t, 0) + off, m * es);
     for (int j = 1; j < c->nranks; j++)
         reduce2(dst, dst, slot_at(c, t, j) + off, m, o->dtype, op);
@@ -1023,7 +1070,9 @@ static ncclResult_t run_collective(ncclComm_t c, const op_t *o, const unsigned c
     /* Arrival: every rank says what it runs; all must agree. */
     uint64_t t = ++c->step;
     seg_desc_t *mine = &c->desc[(t % 2) * (size_t)n + (size_t)me];
-    *mine = (seg_desc_t){ o->seq, o->count, o->coll, o->dtype, o->redop, o->root };
+    /* Every PreMulSum op reads alike: ranks' handles may differ. */
+    *mine = (seg_desc_t){ o->seq, o->count, o->coll, o->dtype,
+                          o->pm ? NC_NUM_OPS : o->redop, o->root };
     if ((st = step_sync(c, t, o)) != ncclSuccess)
         return st;
     for (int j = 0; j < n; j++) {
@@ -1031,7 +1080,7 @@ static ncclResult_t run_collective(ncclComm_t c, const op_t *o, const unsigned c
         int root_matters = o->coll == COLL_BCAST || o->coll == COLL_REDUCE;
         int red_matters = o->coll != COLL_BCAST && o->coll != COLL_ALLGATHER;
         if (d->coll != o->coll || d->count != o->count || d->dtype != o->dtype ||
-            (red_matters && d->redop != o->redop) || (root_matters && d->root != o->root)) {
+            (red_matters && d->redop != (o->pm ? NC_NUM_OPS : o->redop)) || (root_matters && d->root != o->root)) {
             WARN("rank %d: operation #%llu: this rank runs %s(count %zu, %s, %s, root %d) but "
                  "rank %d runs %s(count %llu, %s, %s, root %d): every rank must issue the same "
                  "collectives in the same order",
@@ -1411,7 +1460,7 @@ static ncclResult_t check_args(ncclComm_t c, const op_t *o)
         WARN("%s : invalid type %d", fn, o->dtype);
         return ncclInvalidArgument;
     }
-    if (o->redop < 0 || o->redop >= NC_NUM_OPS) {
+    if (o->redop < 0 || (o->redop >= NC_NUM_OPS && !o->pm)) {
         WARN("%s : reduction operation %d unknown to this communicator (user-defined "
              "operations are not emulated)",
              fn, o->redop);
@@ -1455,9 +1504,19 @@ static ncclResult_t coll_call(int coll, const void *send, void *recv, size_t cou
     if (r != ncclSuccess)
         return group_err_check(r);
     g_depth++;
-    op_t tmp = { NULL, c, coll, dtype, redop, root, send, recv, count, stream, 0 };
+    op_t tmp = { NULL, c, coll, dtype, redop, root, send, recv, count, stream, 0, 0, { 0 }, NULL };
     if ((r = comm_ready(c, coll_name[coll])) != ncclSuccess)
         goto out;
+    if (redop >= NC_NUM_OPS && redop < NC_NUM_OPS + PM_MAX) {
+        pthread_mutex_lock(&c->lock);
+        int k = redop - NC_NUM_OPS;
+        if (c->pm[k].live && c->pm[k].dtype == dtype) {
+            tmp.pm = 1;
+            memcpy(tmp.pm_val, c->pm[k].val, sizeof tmp.pm_val);
+            tmp.pm_dev = c->pm[k].dev;
+        }
+        pthread_mutex_unlock(&c->lock);
+    }
     pthread_mutex_lock(&c->lock);
     int fin = c->finalized;
     pthread_mutex_unlock(&c->lock);
@@ -1855,6 +1914,66 @@ NCCL_API ncclResult_t ncclGroupEnd(void)
 {
     settings();
     return group_end_internal();
+}
+
+/* ncclRedOpCreatePreMulSum: residence 0 (ncclScalarDevice) keeps the
+ * address, read when the operation runs; 1 (ncclScalarHostImmediate)
+ * copies the value now. */
+NCCL_API ncclResult_t ncclRedOpCreatePreMulSum(int *op, void *scalar, int datatype,
+                                               int residence, ncclComm_t comm)
+{
+    ncclResult_t r = comm_check(comm, "ncclRedOpCreatePreMulSum");
+    if (r != ncclSuccess)
+        return r;
+    if (!op || !scalar || datatype < 0 || datatype >= NC_NUM_TYPES ||
+        (residence != 0 && residence != 1)) {
+        WARN("ncclRedOpCreatePreMulSum: invalid argument (op %p, scalar %p, type %d, "
+             "residence %d)", (void *)op, scalar, datatype, residence);
+        return ncclInvalidArgument;
+    }
+    const size_t es = type_size(datatype);
+    if (residence == 0 && !hcmock_dev_to_host((uint64_t)(uintptr_t)scalar, es)) {
+        WARN("ncclRedOpCreatePreMulSum: ncclScalarDevice %p is not device memory", scalar);
+        return ncclInvalidArgument;
+    }
+    pthread_mutex_lock(&comm->lock);
+    int k = 0;
+    while (k < PM_MAX && comm->pm[k].live)
+        k++;
+    if (k < PM_MAX) {
+        comm->pm[k].live = 1;
+        comm->pm[k].dtype = datatype;
+        comm->pm[k].residence = residence;
+        comm->pm[k].dev = residence == 0 ? scalar : NULL;
+        memset(comm->pm[k].val, 0, sizeof comm->pm[k].val);
+        if (residence == 1)
+            memcpy(comm->pm[k].val, scalar, es);
+    }
+    pthread_mutex_unlock(&comm->lock);
+    if (k == PM_MAX) {
+        WARN("ncclRedOpCreatePreMulSum: more than %d live ops", PM_MAX);
+        return ncclInternalError;
+    }
+    *op = NC_NUM_OPS + k;
+    return ncclSuccess;
+}
+
+NCCL_API ncclResult_t ncclRedOpDestroy(int op, ncclComm_t comm)
+{
+    ncclResult_t r = comm_check(comm, "ncclRedOpDestroy");
+    if (r != ncclSuccess)
+        return r;
+    int k = op - NC_NUM_OPS;
+    pthread_mutex_lock(&comm->lock);
+    int ok = k >= 0 && k < PM_MAX && comm->pm[k].live;
+    if (ok)
+        comm->pm[k].live = 0;
+    pthread_mutex_unlock(&comm->lock);
+    if (!ok) {
+        WARN("ncclRedOpDestroy: op %d is not a live user-defined op of this communicator", op);
+        return ncclInvalidArgument;
+    }
+    return ncclSuccess;
 }
 
 NCCL_API ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count,

@@ -5,6 +5,7 @@
  *   PROD  at most one factor is 2, the rest are +-1
  *   MAX/MIN  any small integers
  *   AVG   the total is a multiple of nranks, so the one division is exact
+ *         (floats, pre-multiplied by 1/n: checked for n a power of two)
  * Integer types wrap on SUM/PROD, which is exact modular arithmetic in any
  * order, so they only need the AVG limit. The expected result is then one
  * value per element, compared bit for bit.
@@ -149,7 +150,12 @@ int hp_check_exact(hcoll_dtype_t dtype, hcoll_op_t op, int nranks)
     case HCOLL_PROD: return 1;
     case HCOLL_MAX:
     case HCOLL_MIN: return 1;
-    case HCOLL_AVG: return 4.0 * nranks + 3 <= lim; /* the largest total: n·(3+1) */
+    case HCOLL_AVG:
+        /* Floats multiply each input by 1/n first (hcoll.h): exact, in any
+         * order, only where 1/n is a power of two. */
+        if (!is_int(dtype) && (nranks & (nranks - 1)) != 0)
+            return 0;
+        return 4.0 * nranks + 3 <= lim; /* the largest total: n·(3+1) */
     default: return 0;
     }
 }
