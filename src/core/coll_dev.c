@@ -47,8 +47,8 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "base/clock.h"
 #include "base/err.h"
 #include "base/log.h"
 #include "base/reduce.h"
@@ -607,11 +607,9 @@ static hcoll_status_t ring_run(hc_coll_dev_t *d, const void *src, void *buf, siz
                                   0, 0 };
     const hc_ringdrv_env_t env = { &c->aborted, &c->err, c->rank, "the inter-node stage",
                                    NULL /* NCCL: its own failures */ };
-    struct timespec a, b;
-    clock_gettime(CLOCK_MONOTONIC, &a);
+    const double t0 = hc_now_us();
     hcoll_status_t st = hc_ringdrv_run(d->ring, &rop, &env);
-    clock_gettime(CLOCK_MONOTONIC, &b);
-    *ring_us += (b.tv_sec - a.tv_sec) * 1e6 + (b.tv_nsec - a.tv_nsec) / 1e3;
+    *ring_us += hc_now_us() - t0;
     return st;
 }
 
@@ -719,8 +717,7 @@ static void gpu_times(hc_coll_dev_t *d, const hc_dev_op_t *o, hcoll_status_t st,
 hcoll_status_t hc_coll_dev_execute(hc_coll_dev_t *d, hc_dev_op_t *o, hcoll_status_t status_in,
                                    hcoll_stage_times_t *times)
 {
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    const double t0 = hc_now_us();
     hcoll_status_t st = status_in != HCOLL_SUCCESS ? status_in : o->status;
     double ring_us = 0;
     memset(times, 0, sizeof *times);
@@ -747,8 +744,7 @@ hcoll_status_t hc_coll_dev_execute(hc_coll_dev_t *d, hc_dev_op_t *o, hcoll_statu
         times->intra_rs_us = times->intra_ag_us = -1;
     }
     free(o);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    times->total_us = (t1.tv_sec - t0.tv_sec) * 1e6 + (t1.tv_nsec - t0.tv_nsec) / 1e3;
+    times->total_us = hc_now_us() - t0;
     return st;
 }
 
