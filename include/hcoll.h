@@ -441,12 +441,52 @@ HCOLL_API hcoll_status_t hcoll_allreduce_async(hcoll_comm_t comm, const void *se
  * it is still running.
  * hcoll_wait: blocks until the request finishes; returns its status.
  * hcoll_request_free: releases a request. A request that has not finished
- * is waited for first. NULL is a no-op.
+ * is waited for first. NULL is a no-op. From a completion callback, see
+ * hcoll_request_set_callback below.
  * A request is used from one thread at a time.
  */
 HCOLL_API hcoll_status_t hcoll_test(hcoll_request_t req, int *done_out);
 HCOLL_API hcoll_status_t hcoll_wait(hcoll_request_t req);
 HCOLL_API hcoll_status_t hcoll_request_free(hcoll_request_t req);
+
+/*
+ * Completion callbacks. cb(req, status, arg) runs exactly once per request:
+ *   - on hcoll's thread (the communicator's worker) when the request
+ *     completes, if it was set before that;
+ *   - at once, on the caller's thread and before hcoll_request_set_callback
+ *     returns, if the request had already completed.
+ * status is the request's status (what hcoll_wait returns: HCOLL_SUCCESS,
+ * or the error the operation failed with, e.g. HCOLL_ERR_ABORTED for a
+ * request still queued when its communicator is aborted or destroyed).
+ * For device buffers the request completes, and the callback runs, when the
+ * GPU has passed the final intra-node stage (as for hcoll_wait).
+ * hcoll_wait and hcoll_request_free called from another thread return only
+ * after the callback has returned, so its effects are visible to them.
+ *
+ * Inside the callback, on its own request, it may call hcoll_test,
+ * hcoll_wait (returns at once), hcoll_request_stage_times and
+ * hcoll_request_free (the common binding pattern: the request is released
+ * once the callback returns; req must not be used after). It may issue
+ * hcoll_allreduce_async on any communicator. On hcoll's thread it must not
+ * block on the same communicator: hcoll_allreduce, hcoll_comm_destroy and
+ * hcoll_comm_abort return HCOLL_ERR_INVALID_ARG there, and so do
+ * hcoll_wait and hcoll_request_free of a later, unfinished request of that
+ * communicator (it cannot finish before the callback returns). Callbacks
+ * hold up the communicator's later requests while they run: keep them
+ * short.
+ *
+ * hcoll_request_set_callback: req (in) a request from hcoll_allreduce_async
+ * that has not been freed; cb (in) the callback, not NULL; arg (in) passed
+ * to it unchanged. Returns HCOLL_SUCCESS once the callback is registered
+ * (or has run); HCOLL_ERR_INVALID_ARG for NULL req or cb, or when the
+ * request already has a callback (one per request; the first stays).
+ * Non-blocking apart from running cb itself, local. Thread-safe against the
+ * completion of req; like every request call, use req from one thread of
+ * yours at a time.
+ */
+typedef void (*hcoll_request_cb_t)(hcoll_request_t req, hcoll_status_t status, void *arg);
+HCOLL_API hcoll_status_t hcoll_request_set_callback(hcoll_request_t req, hcoll_request_cb_t cb,
+                                                    void *arg);
 
 /* ------------------------------------------------------------------------ */
 /* Per-stage timing                                                           */

@@ -59,6 +59,7 @@
 #include "core/coll_dev.h" /* device buffers (coll_dev.c) */
 #include "core/comm.h"
 #include "core/ringdrv.h"
+#include "core/request.h"
 #include "core/ringthr.h"
 #include "base/err.h"
 #include "base/log.h"
@@ -76,27 +77,6 @@ typedef struct hc_group_ag {
     int nmembers;
     int *members;   /* communicator ranks, in group order */
 } hc_group_ag_t;
-
-struct hcoll_request {
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
-    int done;
-    hcoll_status_t status;
-    hcoll_stage_times_t times;
-
-    /* Arguments; used only by the executor. */
-    const void *sendbuf;
-    void *recvbuf;
-    size_t count;
-    hcoll_dtype_t dtype;
-    hcoll_op_t op;
-    struct hcoll_request *next;
-    /* Device-buffer call (coll_dev.c): its host stage, run by execute. */
-    hc_dev_op_t *dev;
-    /* Nobody waits for it (a blocking call with a stream returned once
-     * enqueued): the worker frees it when done. */
-    int detached;
-};
 
 struct hc_coll {
     struct hcoll_comm *comm;
@@ -323,15 +303,6 @@ static hcoll_status_t run_op(hc_coll_t *co, struct hcoll_request *rq)
 /* Requests and the worker                                                    */
 /* ------------------------------------------------------------------------ */
 
-static void request_complete(struct hcoll_request *rq, hcoll_status_t st)
-{
-    pthread_mutex_lock(&rq->lock);
-    rq->status = st;
-    rq->done = 1;
-    pthread_cond_broadcast(&rq->cond);
-    pthread_mutex_unlock(&rq->lock);
-}
-
 /* Run rq as the executor (the caller holds the role). Records the sticky
  * failure and the last times. */
 static hcoll_status_t execute(hc_coll_t *co, struct hcoll_request *rq)
@@ -408,7 +379,7 @@ static void *worker_main(void *arg)
         /* Completed outside co->lock: the owner may free rq at once. */
         /* rq->detached is read first: once complete, an owner may free rq. */
         int detached = rq->detached;
-        request_complete(rq, st);
+        hc_request_complete(rq, st); /* runs its callback, if any */
         if (detached)
             hc_request_free(rq);
         pthread_mutex_lock(&co->lock);
@@ -423,6 +394,12 @@ hcoll_status_t hc_coll_allreduce(hc_coll_t *co, const void *sendbuf, void *recvb
 {
     struct hcoll_comm *comm = co->comm;
     hcoll_status_t st;
+    /* This thread is the worker inside a completion callback: a blocking
+     * call would wait for the requests queued behind the callback. */
+    if (!req_out && hc_request_in_callback(co))
+        return hc_err_set(&comm->err, HC_COLL, comm->rank, HCOLL_ERR_INVALID_ARG,
+                          "a blocking all-reduce from a completion callback of the same "
+                          "communicator would deadlock; use hcoll_allreduce_async");
     /* Device buffers: the GPU stages go on the stream now, the host stage
      * is queued as a request like any other (coll_dev.c). */
     hc_dev_op_t *dop = NULL;
@@ -445,8 +422,7 @@ hcoll_status_t hc_coll_allreduce(hc_coll_t *co, const void *sendbuf, void *recvb
     if (!rq)
         return hc_err_set(&comm->err, HC_COLL, comm->rank, HCOLL_ERR_NO_MEMORY,
                           "no memory for a request");
-    pthread_mutex_init(&rq->lock, NULL);
-    pthread_cond_init(&rq->cond, NULL);
+    hc_request_init(rq, co);
     rq->sendbuf = sendbuf;
     rq->recvbuf = recvbuf;
     rq->count = count;
@@ -492,9 +468,7 @@ hcoll_status_t hc_coll_allreduce(hc_coll_t *co, const void *sendbuf, void *recvb
     if (co->stopping) {
         pthread_cond_broadcast(&co->cond);
         pthread_mutex_unlock(&co->lock);
-        pthread_mutex_destroy(&rq->lock);
-        pthread_cond_destroy(&rq->cond);
-        free(rq);
+        hc_request_destroy(rq);
         return hc_err_set(&comm->err, HC_COLL, comm->rank, HCOLL_ERR_ABORTED,
                           "the communicator was aborted while this call waited for "
                           "earlier requests");
@@ -508,52 +482,8 @@ hcoll_status_t hc_coll_allreduce(hc_coll_t *co, const void *sendbuf, void *recvb
     co->exec_busy = 0;
     pthread_cond_broadcast(&co->cond);
     pthread_mutex_unlock(&co->lock);
-    pthread_mutex_destroy(&rq->lock);
-    pthread_cond_destroy(&rq->cond);
-    free(rq);
+    hc_request_destroy(rq);
     return st;
-}
-
-hcoll_status_t hc_request_test(struct hcoll_request *rq, int *done_out)
-{
-    pthread_mutex_lock(&rq->lock);
-    int done = rq->done;
-    hcoll_status_t st = done ? rq->status : HCOLL_SUCCESS;
-    pthread_mutex_unlock(&rq->lock);
-    *done_out = done;
-    return st;
-}
-
-hcoll_status_t hc_request_wait(struct hcoll_request *rq)
-{
-    /* No deadline of its own: the operation's every wait has one, so the
-     * request always completes (with HCOLL_ERR_TIMEOUT at worst). */
-    pthread_mutex_lock(&rq->lock);
-    while (!rq->done)
-        pthread_cond_wait(&rq->cond, &rq->lock);
-    hcoll_status_t st = rq->status;
-    pthread_mutex_unlock(&rq->lock);
-    return st;
-}
-
-void hc_request_free(struct hcoll_request *rq)
-{
-    hc_request_wait(rq);
-    pthread_mutex_destroy(&rq->lock);
-    pthread_cond_destroy(&rq->cond);
-    free(rq);
-}
-
-hcoll_status_t hc_request_times(struct hcoll_request *rq, hcoll_stage_times_t *times_out)
-{
-    pthread_mutex_lock(&rq->lock);
-    int done = rq->done;
-    hcoll_stage_times_t t = rq->times;
-    pthread_mutex_unlock(&rq->lock);
-    if (!done)
-        return HCOLL_IN_PROGRESS;
-    *times_out = t;
-    return HCOLL_SUCCESS;
 }
 
 int hc_coll_last_times(hc_coll_t *co, hcoll_stage_times_t *times_out)
