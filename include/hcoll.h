@@ -527,6 +527,49 @@ HCOLL_API hcoll_status_t hcoll_request_stage_times(hcoll_request_t req,
 HCOLL_API hcoll_status_t hcoll_comm_last_stage_times(hcoll_comm_t comm,
                                                      hcoll_stage_times_t *times_out);
 
+/* ------------------------------------------------------------------------ */
+/* Registered buffers                                                         */
+/* ------------------------------------------------------------------------ */
+
+typedef struct hcoll_mem *hcoll_mem_t; /* a registered range of memory */
+
+/*
+ * hcoll_mem_register: tells comm that [ptr, ptr+bytes) will be used by
+ * many all-reduces (a training loop's gradient buffer), so that the
+ * inter-node transport registers it with the NIC once, here, instead of
+ * once per operation. Every later operation whose buffers lie inside the
+ * range uses that registration; buffers outside it are registered per
+ * operation as before. Over verbs the range is registered (pinned) now;
+ * over TCP, or when this rank has no inter-node stage, the call only
+ * records the range. Device memory is registered where the transport does
+ * GPUDirect RDMA, else only recorded (it is staged through hcoll's own
+ * memory).
+ * comm (in) a ready communicator; ptr (in) the start, not NULL; bytes
+ * (in) the length, > 0; handle_out (out) the handle for
+ * hcoll_mem_deregister, written only on success.
+ * Returns HCOLL_SUCCESS; HCOLL_ERR_INVALID_ARG for NULL ptr or
+ * handle_out, 0 bytes, or a range that overlaps one already registered on
+ * comm (deregister it first); HCOLL_ERR_RDMA when the NIC refuses the
+ * registration (e.g. `ulimit -l`; the communicator stays usable);
+ * HCOLL_IN_PROGRESS during a non-blocking init.
+ * The memory must stay allocated until it is deregistered. Blocks until
+ * the requests issued earlier on comm have finished (registration takes
+ * the transport, which operations use). Local: not collective, ranks
+ * register independently. Thread-safe (serialised with comm's
+ * operations); not from a completion callback of comm.
+ *
+ * hcoll_mem_deregister: releases a registration (after the requests issued
+ * earlier on comm have finished: none of them is left using it). NULL is a
+ * no-op. HCOLL_ERR_INVALID_ARG for a handle that is not a live
+ * registration of comm (already deregistered, or another communicator's).
+ * Blocks as hcoll_mem_register; local; thread-safe.
+ * hcoll_comm_destroy and hcoll_comm_abort release the registrations still
+ * held; their handles are then invalid.
+ */
+HCOLL_API hcoll_status_t hcoll_mem_register(hcoll_comm_t comm, void *ptr, size_t bytes,
+                                            hcoll_mem_t *handle_out);
+HCOLL_API hcoll_status_t hcoll_mem_deregister(hcoll_comm_t comm, hcoll_mem_t handle);
+
 #ifdef __cplusplus
 }
 #endif

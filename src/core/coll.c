@@ -59,6 +59,7 @@
 #include "core/coll_dev.h" /* device buffers (coll_dev.c) */
 #include "core/comm.h"
 #include "core/ringdrv.h"
+#include "core/memreg.h"
 #include "core/request.h"
 #include "core/ringthr.h"
 #include "base/err.h"
@@ -102,6 +103,7 @@ struct hc_coll {
     hc_coll_dev_t *dev; /* device-buffer path (coll_dev.c); CUDA only once used */
 
     hc_ringthr_t *ringthr; /* the ring thread (three-stage plan only) */
+    struct hcoll_mem *mems; /* registered ranges (memreg.c), under the executor role */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -486,6 +488,67 @@ hcoll_status_t hc_coll_allreduce(hc_coll_t *co, const void *sendbuf, void *recvb
     return st;
 }
 
+/* ------------------------------------------------------------------------ */
+/* Registered buffers                                                         */
+/* ------------------------------------------------------------------------ */
+
+/* Take the executor role after every earlier request: the transport is
+ * used by one thread at a time, and an operation in flight may be using
+ * a range that is about to go. */
+static hcoll_status_t exec_enter(hc_coll_t *co, const char *what)
+{
+    struct hcoll_comm *c = co->comm;
+    if (hc_request_in_callback(co))
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
+                          "%s from a completion callback of the same communicator would "
+                          "deadlock",
+                          what);
+    pthread_mutex_lock(&co->lock);
+    co->waiters++;
+    while ((co->head || co->exec_busy) && !co->stopping)
+        pthread_cond_wait(&co->cond, &co->lock);
+    co->waiters--;
+    if (co->stopping) {
+        pthread_cond_broadcast(&co->cond);
+        pthread_mutex_unlock(&co->lock);
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_ABORTED,
+                          "%s: the communicator is being destroyed", what);
+    }
+    co->exec_busy = 1;
+    pthread_mutex_unlock(&co->lock);
+    return HCOLL_SUCCESS;
+}
+
+static void exec_leave(hc_coll_t *co)
+{
+    pthread_mutex_lock(&co->lock);
+    co->exec_busy = 0;
+    pthread_cond_broadcast(&co->cond);
+    pthread_mutex_unlock(&co->lock);
+}
+
+hcoll_status_t hc_coll_mem_register(hc_coll_t *co, void *ptr, size_t bytes,
+                                    struct hcoll_mem **handle_out)
+{
+    hcoll_status_t st = exec_enter(co, "hcoll_mem_register");
+    if (st != HCOLL_SUCCESS)
+        return st;
+    st = hc_memreg_add(&co->mems, co->ring, &co->comm->err, co->comm->rank, ptr, bytes,
+                       handle_out);
+    exec_leave(co);
+    return st;
+}
+
+hcoll_status_t hc_coll_mem_deregister(hc_coll_t *co, struct hcoll_mem *handle)
+{
+    hcoll_status_t st = exec_enter(co, "hcoll_mem_deregister");
+    if (st != HCOLL_SUCCESS)
+        return st;
+    st = hc_memreg_remove(&co->mems, co->ring, &co->comm->err, co->comm->rank, handle);
+    exec_leave(co);
+    return st;
+}
+
 int hc_coll_last_times(hc_coll_t *co, hcoll_stage_times_t *times_out)
 {
     pthread_mutex_lock(&co->lock);
@@ -526,6 +589,7 @@ void hc_coll_destroy(hc_coll_t *co, int aborting)
     if (co->worker_started)
         pthread_join(co->worker, NULL);
     hc_ringthr_stop(co->ringthr);
+    hc_memreg_clear(&co->mems, co->ring); /* registrations left: freed, no leak */
     /* Device path: the worker has released every stream it queued; free
      * the flag only once the streams are past it. Before the ring goes. */
     hc_coll_dev_destroy(co->dev, aborting);

@@ -58,6 +58,13 @@ hcoll_status_t hc_coll_allreduce(hc_coll_t *co, const void *sendbuf, void *recvb
                                  hcoll_dtype_t dtype, hcoll_op_t op, void *stream,
                                  struct hcoll_request **req_out);
 
+/* hcoll_mem_register / hcoll_mem_deregister (memreg.c): after every
+ * earlier request, as the executor. */
+struct hcoll_mem;
+hcoll_status_t hc_coll_mem_register(hc_coll_t *co, void *ptr, size_t bytes,
+                                    struct hcoll_mem **handle_out);
+hcoll_status_t hc_coll_mem_deregister(hc_coll_t *co, struct hcoll_mem *handle);
+
 /* The stage times of the last all-reduce that succeeded: 1 and *times_out,
  * or 0 when none has finished yet. */
 int hc_coll_last_times(hc_coll_t *co, hcoll_stage_times_t *times_out);

@@ -228,6 +228,9 @@ hcoll_status_t ib_connect(hc_transport_t *tr, const int *peers, int npeers,
 hcoll_status_t ib_mr_reg(hc_transport_t *tr, void *base, size_t len, hc_mr_t **mr_out,
                          hc_rkey_t *rkey_out);
 void ib_mr_dereg(hc_transport_t *tr, hc_mr_t *h);
+/* The transport's mem_pin / mem_unpin: a cache entry held until unpinned. */
+hcoll_status_t ib_mem_pin(hc_transport_t *tr, void *base, size_t len, hc_mr_t **pin_out);
+void ib_mem_unpin(hc_transport_t *tr, hc_mr_t *pin);
 /* The cache's deregistration callback (ctx: the transport). */
 void ib_mrc_dereg(void *ctx, hc_mrc_entry_t *e);
 /* The flush word and its loopback QP; -1 when either cannot be had

@@ -208,4 +208,63 @@ void ib_mr_dereg(hc_transport_t *tr, hc_mr_t *h)
     free(h);
 }
 
+/*
+ * A user's registered range (hcoll_mem_register): an entry of the cache
+ * held by this handle, so that every operation inside it hits the cache
+ * (host entries otherwise go with their last user). Not sticky on failure:
+ * the application may fall back to per-operation registration.
+ */
+hcoll_status_t ib_mem_pin(hc_transport_t *tr, void *base, size_t len, hc_mr_t **pin_out)
+{
+    if (tr->err)
+        return tr->err;
+    int dev = -1;
+    int kind = hc_gdr_cuda_in_process() ? hc_gdr_ptr_kind(base, &dev) : HC_MEM_HOST;
+    if (kind != HC_MEM_HOST && !tr->gdr) {
+        *pin_out = NULL; /* staged through hcoll's own host memory: never registered */
+        return HCOLL_SUCCESS;
+    }
+    uint64_t gen = kind == HC_MEM_HOST ? 0 : hc_gdr_ptr_buffer_id(base);
+    hc_mr_t *h = calloc(1, sizeof *h);
+    if (!h)
+        return hc_err_set(tr->p.errbuf, HC_NET, tr->p.log_rank, HCOLL_ERR_NO_MEMORY,
+                          "out of memory registering %zu bytes", len);
+    h->base = base;
+    h->len = len;
+    ib_mrent_t *mr = (ib_mrent_t *)hc_mrc_find(&tr->mrc, base, len, gen);
+    if (!mr) {
+        mr = calloc(1, sizeof *mr);
+        char why[200] = "";
+        if (mr) {
+            mr->e.base = base;
+            mr->e.len = len;
+            mr->e.gen = gen;
+            mr->e.dmabuf_fd = -1;
+            mr->device = kind != HC_MEM_HOST;
+            mr_register(tr, mr, kind, why, sizeof why);
+        }
+        if (!mr || !mr->mr) {
+            int e = errno;
+            if (mr && mr->e.dmabuf_fd >= 0)
+                close(mr->e.dmabuf_fd);
+            free(mr);
+            free(h);
+            return hc_err_set(tr->p.errbuf, HC_NET, tr->p.log_rank, HCOLL_ERR_RDMA,
+                              "NET/IB: registering %zu bytes at %p failed (%s)%s", len, base,
+                              why[0] ? why : strerror(e),
+                              e == ENOMEM || e == EPERM ? "; check `ulimit -l`" : "");
+        }
+        mr->e.handle = mr->mr;
+        hc_mrc_insert(&tr->mrc, &mr->e);
+    }
+    h->ent = mr;
+    *pin_out = h;
+    return HCOLL_SUCCESS;
+}
+
+void ib_mem_unpin(hc_transport_t *tr, hc_mr_t *pin)
+{
+    ib_mr_dereg(tr, pin);
+}
+
 #endif /* HCOLL_BUILD_VERBS */
