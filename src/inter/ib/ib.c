@@ -79,6 +79,7 @@ static void ib_destroy(hc_transport_t *tr, int graceful)
         ib_ep_free(tr, tr->eps[i]);
     free(tr->eps);
     ib_flush_free(tr);
+    ib_mr_free_handles(tr);
     hc_mrc_fini(&tr->mrc);
     if (tr->credits_mr)
         tr->v->dereg_mr(tr->credits_mr);

@@ -129,6 +129,16 @@ static void mr_register(hc_transport_t *tr, ib_mrent_t *mr, int kind, char *why,
         mr->mr = tr->v->reg_mr(tr->pd, base, len, 0);
 }
 
+/* Track a handle, so that destroy frees those nobody deregistered. */
+static void mr_link(hc_transport_t *tr, hc_mr_t *h)
+{
+    h->prev = NULL;
+    h->next = tr->mrs;
+    if (tr->mrs)
+        tr->mrs->prev = h;
+    tr->mrs = h;
+}
+
 /* A fresh cache entry for [base, base+len), registered. */
 static hcoll_status_t mrent_new(hc_transport_t *tr, void *base, size_t len, int kind, int dev,
                                 uint64_t gen, ib_mrent_t **out)
@@ -189,6 +199,7 @@ hcoll_status_t ib_mr_reg(hc_transport_t *tr, void *base, size_t len, hc_mr_t **m
         hc_mrc_insert(&tr->mrc, &mr->e);
     }
     h->ent = mr;
+    mr_link(tr, h);
     /* The peer adds its offsets to the address the caller registered. */
     rkey_out->w[0] = (uintptr_t)base;
     rkey_out->w[1] = mr->mr->rkey;
@@ -204,8 +215,23 @@ void ib_mr_dereg(hc_transport_t *tr, hc_mr_t *h)
 {
     if (!h)
         return;
+    if (h->prev)
+        h->prev->next = h->next;
+    else
+        tr->mrs = h->next;
+    if (h->next)
+        h->next->prev = h->prev;
     hc_mrc_release(&tr->mrc, &h->ent->e);
     free(h);
+}
+
+void ib_mr_free_handles(hc_transport_t *tr)
+{
+    while (tr->mrs) {
+        hc_mr_t *h = tr->mrs;
+        tr->mrs = h->next;
+        free(h);
+    }
 }
 
 /*
@@ -258,6 +284,7 @@ hcoll_status_t ib_mem_pin(hc_transport_t *tr, void *base, size_t len, hc_mr_t **
         hc_mrc_insert(&tr->mrc, &mr->e);
     }
     h->ent = mr;
+    mr_link(tr, h);
     *pin_out = h;
     return HCOLL_SUCCESS;
 }
