@@ -4,7 +4,8 @@
  * every ibv_reg_mr as "mr_registrations") and on TCP.
  *
  *   verbs  a registered 64 MiB buffer all-reduced 100 times costs one
- *          registration; the same loop without it costs one per call
+ *          registration; the same loop without it costs one per call;
+ *          likewise on 2 nodes x 2 (three stages, a ring per rail)
  *   errors NULL, 0 bytes, overlaps, duplicates, unknown or twice
  *          deregistered handles; destroy with registrations left frees
  *          them (no verbs object left, ASan-clean)
@@ -35,7 +36,7 @@
 
 #define BIG_COUNT ((size_t)16 << 20) /* 64 MiB of int32 */
 #define ITERS 100
-#define BASELINE_ITERS 10
+#define BASELINE_ITERS 4
 
 typedef struct mr_arg {
     hct_id_slot_t slot;
@@ -162,26 +163,30 @@ static int rank_memreg(int rank, int n, void *argp)
     return 0;
 }
 
-static void run(const char *net, size_t count)
+static void run(const char *net, size_t count, int nranks, int per_node)
 {
     mr_arg_t *a = hct_shared_alloc(sizeof *a);
     memset(a, 0, sizeof *a);
     a->net = net;
     a->count = count;
-    hct_opts_t o = { .nranks = 2, .ranks_per_node = 1, .timeout_ms = 100000 };
-    hct_result_t res[2];
+    hct_opts_t o = { .nranks = nranks, .ranks_per_node = per_node, .timeout_ms = 100000 };
+    hct_result_t res[4];
     double t0 = hct_now_ms();
     int bad = hct_run(&o, rank_memreg, a, res);
-    fprintf(stderr, "[time] memreg %s, %zu elements: %.1f s\n", net, count,
+    fprintf(stderr, "[time] memreg %s, %d ranks, %zu elements: %.1f s\n", net, nranks, count,
             (hct_now_ms() - t0) / 1e3);
     ck_assert_msg(bad == 0, "memreg over %s: %d rank(s) failed (see stderr)", net, bad);
     hct_shared_free(a, sizeof *a);
 }
 
-START_TEST(memreg_ib_64mib) { run("ib", BIG_COUNT); }
+START_TEST(memreg_ib_64mib) { run("ib", BIG_COUNT, 2, 1); }
 END_TEST
 
-START_TEST(memreg_tcp) { run("tcp", 1 << 16); }
+/* Three stages: each rail's ring works on shards inside the range. */
+START_TEST(memreg_ib_2x2) { run("ib", 1 << 20, 4, 2); }
+END_TEST
+
+START_TEST(memreg_tcp) { run("tcp", 1 << 16, 2, 1); }
 END_TEST
 
 int main(int argc, char **argv)
@@ -195,6 +200,7 @@ int main(int argc, char **argv)
     TCase *tc = tcase_create("memreg");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, memreg_ib_64mib);
+    tcase_add_test(tc, memreg_ib_2x2);
     tcase_add_test(tc, memreg_tcp);
     suite_add_tcase(s, tc);
     return hct_mockib_run(s);
