@@ -467,9 +467,10 @@ HCOLL_API hcoll_status_t hcoll_request_free(hcoll_request_t req);
  * hcoll_wait (returns at once), hcoll_request_stage_times and
  * hcoll_request_free (the common binding pattern: the request is released
  * once the callback returns; req must not be used after). It may issue
- * hcoll_allreduce_async on any communicator. On hcoll's thread it must not
- * block on the same communicator: hcoll_allreduce, hcoll_comm_destroy and
- * hcoll_comm_abort return HCOLL_ERR_INVALID_ARG there, and so do
+ * hcoll_allreduce_async on host buffers (that only queues). On hcoll's
+ * thread it must not block on the same communicator: hcoll_allreduce,
+ * hcoll_comm_destroy, hcoll_comm_abort, hcoll_mem_register and
+ * hcoll_mem_deregister return HCOLL_ERR_INVALID_ARG there, and so do
  * hcoll_wait and hcoll_request_free of a later, unfinished request of that
  * communicator (it cannot finish before the callback returns). Callbacks
  * hold up the communicator's later requests while they run: keep them
