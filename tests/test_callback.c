@@ -51,6 +51,7 @@ typedef struct cb_rec {
     /* For the callbacks that try calls from inside. */
     hcoll_comm_t comm;
     pthread_t caller;         /* calls that would really run there are skipped */
+    hcoll_status_t inner_register;
     hcoll_status_t inner_blocking, inner_destroy, inner_test, inner_wait, inner_free;
     int inner_done;
 } cb_rec_t;
@@ -88,6 +89,8 @@ static void cb_blocking(hcoll_request_t req, hcoll_status_t st, void *arg)
         r->inner_blocking = hcoll_allreduce(r->comm, &x, &x, 1, HCOLL_INT32, HCOLL_SUM, NULL);
         r->inner_destroy = hcoll_comm_destroy(r->comm);
         r->inner_wait = hcoll_comm_abort(r->comm);
+        hcoll_mem_t h;
+        r->inner_register = hcoll_mem_register(r->comm, &x, sizeof x, &h);
     }
     atomic_fetch_add(&r->calls, 1);
 }
@@ -268,6 +271,9 @@ static int phase_blocking(hcoll_comm_t comm, world_t *w, int rank, int n)
         HCT_REQUIRE(r.inner_destroy == HCOLL_ERR_INVALID_ARG,
                     "hcoll_comm_destroy from a callback -> %s",
                     hcoll_status_name(r.inner_destroy));
+        HCT_REQUIRE(r.inner_register == HCOLL_ERR_INVALID_ARG,
+                    "hcoll_mem_register from a callback -> %s",
+                    hcoll_status_name(r.inner_register));
         HCT_REQUIRE(r.inner_wait == HCOLL_ERR_INVALID_ARG,
                     "hcoll_comm_abort from a callback -> %s", hcoll_status_name(r.inner_wait));
     }
