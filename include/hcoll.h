@@ -464,7 +464,8 @@ HCOLL_API hcoll_status_t hcoll_allreduce_async(hcoll_comm_t comm, const void *se
  * it is still running.
  * hcoll_wait: blocks until the request finishes; returns its status.
  * hcoll_request_free: releases a request. A request that has not finished
- * is waited for first. NULL is a no-op.
+ * is waited for first. NULL is a no-op. From a completion callback, see
+ * hcoll_request_set_callback below.
  * A request is used from one thread at a time.
  */
 HCOLL_API hcoll_status_t hcoll_test(hcoll_request_t req, int *done_out);
@@ -565,6 +566,46 @@ HCOLL_API hcoll_status_t hcoll_broadcast_async(hcoll_comm_t comm, const void *se
 HCOLL_API hcoll_status_t hcoll_barrier(hcoll_comm_t comm);
 HCOLL_API hcoll_status_t hcoll_barrier_async(hcoll_comm_t comm, hcoll_request_t *req_out);
 
+/*
+ * Completion callbacks. cb(req, status, arg) runs exactly once per request:
+ *   - on hcoll's thread (the communicator's worker) when the request
+ *     completes, if it was set before that;
+ *   - at once, on the caller's thread and before hcoll_request_set_callback
+ *     returns, if the request had already completed.
+ * status is the request's status (what hcoll_wait returns: HCOLL_SUCCESS,
+ * or the error the operation failed with, e.g. HCOLL_ERR_ABORTED for a
+ * request still queued when its communicator is aborted or destroyed).
+ * For device buffers the request completes, and the callback runs, when the
+ * GPU has passed the final intra-node stage (as for hcoll_wait).
+ * hcoll_wait and hcoll_request_free called from another thread return only
+ * after the callback has returned, so its effects are visible to them.
+ *
+ * Inside the callback, on its own request, it may call hcoll_test,
+ * hcoll_wait (returns at once), hcoll_request_stage_times and
+ * hcoll_request_free (the common binding pattern: the request is released
+ * once the callback returns; req must not be used after). It may issue
+ * _async calls on host buffers (they only queue). On hcoll's
+ * thread it must not block on the same communicator: hcoll_allreduce,
+ * hcoll_comm_destroy, hcoll_comm_abort, hcoll_mem_register and
+ * hcoll_mem_deregister return HCOLL_ERR_INVALID_ARG there, and so do
+ * hcoll_wait and hcoll_request_free of a later, unfinished request of that
+ * communicator (it cannot finish before the callback returns). Callbacks
+ * hold up the communicator's later requests while they run: keep them
+ * short.
+ *
+ * hcoll_request_set_callback: req (in) a request from an _async call
+ * that has not been freed; cb (in) the callback, not NULL; arg (in) passed
+ * to it unchanged. Returns HCOLL_SUCCESS once the callback is registered
+ * (or has run); HCOLL_ERR_INVALID_ARG for NULL req or cb, or when the
+ * request already has a callback (one per request; the first stays).
+ * Non-blocking apart from running cb itself, local. Thread-safe against the
+ * completion of req; like every request call, use req from one thread of
+ * yours at a time.
+ */
+typedef void (*hcoll_request_cb_t)(hcoll_request_t req, hcoll_status_t status, void *arg);
+HCOLL_API hcoll_status_t hcoll_request_set_callback(hcoll_request_t req, hcoll_request_cb_t cb,
+                                                    void *arg);
+
 /* ------------------------------------------------------------------------ */
 /* Per-stage timing                                                           */
 /* ------------------------------------------------------------------------ */
@@ -603,6 +644,49 @@ HCOLL_API hcoll_status_t hcoll_request_stage_times(hcoll_request_t req,
                                                    hcoll_stage_times_t *times_out);
 HCOLL_API hcoll_status_t hcoll_comm_last_stage_times(hcoll_comm_t comm,
                                                      hcoll_stage_times_t *times_out);
+
+/* ------------------------------------------------------------------------ */
+/* Registered buffers                                                         */
+/* ------------------------------------------------------------------------ */
+
+typedef struct hcoll_mem *hcoll_mem_t; /* a registered range of memory */
+
+/*
+ * hcoll_mem_register: tells comm that [ptr, ptr+bytes) will be used by
+ * many all-reduces (a training loop's gradient buffer), so that the
+ * inter-node transport registers it with the NIC once, here, instead of
+ * once per operation. Every later operation whose buffers lie inside the
+ * range uses that registration; buffers outside it are registered per
+ * operation as before. Over verbs the range is registered (pinned) now;
+ * over TCP, or when this rank has no inter-node stage, the call only
+ * records the range. Device memory is registered where the transport does
+ * GPUDirect RDMA, else only recorded (it is staged through hcoll's own
+ * memory).
+ * comm (in) a ready communicator; ptr (in) the start, not NULL; bytes
+ * (in) the length, > 0; handle_out (out) the handle for
+ * hcoll_mem_deregister, written only on success.
+ * Returns HCOLL_SUCCESS; HCOLL_ERR_INVALID_ARG for NULL ptr or
+ * handle_out, 0 bytes, or a range that overlaps one already registered on
+ * comm (deregister it first); HCOLL_ERR_RDMA when the NIC refuses the
+ * registration (e.g. `ulimit -l`; the communicator stays usable);
+ * HCOLL_IN_PROGRESS during a non-blocking init.
+ * The memory must stay allocated until it is deregistered. Blocks until
+ * the requests issued earlier on comm have finished (registration takes
+ * the transport, which operations use). Local: not collective, ranks
+ * register independently. Thread-safe (serialised with comm's
+ * operations); not from a completion callback of comm.
+ *
+ * hcoll_mem_deregister: releases a registration (after the requests issued
+ * earlier on comm have finished: none of them is left using it). NULL is a
+ * no-op. HCOLL_ERR_INVALID_ARG for a handle that is not a live
+ * registration of comm (already deregistered, or another communicator's).
+ * Blocks as hcoll_mem_register; local; thread-safe.
+ * hcoll_comm_destroy and hcoll_comm_abort release the registrations still
+ * held; their handles are then invalid.
+ */
+HCOLL_API hcoll_status_t hcoll_mem_register(hcoll_comm_t comm, void *ptr, size_t bytes,
+                                            hcoll_mem_t *handle_out);
+HCOLL_API hcoll_status_t hcoll_mem_deregister(hcoll_comm_t comm, hcoll_mem_t handle);
 
 #ifdef __cplusplus
 }

@@ -14,6 +14,7 @@
  *     stream, a stream under graph capture (also as the very first device
  *     call), buffers on another GPU than the one current at init;
  *   - destroy does not wait for the application's own held streams;
+ *   - a device request's completion callback runs once, by hcoll_wait;
  *   - a bandwidth line per size (BENCH), for scripts/gpu-check.sh.
  * Needs a GPU; prints "SKIP: no GPU: <why>" and exits 77 otherwise.
  */
@@ -227,6 +228,20 @@ static int check_one(hcoll_comm_t comm, const hc_cu_api_t *cu, void *stream, int
     return 0;
 }
 
+/* Completion callback of a device request: how often, with what. */
+typedef struct dev_cb {
+    int calls;
+    hcoll_status_t status;
+} dev_cb_t;
+
+static void dev_cb(hcoll_request_t req, hcoll_status_t st, void *arg)
+{
+    (void)req;
+    dev_cb_t *c = arg;
+    c->status = st;
+    __atomic_add_fetch(&c->calls, 1, __ATOMIC_SEQ_CST);
+}
+
 /* A device request completes with the whole all-reduce: once hcoll_wait
  * returns, the result is in device memory even for a stream that is not
  * ordered after the call; and its stage times cover every stage the plan
@@ -245,7 +260,13 @@ static int check_request(hcoll_comm_t comm, const hc_cu_api_t *cu, void *stream,
     hcoll_request_t req;
     HCT_OK(comm, hcoll_allreduce_async(comm, (void *)(uintptr_t)b, (void *)(uintptr_t)b, n,
                                        HCOLL_FLOAT32, HCOLL_SUM, stream, &req));
+    dev_cb_t cb = { 0, HCOLL_ERR_INTERNAL };
+    HCT_OK(comm, hcoll_request_set_callback(req, dev_cb, &cb));
     HCT_OK(comm, hcoll_wait(req));
+    /* The callback runs when the request completes (stage 3 passed), and
+     * hcoll_wait returns only after it. */
+    HCT_REQUIRE(__atomic_load_n(&cb.calls, __ATOMIC_SEQ_CST) == 1 && cb.status == HCOLL_SUCCESS,
+                "device request callback: %d calls, %s", cb.calls, hcoll_status_name(cb.status));
     void *other;
     GPU_OK(cu->stream_create(&other, HC_CU_STREAM_NON_BLOCKING));
     GPU_OK(cu->memcpy_dtoh_async(h, b, n * sizeof *h, other));

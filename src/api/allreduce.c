@@ -61,9 +61,18 @@ HCOLL_API hcoll_status_t hcoll_wait(hcoll_request_t req)
 
 HCOLL_API hcoll_status_t hcoll_request_free(hcoll_request_t req)
 {
-    if (req)
-        hc_request_free(req);
-    return HCOLL_SUCCESS;
+    if (!req)
+        return HCOLL_SUCCESS;
+    return hc_request_free(req);
+}
+
+HCOLL_API hcoll_status_t hcoll_request_set_callback(hcoll_request_t req, hcoll_request_cb_t cb,
+                                                    void *arg)
+{
+    if (!req || !cb)
+        return hc_err_set(NULL, HC_COLL, -1, HCOLL_ERR_INVALID_ARG, "%s is NULL",
+                          req ? "cb" : "req");
+    return hc_request_set_callback(req, cb, arg);
 }
 
 HCOLL_API hcoll_status_t hcoll_request_stage_times(hcoll_request_t req,

@@ -9,13 +9,28 @@
 #include "base/err.h"
 #include "base/log.h"
 #include "boot/boot.h"
+#include "core/coll.h"
 #include "core/comm.h"
 #include "hcoll.h"
+
+/* Destroy or abort from one of comm's own completion callbacks would join
+ * the very thread that runs it. */
+static hcoll_status_t refuse_in_callback(hcoll_comm_t comm, const char *what)
+{
+    const void *owner = hc_request_callback_owner();
+    if (owner && owner == (const void *)comm->coll)
+        return hc_err_set(&comm->err, HC_INIT, comm->rank, HCOLL_ERR_INVALID_ARG,
+                          "%s from a completion callback of the same communicator", what);
+    return HCOLL_SUCCESS;
+}
 
 HCOLL_API hcoll_status_t hcoll_comm_destroy(hcoll_comm_t comm)
 {
     if (!comm)
         return HCOLL_SUCCESS;
+    hcoll_status_t st = refuse_in_callback(comm, "hcoll_comm_destroy");
+    if (st != HCOLL_SUCCESS)
+        return st;
     hc_comm_free(comm, 0);
     return HCOLL_SUCCESS;
 }
@@ -24,6 +39,9 @@ HCOLL_API hcoll_status_t hcoll_comm_abort(hcoll_comm_t comm)
 {
     if (!comm)
         return HCOLL_SUCCESS;
+    hcoll_status_t st = refuse_in_callback(comm, "hcoll_comm_abort");
+    if (st != HCOLL_SUCCESS)
+        return st;
     hc_comm_abort(comm);
     return HCOLL_SUCCESS;
 }

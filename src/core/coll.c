@@ -33,6 +33,8 @@
 
 #include "core/coll_dev.h" /* device buffers (coll_dev.c) */
 #include "core/comm.h"
+#include "core/memreg.h"
+#include "core/request.h"
 #include "core/ringdrv.h"
 #include "core/ringthr.h"
 #include "base/err.h"
@@ -40,22 +42,6 @@
 #include "base/reduce.h"
 #include "inter/ring.h"
 #include "intra/intra.h"
-
-struct hcoll_request {
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
-    int done;
-    hcoll_status_t status;
-    hcoll_stage_times_t times;
-
-    hc_coll_args_t args; /* used only by the executor */
-    struct hcoll_request *next;
-    /* Device-buffer call (coll_dev.c): its host stage, run by execute. */
-    hc_dev_op_t *dev;
-    /* Nobody waits for it (a blocking call with a stream returned once
-     * enqueued): the worker frees it when done. */
-    int detached;
-};
 
 /* HCOLL_OP_TIMEOUT_MS as the backends take it: 0 (no limit) is < 0 there. */
 static int op_timeout(const struct hcoll_comm *c)
@@ -104,15 +90,6 @@ static hcoll_status_t group_init(hc_group_ag_t *g, struct hcoll_comm *c, int n)
 /* ------------------------------------------------------------------------ */
 /* Requests and the worker                                                    */
 /* ------------------------------------------------------------------------ */
-
-static void request_complete(struct hcoll_request *rq, hcoll_status_t st)
-{
-    pthread_mutex_lock(&rq->lock);
-    rq->status = st;
-    rq->done = 1;
-    pthread_cond_broadcast(&rq->cond);
-    pthread_mutex_unlock(&rq->lock);
-}
 
 /* Run rq as the executor (the caller holds the role). Records the sticky
  * failure and the last times. */
@@ -195,7 +172,7 @@ static void *worker_main(void *arg)
         /* Completed outside co->lock: the owner may free rq at once. */
         /* rq->detached is read first: once complete, an owner may free rq. */
         int detached = rq->detached;
-        request_complete(rq, st);
+        hc_request_complete(rq, st); /* runs its callback, if any */
         if (detached)
             hc_request_free(rq);
         pthread_mutex_lock(&co->lock);
@@ -245,6 +222,12 @@ hcoll_status_t hc_coll_submit(hc_coll_t *co, const hc_coll_args_t *args, void *s
     hc_dev_op_t *dop = NULL;
     hc_coll_args_t a = *args;
     hcoll_status_t st;
+    /* This thread is the worker inside a completion callback: a blocking
+     * call would wait for the requests queued behind the callback. */
+    if (!req_out && hc_request_in_callback(co))
+        return hc_err_set(&comm->err, HC_COLL, comm->rank, HCOLL_ERR_INVALID_ARG,
+                          "a blocking collective from a completion callback of the same "
+                          "communicator would deadlock; use its _async form");
     if (a.kind == HC_COLL_ALLREDUCE &&
         (st = hc_redop_resolve(comm, a.op, a.dtype, &a.ro)) != HCOLL_SUCCESS)
         return st;
@@ -263,8 +246,7 @@ hcoll_status_t hc_coll_submit(hc_coll_t *co, const hc_coll_args_t *args, void *s
     if (!rq)
         return hc_err_set(&comm->err, HC_COLL, comm->rank, HCOLL_ERR_NO_MEMORY,
                           "no memory for a request");
-    pthread_mutex_init(&rq->lock, NULL);
-    pthread_cond_init(&rq->cond, NULL);
+    hc_request_init(rq, co);
     rq->args = a;
     if (a.kind == HC_COLL_ALLREDUCE)
         rq->args.op = a.ro.op;
@@ -308,9 +290,7 @@ hcoll_status_t hc_coll_submit(hc_coll_t *co, const hc_coll_args_t *args, void *s
     if (co->stopping) {
         pthread_cond_broadcast(&co->cond);
         pthread_mutex_unlock(&co->lock);
-        pthread_mutex_destroy(&rq->lock);
-        pthread_cond_destroy(&rq->cond);
-        free(rq);
+        hc_request_destroy(rq);
         return hc_err_set(&comm->err, HC_COLL, comm->rank, HCOLL_ERR_ABORTED,
                           "the communicator was aborted while this call waited for "
                           "earlier requests");
@@ -324,54 +304,69 @@ hcoll_status_t hc_coll_submit(hc_coll_t *co, const hc_coll_args_t *args, void *s
     co->exec_busy = 0;
     pthread_cond_broadcast(&co->cond);
     pthread_mutex_unlock(&co->lock);
-    pthread_mutex_destroy(&rq->lock);
-    pthread_cond_destroy(&rq->cond);
-    free(rq);
+    hc_request_destroy(rq);
     return st;
 }
 
-hcoll_status_t hc_request_test(struct hcoll_request *rq, int *done_out)
-{
-    pthread_mutex_lock(&rq->lock);
-    int done = rq->done;
-    hcoll_status_t st = done ? rq->status : HCOLL_SUCCESS;
-    pthread_mutex_unlock(&rq->lock);
-    *done_out = done;
-    return st;
-}
+/* ------------------------------------------------------------------------ */
+/* Registered buffers                                                         */
+/* ------------------------------------------------------------------------ */
 
-hcoll_status_t hc_request_wait(struct hcoll_request *rq)
+/* Take the executor role after every earlier request: the transport is
+ * used by one thread at a time, and an operation in flight may be using
+ * a range that is about to go. */
+static hcoll_status_t exec_enter(hc_coll_t *co, const char *what)
 {
-    /* No deadline of its own: every wait of the operation ends (a dead
-     * peer through liveness, a late one at HCOLL_OP_TIMEOUT_MS, an abort
-     * at once), so the request completes; with HCOLL_OP_TIMEOUT_MS=0 it
-     * waits as long as the late peers stay alive. */
-    pthread_mutex_lock(&rq->lock);
-    while (!rq->done)
-        pthread_cond_wait(&rq->cond, &rq->lock);
-    hcoll_status_t st = rq->status;
-    pthread_mutex_unlock(&rq->lock);
-    return st;
-}
-
-void hc_request_free(struct hcoll_request *rq)
-{
-    hc_request_wait(rq);
-    pthread_mutex_destroy(&rq->lock);
-    pthread_cond_destroy(&rq->cond);
-    free(rq);
-}
-
-hcoll_status_t hc_request_times(struct hcoll_request *rq, hcoll_stage_times_t *times_out)
-{
-    pthread_mutex_lock(&rq->lock);
-    int done = rq->done;
-    hcoll_stage_times_t t = rq->times;
-    pthread_mutex_unlock(&rq->lock);
-    if (!done)
-        return HCOLL_IN_PROGRESS;
-    *times_out = t;
+    struct hcoll_comm *c = co->comm;
+    if (hc_request_in_callback(co))
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
+                          "%s from a completion callback of the same communicator would "
+                          "deadlock",
+                          what);
+    pthread_mutex_lock(&co->lock);
+    co->waiters++;
+    while ((co->head || co->exec_busy) && !co->stopping)
+        pthread_cond_wait(&co->cond, &co->lock);
+    co->waiters--;
+    if (co->stopping) {
+        pthread_cond_broadcast(&co->cond);
+        pthread_mutex_unlock(&co->lock);
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_ABORTED,
+                          "%s: the communicator is being destroyed", what);
+    }
+    co->exec_busy = 1;
+    pthread_mutex_unlock(&co->lock);
     return HCOLL_SUCCESS;
+}
+
+static void exec_leave(hc_coll_t *co)
+{
+    pthread_mutex_lock(&co->lock);
+    co->exec_busy = 0;
+    pthread_cond_broadcast(&co->cond);
+    pthread_mutex_unlock(&co->lock);
+}
+
+hcoll_status_t hc_coll_mem_register(hc_coll_t *co, void *ptr, size_t bytes,
+                                    struct hcoll_mem **handle_out)
+{
+    hcoll_status_t st = exec_enter(co, "hcoll_mem_register");
+    if (st != HCOLL_SUCCESS)
+        return st;
+    st = hc_memreg_add(&co->mems, co->ring, &co->comm->err, co->comm->rank, ptr, bytes,
+                       handle_out);
+    exec_leave(co);
+    return st;
+}
+
+hcoll_status_t hc_coll_mem_deregister(hc_coll_t *co, struct hcoll_mem *handle)
+{
+    hcoll_status_t st = exec_enter(co, "hcoll_mem_deregister");
+    if (st != HCOLL_SUCCESS)
+        return st;
+    st = hc_memreg_remove(&co->mems, co->ring, &co->comm->err, co->comm->rank, handle);
+    exec_leave(co);
+    return st;
 }
 
 int hc_coll_last_times(hc_coll_t *co, hcoll_stage_times_t *times_out)
@@ -415,6 +410,7 @@ void hc_coll_destroy(hc_coll_t *co, int aborting)
         pthread_join(co->worker, NULL);
     hc_ringthr_stop(co->ringthr);
     hc_live_stop(co->live);
+    hc_memreg_clear(&co->mems, co->ring); /* registrations left: freed, no leak */
     /* Device path: the worker has released every stream it queued; free
      * the flag only once the streams are past it. Before the ring goes. */
     hc_coll_dev_destroy(co->dev, aborting);

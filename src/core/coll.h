@@ -85,15 +85,27 @@ hcoll_status_t hc_coll_check_bcast(struct hcoll_comm *c, const void *sendbuf,
 hcoll_status_t hc_coll_submit(hc_coll_t *co, const hc_coll_args_t *args, void *stream,
                               struct hcoll_request **req_out);
 
+/* hcoll_mem_register / hcoll_mem_deregister (memreg.c): after every
+ * earlier request, as the executor. */
+struct hcoll_mem;
+hcoll_status_t hc_coll_mem_register(hc_coll_t *co, void *ptr, size_t bytes,
+                                    struct hcoll_mem **handle_out);
+hcoll_status_t hc_coll_mem_deregister(hc_coll_t *co, struct hcoll_mem *handle);
+
 /* The stage times of the last collective that succeeded: 1 and
  * *times_out, or 0 when none has finished yet. */
 int hc_coll_last_times(hc_coll_t *co, hcoll_stage_times_t *times_out);
 
-/* Requests (hcoll.h's hcoll_test, hcoll_wait, hcoll_request_free and
- * hcoll_request_stage_times, on a request that is not NULL). */
+/* Requests (hcoll.h's hcoll_test, hcoll_wait, hcoll_request_free,
+ * hcoll_request_stage_times and hcoll_request_set_callback, on a request
+ * that is not NULL, with a callback that is not NULL); request.c. */
 hcoll_status_t hc_request_test(struct hcoll_request *rq, int *done_out);
 hcoll_status_t hc_request_wait(struct hcoll_request *rq);
-void hc_request_free(struct hcoll_request *rq);
+hcoll_status_t hc_request_free(struct hcoll_request *rq);
 hcoll_status_t hc_request_times(struct hcoll_request *rq, hcoll_stage_times_t *times_out);
+hcoll_status_t hc_request_set_callback(struct hcoll_request *rq, hcoll_request_cb_t cb, void *arg);
+/* The executor whose completion callback this thread is running on hcoll's
+ * worker, or NULL: such a thread must not block on that communicator. */
+const void *hc_request_callback_owner(void);
 
 #endif

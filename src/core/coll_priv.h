@@ -53,6 +53,7 @@ struct hc_coll {
 
     hc_ringthr_t *ringthr; /* the ring thread (three-stage plan only) */
     hc_live_t *live;       /* the liveness thread (core/live.h) */
+    struct hcoll_mem *mems; /* registered ranges (memreg.c), under the executor role */
 };
 
 /* Run one host-buffer operation of any kind as the executor (the caller

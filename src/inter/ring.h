@@ -142,6 +142,12 @@ void hc_ring_live_poll(hc_ring_t *ring, int wait_ms);
  * was killed, or failed and reset its ring), with what happened in why;
  * 0 otherwise. Thread-safe; NULL ring: 0. */
 int hc_ring_live_lost(hc_ring_t *ring, char *why, size_t len);
+/* A user's registered range (hcoll_mem_register), kept registered with the
+ * ring's transport until unpinned, so that operations inside it register
+ * nothing (transport.h, mem_pin). *pin_out NULL: nothing to keep (TCP, no
+ * ring). Same thread rules as the other calls. */
+hcoll_status_t hc_ring_mem_pin(hc_ring_t *ring, void *base, size_t len, hc_mr_t **pin_out);
+void hc_ring_mem_unpin(hc_ring_t *ring, hc_mr_t *pin);
 
 /* Test hook: the endpoint towards the next rank (NULL for a 1-rank ring). */
 hc_ep_t *hc_ring_debug_ep_next(hc_ring_t *ring);

@@ -182,3 +182,17 @@ hc_ep_t *hc_ring_debug_ep_next(hc_ring_t *r)
 {
     return r->ep_next;
 }
+
+hcoll_status_t hc_ring_mem_pin(hc_ring_t *r, void *base, size_t len, hc_mr_t **pin_out)
+{
+    *pin_out = NULL;
+    if (!r || !r->ops->mem_pin)
+        return HCOLL_SUCCESS;
+    return r->ops->mem_pin(r->tr, base, len, pin_out);
+}
+
+void hc_ring_mem_unpin(hc_ring_t *r, hc_mr_t *pin)
+{
+    if (r && pin && r->ops->mem_unpin)
+        r->ops->mem_unpin(r->tr, pin);
+}

@@ -156,6 +156,15 @@ typedef struct hc_transport_ops {
     hcoll_status_t (*poll)(hc_transport_t *tr, hc_comp_t *comps, int max, int wait_ms,
                            int *n_out);
 
+    /* Optional (NULL: nothing to keep, as for TCP, which copies through
+     * sockets and registers nothing with a device). Keep [base, base+len)
+     * registered until mem_unpin, so that mr_reg of any range inside it
+     * finds that registration instead of making one. *pin_out may be NULL
+     * on success (memory this backend never registers, e.g. device memory
+     * it stages). A failure is not sticky: the transport stays usable. */
+    hcoll_status_t (*mem_pin)(hc_transport_t *tr, void *base, size_t len, hc_mr_t **pin_out);
+    void (*mem_unpin)(hc_transport_t *tr, hc_mr_t *pin); /* NULL pin: no-op */
+
     /* Close every endpoint and free the instance. graceful: tell peers this
      * is an orderly goodbye; otherwise reset the connections so that peers
      * notice a failure at once. NULL is a no-op. */

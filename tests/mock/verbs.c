@@ -114,13 +114,15 @@
 enum stat_id {
     ST_WRITES, ST_READS, ST_BYTES, ST_RNR_NAKS, ST_RNR_EXC, ST_RETRY_EXC, ST_REM_ACCESS,
     ST_REM_INV, ST_LOC_PROT, ST_CQ_OVERRUN, ST_DROPPED, ST_MUTED, ST_FLUSHED, ST_QPS,
+    ST_MR_REGS, /* memory regions ever registered (a registration's cost) */
     /* objects alive now (a leak shows as non-zero after teardown) */
     ST_LIVE_CTX, ST_LIVE_PD, ST_LIVE_MR, ST_LIVE_CQ, ST_LIVE_QP, ST_COUNT
 };
 static const char *const stat_names[ST_COUNT] = {
     "writes", "reads", "bytes", "rnr_naks", "rnr_exceeded", "retry_exceeded", "rem_access_errors",
     "rem_inv_req", "loc_prot_errors", "cq_overruns", "dropped_conns", "muted_conns", "flushed",
-    "qps_created", "live_contexts", "live_pds", "live_mrs", "live_cqs", "live_qps",
+    "qps_created", "mr_registrations", "live_contexts", "live_pds", "live_mrs", "live_cqs",
+    "live_qps",
 };
 /* Per process, like a NIC's port counters; read by tests. */
 static _Atomic uint64_t g_stats[ST_COUNT];
@@ -799,6 +801,7 @@ static struct ibv_mr *mr_create(struct ibv_pd *pd, void *addr, size_t len, int a
     ((mpd_t *)pd)->users++;
     pthread_mutex_unlock(&c->mu);
     stat_add(ST_LIVE_MR, 1);
+    stat_add(ST_MR_REGS, 1);
     return &m->mr;
 }
 

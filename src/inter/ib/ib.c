@@ -79,6 +79,7 @@ static void ib_destroy(hc_transport_t *tr, int graceful)
         ib_ep_free(tr, tr->eps[i]);
     free(tr->eps);
     ib_flush_free(tr);
+    ib_mr_free_handles(tr);
     hc_mrc_fini(&tr->mrc);
     if (tr->credits_mr)
         tr->v->dereg_mr(tr->credits_mr);
@@ -190,6 +191,8 @@ const hc_transport_ops_t hc_ib_ops = {
     .connect = ib_connect,
     .mr_reg = ib_mr_reg,
     .mr_dereg = ib_mr_dereg,
+    .mem_pin = ib_mem_pin,
+    .mem_unpin = ib_mem_unpin,
     .gdr = ib_gdr,
     .put = ib_put,
     .poll = ib_poll,

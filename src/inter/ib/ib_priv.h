@@ -124,6 +124,7 @@ struct hc_mr {
     ib_mrent_t *ent;
     char *base;
     size_t len;
+    struct hc_mr *prev, *next; /* tr->mrs: handles still held, freed by destroy */
 };
 
 struct hc_ep {
@@ -164,6 +165,7 @@ struct hc_transport {
     size_t credits_len;
     struct ibv_mr *credits_mr;
     hc_mrc_t mrc;
+    struct hc_mr *mrs; /* live handles (the ring's own regions are never dereg'ed) */
     /* GPUDirect */
     int gdr;          /* device memory may be registered */
     int gdr_reg;      /* enum hc_gdr_reg */
@@ -228,6 +230,11 @@ hcoll_status_t ib_connect(hc_transport_t *tr, const int *peers, int npeers,
 hcoll_status_t ib_mr_reg(hc_transport_t *tr, void *base, size_t len, hc_mr_t **mr_out,
                          hc_rkey_t *rkey_out);
 void ib_mr_dereg(hc_transport_t *tr, hc_mr_t *h);
+/* Free the handles still held (teardown, before the cache goes). */
+void ib_mr_free_handles(hc_transport_t *tr);
+/* The transport's mem_pin / mem_unpin: a cache entry held until unpinned. */
+hcoll_status_t ib_mem_pin(hc_transport_t *tr, void *base, size_t len, hc_mr_t **pin_out);
+void ib_mem_unpin(hc_transport_t *tr, hc_mr_t *pin);
 /* The cache's deregistration callback (ctx: the transport). */
 void ib_mrc_dereg(void *ctx, hc_mrc_entry_t *e);
 /* The flush word and its loopback QP; -1 when either cannot be had

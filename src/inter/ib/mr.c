@@ -129,6 +129,16 @@ static void mr_register(hc_transport_t *tr, ib_mrent_t *mr, int kind, char *why,
         mr->mr = tr->v->reg_mr(tr->pd, base, len, 0);
 }
 
+/* Track a handle, so that destroy frees those nobody deregistered. */
+static void mr_link(hc_transport_t *tr, hc_mr_t *h)
+{
+    h->prev = NULL;
+    h->next = tr->mrs;
+    if (tr->mrs)
+        tr->mrs->prev = h;
+    tr->mrs = h;
+}
+
 /* A fresh cache entry for [base, base+len), registered. */
 static hcoll_status_t mrent_new(hc_transport_t *tr, void *base, size_t len, int kind, int dev,
                                 uint64_t gen, ib_mrent_t **out)
@@ -189,6 +199,7 @@ hcoll_status_t ib_mr_reg(hc_transport_t *tr, void *base, size_t len, hc_mr_t **m
         hc_mrc_insert(&tr->mrc, &mr->e);
     }
     h->ent = mr;
+    mr_link(tr, h);
     /* The peer adds its offsets to the address the caller registered. */
     rkey_out->w[0] = (uintptr_t)base;
     rkey_out->w[1] = mr->mr->rkey;
@@ -204,8 +215,83 @@ void ib_mr_dereg(hc_transport_t *tr, hc_mr_t *h)
 {
     if (!h)
         return;
+    if (h->prev)
+        h->prev->next = h->next;
+    else
+        tr->mrs = h->next;
+    if (h->next)
+        h->next->prev = h->prev;
     hc_mrc_release(&tr->mrc, &h->ent->e);
     free(h);
+}
+
+void ib_mr_free_handles(hc_transport_t *tr)
+{
+    while (tr->mrs) {
+        hc_mr_t *h = tr->mrs;
+        tr->mrs = h->next;
+        free(h);
+    }
+}
+
+/*
+ * A user's registered range (hcoll_mem_register): an entry of the cache
+ * held by this handle, so that every operation inside it hits the cache
+ * (host entries otherwise go with their last user). Not sticky on failure:
+ * the application may fall back to per-operation registration.
+ */
+hcoll_status_t ib_mem_pin(hc_transport_t *tr, void *base, size_t len, hc_mr_t **pin_out)
+{
+    if (tr->err)
+        return tr->err;
+    int dev = -1;
+    int kind = hc_gdr_cuda_in_process() ? hc_gdr_ptr_kind(base, &dev) : HC_MEM_HOST;
+    if (kind != HC_MEM_HOST && !tr->gdr) {
+        *pin_out = NULL; /* staged through hcoll's own host memory: never registered */
+        return HCOLL_SUCCESS;
+    }
+    uint64_t gen = kind == HC_MEM_HOST ? 0 : hc_gdr_ptr_buffer_id(base);
+    hc_mr_t *h = calloc(1, sizeof *h);
+    if (!h)
+        return hc_err_set(tr->p.errbuf, HC_NET, tr->p.log_rank, HCOLL_ERR_NO_MEMORY,
+                          "out of memory registering %zu bytes", len);
+    h->base = base;
+    h->len = len;
+    ib_mrent_t *mr = (ib_mrent_t *)hc_mrc_find(&tr->mrc, base, len, gen);
+    if (!mr) {
+        mr = calloc(1, sizeof *mr);
+        char why[200] = "";
+        if (mr) {
+            mr->e.base = base;
+            mr->e.len = len;
+            mr->e.gen = gen;
+            mr->e.dmabuf_fd = -1;
+            mr->device = kind != HC_MEM_HOST;
+            mr_register(tr, mr, kind, why, sizeof why);
+        }
+        if (!mr || !mr->mr) {
+            int e = errno;
+            if (mr && mr->e.dmabuf_fd >= 0)
+                close(mr->e.dmabuf_fd);
+            free(mr);
+            free(h);
+            return hc_err_set(tr->p.errbuf, HC_NET, tr->p.log_rank, HCOLL_ERR_RDMA,
+                              "NET/IB: registering %zu bytes at %p failed (%s)%s", len, base,
+                              why[0] ? why : strerror(e),
+                              e == ENOMEM || e == EPERM ? "; check `ulimit -l`" : "");
+        }
+        mr->e.handle = mr->mr;
+        hc_mrc_insert(&tr->mrc, &mr->e);
+    }
+    h->ent = mr;
+    mr_link(tr, h);
+    *pin_out = h;
+    return HCOLL_SUCCESS;
+}
+
+void ib_mem_unpin(hc_transport_t *tr, hc_mr_t *pin)
+{
+    ib_mr_dereg(tr, pin);
 }
 
 #endif /* HCOLL_BUILD_VERBS */
