@@ -26,78 +26,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/elems.h"
 #include "common/ranks.h"
 
 #define MAX_RANKS 8
 #define TIMEOUT_MS 20000
-
-/* ------------------------------------------------------------------------ */
-/* Conversions (written here so the reference does not share the library's  */
-/* bugs)                                                                      */
-/* ------------------------------------------------------------------------ */
-
-static uint16_t f2h(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
-    uint32_t ax = x & 0x7fffffffu;
-    if (ax > 0x7f800000u)
-        return sign | 0x7e00 | (uint16_t)((ax >> 13) & 0x3ff);
-    if (ax >= 0x477ff000u)
-        return sign | 0x7c00;
-    if (ax < 0x38800000u) {
-        uint32_t e = ax >> 23, mant = (ax & 0x7fffffu) | 0x800000u;
-        if (e == 0)
-            return sign;
-        uint32_t shift = 126 - e;
-        if (shift > 24)
-            return sign;
-        uint32_t q = mant >> shift, rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (q & 1)))
-            q++;
-        return sign | (uint16_t)q;
-    }
-    uint32_t m = ax + 0xfffu + ((ax >> 13) & 1);
-    return sign | (uint16_t)((m - 0x38000000u) >> 13);
-}
-
-static float h2f(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, man = h & 0x3ff, x;
-    if (e == 0) {
-        float v = (float)man / 16777216.0f;
-        return sign ? -v : v;
-    }
-    x = e == 31 ? sign | 0x7f800000u | (man << 13) : sign | ((e + 112) << 23) | (man << 13);
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
-}
-
-static uint16_t f2bf(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    if ((x & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((x >> 16) | 0x40);
-    x += 0x7fffu + ((x >> 16) & 1);
-    return (uint16_t)(x >> 16);
-}
-
-static float bf2f(uint16_t h)
-{
-    uint32_t x = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
-}
-
-static int is_float(hcoll_dtype_t dt)
-{
-    return dt == HCOLL_FLOAT32 || dt == HCOLL_FLOAT16 || dt == HCOLL_BFLOAT16 ||
-           dt == HCOLL_FLOAT64;
-}
 
 static uint64_t mix(uint64_t h)
 {
@@ -106,31 +39,6 @@ static uint64_t mix(uint64_t h)
     h ^= h >> 29;
     h ^= h >> 32;
     return h;
-}
-
-/* Store v (rounded to nearest-even for the half types) as element i. */
-static void put(hcoll_dtype_t dt, void *buf, size_t i, double v)
-{
-    unsigned char *p = (unsigned char *)buf + i * hcoll_dtype_size(dt);
-    switch (dt) {
-    case HCOLL_FLOAT32: { float f = (float)v; memcpy(p, &f, 4); break; }
-    case HCOLL_FLOAT64: memcpy(p, &v, 8); break;
-    case HCOLL_FLOAT16: { uint16_t h = f2h((float)v); memcpy(p, &h, 2); break; }
-    case HCOLL_BFLOAT16: { uint16_t h = f2bf((float)v); memcpy(p, &h, 2); break; }
-    default: break;
-    }
-}
-
-static double get(hcoll_dtype_t dt, const void *buf, size_t i)
-{
-    const unsigned char *p = (const unsigned char *)buf + i * hcoll_dtype_size(dt);
-    switch (dt) {
-    case HCOLL_FLOAT32: { float f; memcpy(&f, p, 4); return f; }
-    case HCOLL_FLOAT64: { double d; memcpy(&d, p, 8); return d; }
-    case HCOLL_FLOAT16: { uint16_t h; memcpy(&h, p, 2); return h2f(h); }
-    case HCOLL_BFLOAT16: { uint16_t h; memcpy(&h, p, 2); return bf2f(h); }
-    default: return 0;
-    }
 }
 
 /* ------------------------------------------------------------------------ */
