@@ -501,8 +501,9 @@ HCOLL_API hcoll_status_t hcoll_request_free(hcoll_request_t req);
  * they complete). Destroying it twice, or an op of another communicator,
  * is HCOLL_ERR_INVALID_ARG, and so is a later all-reduce with it. (A handle
  * carries a tag of its communicator and a generation of its slot, so a
- * foreign or stale one is refused, except for a 1 in 128 tag collision
- * between communicators or a slot reused a multiple of 2048 times since.)
+ * foreign or stale one is refused, except one of a communicator created a
+ * multiple of 128 communicators earlier or later in the process, or a slot
+ * reused a multiple of 2048 times since.)
  * Destroying comm releases its ops. Non-blocking, local, thread-safe.
  */
 typedef enum hcoll_scalar_residence {
