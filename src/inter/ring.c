@@ -40,6 +40,19 @@
  * k+1 has reached it, sent when that rank had finished k, its last use of
  * the half that k+2 writes. AVG divides once, after the fold.
  *
+ * One phase alone (hc_ring_rs_start, hc_ring_ag_start): the same chunked
+ * phase with every block index one lower (rot = -1), so that position r
+ * ends the reduce-scatter with block r, or starts the all-gather from it:
+ *
+ *   reduce-scatter alone, step s: send block (r-1-s), reduce block (r-2-s);
+ *     after N-1 steps rank r holds block r (chain r+1, r+2, ..., r)
+ *   all-gather alone, step s: send block (r-s), straight into next's buffer
+ *
+ * The phase is part of the descriptor's signature, and data of the phase
+ * an operation does not run is refused, so neighbours that started
+ * different phases fail instead of mixing data. No gather mode: a phase
+ * alone takes N-1 hops chunked as well.
+ *
  * Broadcast (hc_ring_bcast_start): a chain root, root+1, ..., root-1 of
  * all-gather-like puts straight into next's buffer, chunk by chunk, each
  * forwarded as soon as it landed (no staging slots, no credits):
