@@ -18,7 +18,8 @@
  * reference; also nothing written past the end, the sendbuf (and in place
  * the other blocks) untouched. All-gather: the same counts, random bytes
  * of several dtypes, bit for bit. The _async twins interleaved with
- * all-reduces, with completion callbacks (exactly once); mismatched
+ * all-reduces, with completion callbacks (exactly once); split
+ * communicators (one rank per node on each rail, one node); mismatched
  * arguments (count, dtype, op, collective) fail on every rank with
  * HCOLL_ERR_MISMATCH and leave the communicator usable; a rank calling the
  * all-reduce against reduce-scatters fails everywhere instead of hanging.
@@ -425,6 +426,57 @@ START_TEST(async_and_callbacks)
 END_TEST
 
 /* ------------------------------------------------------------------------ */
+/* Split communicators                                                        */
+/* ------------------------------------------------------------------------ */
+
+/* A 2x2 world split by local rank (two groups of one rank per node, each
+ * on its own rail) and by node (two one-node groups), used at once:
+ * each child's ranks, blocks and maps are its own. */
+static int rank_split(int rank, int nranks, void *argp)
+{
+    world_t *w = argp;
+    hcoll_comm_t world, rail, node;
+    if (open_comm_at(w, &w->slot, rank, nranks, &world))
+        return 1;
+    int lr;
+    HCT_OK(world, hcoll_comm_local_rank(world, &lr));
+    HCT_OK(world, hcoll_comm_split(world, lr, rank, NULL, &rail));
+    HCT_OK(world, hcoll_comm_split(world, w->node_of[rank], -rank, NULL, &node));
+    hcoll_comm_t kids[2] = { rail, node };
+    for (int k = 0; k < 2; k++) {
+        int cr, cn;
+        HCT_OK(kids[k], hcoll_comm_rank(kids[k], &cr));
+        HCT_OK(kids[k], hcoll_comm_size(kids[k], &cn));
+        enum { C = 5003 };
+        static int32_t in[C * MAX_RANKS], out[C], all[C * MAX_RANKS];
+        for (int g = 0; g < C * cn; g++)
+            in[g] = g * 5 + cr * 11 + k;
+        HCT_OK(kids[k], hcoll_reduce_scatter(kids[k], in, out, C, HCOLL_INT32, HCOLL_SUM, NULL));
+        for (int i = 0; i < C; i++) {
+            int32_t want = cn * ((cr * C + i) * 5 + k) + 11 * cn * (cn - 1) / 2;
+            HCT_REQUIRE(out[i] == want, "%s rank %d child %d (rank %d of %d): rs element %d "
+                        "is %d, want %d", w->name, rank, k, cr, cn, i, out[i], want);
+        }
+        HCT_OK(kids[k], hcoll_allgather(kids[k], out, all, C, HCOLL_INT32, NULL));
+        for (int g = 0; g < C * cn; g++) {
+            int32_t want = cn * (g * 5 + k) + 11 * cn * (cn - 1) / 2;
+            HCT_REQUIRE(all[g] == want, "%s rank %d child %d: ag element %d is %d, want %d",
+                        w->name, rank, k, g, all[g], want);
+        }
+    }
+    HCT_OK(node, hcoll_comm_destroy(node));
+    HCT_OK(rail, hcoll_comm_destroy(rail));
+    HCT_OK(world, hcoll_comm_destroy(world));
+    return 0;
+}
+
+START_TEST(split_children)
+{
+    RUN("s2x2", rank_split, 0, 0, 1, 1);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------ */
 /* Mismatched arguments and bad input                                         */
 /* ------------------------------------------------------------------------ */
 
@@ -573,6 +625,7 @@ int main(void)
     tcase_add_test(tc, layout_interleaved);
     tcase_add_test(tc, layout_uneven);
     tcase_add_test(tc, async_and_callbacks);
+    tcase_add_test(tc, split_children);
     tcase_add_test(tc, mismatch);
     tcase_add_test(tc, argument_errors);
     suite_add_tcase(s, tc);
