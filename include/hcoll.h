@@ -558,9 +558,12 @@ HCOLL_API hcoll_status_t hcoll_broadcast_async(hcoll_comm_t comm, const void *se
 /*
  * hcoll_barrier: returns on a rank only once every rank of comm has
  * entered its matching barrier. Collective; blocks; no buffers. Returns
- * HCOLL_SUCCESS or the communicator's error (a rank that died makes the
- * others fail within HCOLL_TIMEOUT_MS, usually at once). Thread-safe as
- * hcoll_allreduce.
+ * HCOLL_SUCCESS or the communicator's error: a rank that died makes the
+ * others fail at once, a stopped one within HCOLL_LIVENESS_MS; a rank
+ * alive but late is waited for up to HCOLL_OP_TIMEOUT_MS; a rank that
+ * called another host collective in its place makes them fail with
+ * HCOLL_ERR_MISMATCH (or HCOLL_ERR_PEER_FAILED, the reset that follows).
+ * Thread-safe as hcoll_allreduce.
  * hcoll_barrier_async: the same as a request in *req_out; it completes
  * once every rank has entered.
  */

@@ -5,7 +5,8 @@
  * 2 and 4 emulated nodes and 2 x 2 (two NICs per node), host and device
  * buffers (the emulated CUDA driver, GPUDirect through nvidia-peermem, a
  * dma-buf export that fails), results compared bit for bit, the NET/IB log
- * line, and a rank killed mid-transfer. regress_* cases are library bugs
+ * line, barriers between the all-reduces, and a rank killed mid-transfer.
+ * regress_* cases are library bugs
  * this emulation exposed at this level, one case each (each failed before
  * its fix).
  *
@@ -158,6 +159,10 @@ static int rank_api(int rank, int n, void *argp)
             put_elem(c->dt, c->inplace ? out : in, i, val(rank, i));
             put_elem(c->dt, want, i, ref(c->op, n, i));
         }
+        /* Barriers (dissemination over verbs: zero-byte writes with an
+         * immediate) between the all-reduces. */
+        for (int b = 0; b < 20; b++)
+            HCT_OK(comm, hcoll_barrier(comm));
         hcoll_status_t st = hcoll_allreduce(comm, c->inplace ? out : in, out, c->count, c->dt,
                                             c->op, NULL);
         HCT_REQUIRE(st == HCOLL_SUCCESS, "rank %d: %zu x %s %s: %s (%s)", rank, c->count,

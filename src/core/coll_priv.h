@@ -54,6 +54,8 @@ struct hc_coll {
     hc_ringthr_t *ringthr; /* the ring thread (three-stage plan only) */
     hc_live_t *live;       /* the liveness thread (core/live.h) */
     struct hcoll_mem *mems; /* registered ranges (memreg.c), under the executor role */
+    struct hc_dissem *dissem; /* the barrier across nodes (barrier.c); NULL: none */
+    uint64_t opseq;        /* operations executed, counted alike on every rank */
 };
 
 /* Run one host-buffer operation of any kind as the executor (the caller
@@ -63,5 +65,14 @@ struct hc_coll {
  * then idle and sound, so the failure need not be sticky. */
 hcoll_status_t hc_coll_run(hc_coll_t *co, const hc_coll_args_t *a, hcoll_stage_times_t *times,
                            int *agreed_out);
+
+/* The barrier (barrier.c): connect its partners among the ring's ranks,
+ * on a transport instance of their own with the ring's settings (tp).
+ * Collective over those ranks, right after the ring is made. */
+hcoll_status_t hc_coll_barrier_setup(hc_coll_t *co, const hc_transport_ops_t *ops,
+                                     const hc_transport_params_t *tp, hc_allgather_fn allgather,
+                                     void *ag_ctx, int op_timeout_ms);
+/* One barrier as operation co->opseq; its stage times go to *times. */
+hcoll_status_t hc_coll_barrier(hc_coll_t *co, hcoll_stage_times_t *times);
 
 #endif

@@ -263,6 +263,11 @@ hcoll_status_t hc_ring_live_check(hc_ring_t *r)
     return HCOLL_SUCCESS;
 }
 
+hcoll_status_t hc_ring_live_status(hc_ring_t *r)
+{
+    return r ? hc_ring_live_check(r) : HCOLL_SUCCESS;
+}
+
 void hc_ring_live_close(hc_ring_t *r, int graceful)
 {
     const char b = LIVE_BYE;
