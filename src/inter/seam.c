@@ -7,6 +7,7 @@
  */
 #include "inter/transport.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,4 +61,16 @@ hcoll_status_t hc_tp_failv(const hc_transport_params_t *p, hcoll_status_t *err, 
     *err = st;
     hc_err_set(p->errbuf, HC_NET, p->log_rank, st, "%s: %s", who, msg);
     return st;
+}
+
+static atomic_uint_least64_t tp_counters[HC_TP_NCOUNTERS];
+
+void hc_tp_count(enum hc_tp_counter which)
+{
+    atomic_fetch_add_explicit(&tp_counters[which], 1, memory_order_relaxed);
+}
+
+uint64_t hc_tp_counter(enum hc_tp_counter which)
+{
+    return atomic_load_explicit(&tp_counters[which], memory_order_relaxed);
 }

@@ -197,6 +197,20 @@ typedef struct hc_select_params {
 hcoll_status_t hc_transport_select(const hc_select_params_t *sp,
                                    const hc_transport_ops_t **ops_out);
 
+/* Process-wide counts of what the backends did with the NIC's memory
+ * registration (seam.c): a statistic for hcoll_rdma_counters, shared by
+ * every communicator of the process on purpose (registrations pin pages
+ * of the process, whichever communicator asked). Thread-safe. */
+enum hc_tp_counter {
+    HC_TP_REG,        /* ibv_reg_mr / ibv_reg_dmabuf_mr calls that succeeded */
+    HC_TP_DEREG,      /* ibv_dereg_mr calls */
+    HC_TP_CACHE_HIT,  /* mr_reg / mem_pin served by the registration cache */
+    HC_TP_CACHE_MISS, /* mr_reg / mem_pin that had to register */
+    HC_TP_NCOUNTERS
+};
+void hc_tp_count(enum hc_tp_counter which);
+uint64_t hc_tp_counter(enum hc_tp_counter which);
+
 /* The TCP backend's table (tcp.c). */
 extern const hc_transport_ops_t hc_tcp_ops;
 /* The verbs backend's table (ib/ib.c; loads libibverbs at run time).
