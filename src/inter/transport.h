@@ -165,6 +165,11 @@ typedef struct hc_transport_ops {
     hcoll_status_t (*mem_pin)(hc_transport_t *tr, void *base, size_t len, hc_mr_t **pin_out);
     void (*mem_unpin)(hc_transport_t *tr, hc_mr_t *pin); /* NULL pin: no-op */
 
+    /* Optional: what carries this instance's rail, for messages (verbs:
+     * "mlx5_1 port 1"), into buf. NULL: the rail's IP interface names it
+     * (TCP). */
+    void (*rail_name)(hc_transport_t *tr, char *buf, size_t len);
+
     /* Close every endpoint and free the instance. graceful: tell peers this
      * is an orderly goodbye; otherwise reset the connections so that peers
      * notice a failure at once. NULL is a no-op. */

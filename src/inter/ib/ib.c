@@ -188,10 +188,16 @@ static int ib_gdr(hc_transport_t *tr)
     return tr->gdr;
 }
 
+static void ib_rail_name(hc_transport_t *tr, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s port %d", tr->choice.port.dev, tr->choice.port.port);
+}
+
 const hc_transport_ops_t hc_ib_ops = {
     .name = "ib",
     .create = ib_create,
     .connect = ib_connect,
+    .rail_name = ib_rail_name,
     .mr_reg = ib_mr_reg,
     .mr_dereg = ib_mr_dereg,
     .mem_pin = ib_mem_pin,
