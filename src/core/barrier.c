@@ -23,7 +23,7 @@
  *
  * The dissemination's partners are connected with the ring, at set-up
  * (hc_coll_barrier_setup), on a transport instance of their own. Its wait
- * is watched as the ring driver's is: the abort flag, the node's health,
+ * is watched as the ring driver's is: the abort flag, every local rank alive,
  * the ring's liveness links (a stopped or dead neighbour) between slices
  * of HC_RINGDRV_POLL_MS.
  */
@@ -47,6 +47,13 @@ hcoll_status_t hc_coll_barrier_setup(hc_coll_t *co, const hc_transport_ops_t *op
     return hc_dissem_create(&dp, &co->dissem);
 }
 
+/* Also the device path's wait for the caller's stream (coll.h). */
+hcoll_status_t hc_coll_peers_alive(hc_coll_t *co, const char *what)
+{
+    hcoll_status_t st = hc_intra_alive(co->intra, what);
+    return st != HCOLL_SUCCESS ? st : hc_ring_live_status(co->ring);
+}
+
 /* The dissemination to its end, an error, or an abort. */
 static hcoll_status_t dissem_run(hc_coll_t *co, uint32_t seq)
 {
@@ -57,8 +64,7 @@ static hcoll_status_t dissem_run(hc_coll_t *co, uint32_t seq)
         if (atomic_load(&c->aborted))
             return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_ABORTED,
                               "communicator aborted during the barrier");
-        if ((st = hc_intra_health(co->intra, "(seen from the barrier)")) != HCOLL_SUCCESS ||
-            (st = hc_ring_live_status(co->ring)) != HCOLL_SUCCESS)
+        if ((st = hc_coll_peers_alive(co, "(seen from the barrier)")) != HCOLL_SUCCESS)
             return st;
         st = hc_dissem_progress(co->dissem, HC_RINGDRV_POLL_MS, &done);
     }
