@@ -506,6 +506,7 @@ static hcoll_status_t ring_setup(hc_coll_t *co, int nmembers, int position)
             .gpu = c->gpu,
             .peer_ranks = co->ring_ag.members, /* position -> rank, for messages */
             .settings = &c->params,
+            .cancel_fd = &c->cancel_fd, /* abort/destroy during a non-blocking init */
         },
         .chunk_bytes = c->params.chunk_bytes,
         .nslots = 0,

@@ -7,6 +7,8 @@
  */
 #include "inter/transport.h"
 
+#include <errno.h>
+#include <poll.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,4 +75,23 @@ void hc_tp_count(enum hc_tp_counter which)
 uint64_t hc_tp_counter(enum hc_tp_counter which)
 {
     return atomic_load_explicit(&tp_counters[which], memory_order_relaxed);
+}
+
+int hc_tp_wait_fd(const hc_transport_params_t *p, int fd, short ev, int timeout_ms)
+{
+    struct pollfd pf[2] = { { fd, ev, 0 }, { p->cancel_fd ? *p->cancel_fd : -1, POLLIN, 0 } };
+    int n = poll(pf, p->cancel_fd ? 2 : 1, timeout_ms);
+    if (n < 0)
+        return errno == EINTR ? 0 : -1;
+    if (p->cancel_fd && pf[1].revents)
+        return -2;
+    return n > 0 ? 1 : 0;
+}
+
+int hc_tp_cancelled(const hc_transport_params_t *p)
+{
+    if (!p->cancel_fd)
+        return 0;
+    struct pollfd pf = { *p->cancel_fd, POLLIN, 0 };
+    return poll(&pf, 1, 0) > 0;
 }

@@ -81,12 +81,23 @@ typedef struct hc_transport_params {
                               * kept: verbs takes HCA list, GID index, TC, SL,
                               * timeout, retry count, GDR level and flush and
                               * sysfs root from it (required); TCP ignores it */
+    const int *cancel_fd;    /* NULL, or an eventfd that turns readable when the
+                              * set-up is cancelled (the communicator's, which
+                              * abort and destroy write): connect's waits that
+                              * are not exchanges (dial, accept) watch it and
+                              * end with HCOLL_ERR_ABORTED */
 } hc_transport_params_t;
 
 /* A transport's failure: the first one is recorded in *err and logged as
  * "<who>: <message>"; later ones (cascades of the first) only return *err. */
 hcoll_status_t hc_tp_failv(const hc_transport_params_t *p, hcoll_status_t *err, hcoll_status_t st,
                            const char *who, const char *fmt, va_list ap);
+
+/* Set-up waits that watch p->cancel_fd (seam.c): poll fd for ev up to
+ * timeout_ms. 1 ready, 0 timed out, -1 poll failed (errno), -2 cancelled. */
+int hc_tp_wait_fd(const hc_transport_params_t *p, int fd, short ev, int timeout_ms);
+/* 1 when p->cancel_fd is readable (never blocks). */
+int hc_tp_cancelled(const hc_transport_params_t *p);
 
 /* The rank to name in a message about the peer at position pos. */
 static inline int hc_tp_rank(const hc_transport_params_t *p, int pos)
