@@ -375,8 +375,8 @@ hcoll_status_t hc_coll_run(hc_coll_t *co, const hc_coll_args_t *a, hcoll_stage_t
         return run_allreduce(co, a, tm);
     const double t0 = hc_now_us();
     memset(tm, 0, sizeof *tm);
-    hcoll_status_t st =
-        a->kind == HC_COLL_BROADCAST ? run_broadcast(co, a, tm, agreed_out) : hc_coll_barrier(co, tm);
+    hcoll_status_t st = a->kind == HC_COLL_BROADCAST ? run_broadcast(co, a, tm, agreed_out)
+                                                     : hc_coll_barrier(co, tm);
     tm->total_us = hc_now_us() - t0;
     return st;
 }

@@ -16,7 +16,8 @@
 /* Immediate: tag:4 | seq:16 | unused:4 | round:8. The tag keeps a stray
  * put (a bug elsewhere) from passing for a signal. */
 #define DS_TAG 0xbu
-#define DS_IMM(seq, round) ((DS_TAG << 28) | (((uint32_t)(seq)&0xffffu) << 8) | ((uint32_t)(round)&0xffu))
+#define DS_IMM(seq, round) \
+    ((DS_TAG << 28) | (((uint32_t)(seq)&0xffffu) << 8) | ((uint32_t)(round)&0xffu))
 #define DS_IMM_TAG(i)   ((uint32_t)(i) >> 28)
 #define DS_IMM_SEQ(i)   (((uint32_t)(i) >> 8) & 0xffffu)
 #define DS_IMM_ROUND(i) ((int)((uint32_t)(i)&0xffu))
