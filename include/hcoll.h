@@ -559,9 +559,12 @@ HCOLL_API hcoll_status_t hcoll_broadcast_async(hcoll_comm_t comm, const void *se
 /*
  * hcoll_barrier: returns on a rank only once every rank of comm has
  * entered its matching barrier. Collective; blocks; no buffers. Returns
- * HCOLL_SUCCESS or the communicator's error (a rank that died makes the
- * others fail within HCOLL_TIMEOUT_MS, usually at once). Thread-safe as
- * hcoll_allreduce.
+ * HCOLL_SUCCESS or the communicator's error: a rank that died makes the
+ * others fail at once, a stopped one within HCOLL_LIVENESS_MS; a rank
+ * alive but late is waited for up to HCOLL_OP_TIMEOUT_MS; a rank that
+ * called another host collective in its place makes them fail with
+ * HCOLL_ERR_MISMATCH (or HCOLL_ERR_PEER_FAILED, the reset that follows).
+ * Thread-safe as hcoll_allreduce.
  * hcoll_barrier_async: the same as a request in *req_out; it completes
  * once every rank has entered.
  */
@@ -781,6 +784,33 @@ typedef struct hcoll_mem *hcoll_mem_t; /* a registered range of memory */
 HCOLL_API hcoll_status_t hcoll_mem_register(hcoll_comm_t comm, void *ptr, size_t bytes,
                                             hcoll_mem_t *handle_out);
 HCOLL_API hcoll_status_t hcoll_mem_deregister(hcoll_comm_t comm, hcoll_mem_t handle);
+
+/*
+ * Registration counters of this process: what the verbs transport did with
+ * the NIC's memory registration, summed over every communicator of the
+ * process since it loaded hcoll (TCP registers nothing and counts nothing).
+ * A registered buffer (hcoll_mem_register) all-reduced again and again
+ * shows one registration and cache hits; an unregistered one a
+ * registration per call once it leaves the cache.
+ *
+ * counters: in/out; the caller sets counters->size = sizeof(*counters)
+ * (HCOLL_RDMA_COUNTERS_INITIALIZER does); the fields that fit in size are
+ * written, so a program built against an older header still works.
+ * Returns HCOLL_ERR_INVALID_ARG for NULL or a size too small for the first
+ * field. Local; never blocks; thread-safe (a snapshot, each field read
+ * atomically).
+ */
+typedef struct hcoll_rdma_counters {
+    size_t size;              /* sizeof(hcoll_rdma_counters_t), set by the caller */
+    uint64_t registrations;   /* ibv_reg_mr / ibv_reg_dmabuf_mr calls that succeeded */
+    uint64_t deregistrations; /* ibv_dereg_mr calls */
+    uint64_t cache_hits;      /* transport registrations served by the cache */
+    uint64_t cache_misses;    /* ... that had to register */
+} hcoll_rdma_counters_t;
+
+#define HCOLL_RDMA_COUNTERS_INITIALIZER { sizeof(hcoll_rdma_counters_t), 0, 0, 0, 0 }
+
+HCOLL_API hcoll_status_t hcoll_rdma_counters(hcoll_rdma_counters_t *counters);
 
 #ifdef __cplusplus
 }

@@ -4,6 +4,8 @@
 # the NIC per local rank, GPUDirect availability; "none found" and exit 0
 # on a host without RDMA devices. hcoll_info --env: every knob of the table
 # in src/base/config.c, malformed values flagged, the secret hidden.
+# hcoll_info --memreg: the registration counters (hcoll_rdma_counters) of a
+# registered buffer all-reduced 100 times, on the emulated verbs provider.
 set -u
 cd "$(dirname "$0")/.."
 build=${HCOLL_TEST_BUILD:-build}
@@ -84,5 +86,23 @@ expect env-bad "$out" '2 variable\(s\) above are malformed'
 expect env-bad "$out" '^  HCOLL_SECRET +=.*\(set, hidden\)'
 expect_not env-bad "$out" 'hush'
 
-[ $fail -eq 0 ] && echo "hcoll_info --rdma and --env: all checks passed"
+# --memreg on the emulated verbs provider: a registered 64 MiB buffer
+# all-reduced 100 times costs the one registration hcoll_mem_register made.
+mock=$build/mock
+if [ -r "$mock/libibverbs.so.1" ]; then
+  out=$(LD_LIBRARY_PATH=$(realpath "$mock") HCOLL_SYSFS_ROOT=$(realpath tests/fixtures/sysfs-roce) \
+        HCOLL_NET=ib HCOLL_SOCKET_IFNAME==lo timeout 120 "$info" --memreg 64 100) \
+    || { echo "FAIL: memreg: exit status $?"; fail=1; }
+  expect memreg "$out" '^Registrations .*HCOLL_NET=ib'
+  expect memreg "$out" '^  hcoll_mem_register of 64 MiB: 1 registration\(s\)$'
+  expect memreg "$out" '^  100 all-reduces in it: 0 registration\(s\), [1-9][0-9]* cache hit\(s\), 0 miss\(es\)$'
+  # Over TCP nothing is registered, and nothing counted.
+  out=$(HCOLL_NET=tcp HCOLL_SOCKET_IFNAME==lo timeout 60 "$info" --memreg 1 5) \
+    || { echo "FAIL: memreg tcp: exit status $?"; fail=1; }
+  expect memreg-tcp "$out" '^  process total: 0 registration\(s\)'
+else
+  echo "memreg: $mock/libibverbs.so.1 not built; --memreg not checked"
+fi
+
+[ $fail -eq 0 ] && echo "hcoll_info --rdma, --env and --memreg: all checks passed"
 exit $fail

@@ -13,6 +13,7 @@
  */
 #include <check.h>
 #include <dlfcn.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -95,6 +96,17 @@ static int errors(hcoll_comm_t comm, int32_t *buf)
                 "deregistered twice");
     HCT_OK(comm, hcoll_mem_deregister(comm, NULL));
     HCT_OK(comm, hcoll_mem_deregister(comm, h));
+    hcoll_rdma_counters_t k = { 0 };
+    HCT_REQUIRE(hcoll_rdma_counters(NULL) == HCOLL_ERR_INVALID_ARG, "counters NULL");
+    HCT_REQUIRE(hcoll_rdma_counters(&k) == HCOLL_ERR_INVALID_ARG, "counters size 0");
+    /* An older, shorter struct: only the fields that fit are written. */
+    struct {
+        size_t size;
+        uint64_t registrations;
+        uint64_t canary;
+    } old = { offsetof(hcoll_rdma_counters_t, deregistrations), 0, 0x5a5a };
+    HCT_OK(comm, hcoll_rdma_counters((hcoll_rdma_counters_t *)(void *)&old));
+    HCT_REQUIRE(old.canary == 0x5a5a, "wrote past the caller's size");
     return 0;
 }
 
@@ -126,7 +138,10 @@ static int rank_memreg(int rank, int n, void *argp)
 
     /* Registered: one registration, then none for 100 calls. */
     hcoll_mem_t h;
+    hcoll_rdma_counters_t k1 = HCOLL_RDMA_COUNTERS_INITIALIZER, k2 = k1, k3 = k1;
+    HCT_OK(comm, hcoll_rdma_counters(&k1));
     HCT_OK(comm, hcoll_mem_register(comm, buf, BIG_COUNT * sizeof *buf, &h));
+    HCT_OK(comm, hcoll_rdma_counters(&k2));
     uint64_t r2 = regs();
     if (ib)
         HCT_REQUIRE(r2 - r1 == 1, "hcoll_mem_register: %llu registrations",
@@ -134,6 +149,16 @@ static int rank_memreg(int rank, int n, void *argp)
     if (loop(comm, buf, a->count, ITERS, rank, n))
         return 1;
     uint64_t r3 = regs();
+    HCT_OK(comm, hcoll_rdma_counters(&k3));
+    /* The public counters agree with the provider's own count. */
+    HCT_REQUIRE(k2.registrations - k1.registrations == (ib ? 1u : 0u) &&
+                    k3.registrations == k2.registrations,
+                "hcoll_rdma_counters: %llu registrations to register, %llu for %d calls",
+                (unsigned long long)(k2.registrations - k1.registrations),
+                (unsigned long long)(k3.registrations - k2.registrations), ITERS);
+    HCT_REQUIRE(!ib || k3.cache_hits - k2.cache_hits >= ITERS,
+                "hcoll_rdma_counters: %llu cache hits for %d calls in a registered buffer",
+                (unsigned long long)(k3.cache_hits - k2.cache_hits), ITERS);
     if (ib)
         HCT_REQUIRE(r3 == r2, "%d calls in a registered buffer: %llu registrations", ITERS,
                     (unsigned long long)(r3 - r2));

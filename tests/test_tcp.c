@@ -1,15 +1,19 @@
 /*
  * What only the TCP transport promises: transport choice, headers that lie
  * about their target rejected before a byte is written, a stranger on the
- * port, a hello that never comes, a bind address that is not one; and the
+ * port, a hello that never comes, a connect cancelled while it waits (the
+ * communicator's cancel eventfd), a bind address that is not one; and the
  * completion FIFO both transports report through. What every transport
  * promises (puts landing, a peer that dies, an orderly close...) is in
  * test_transport.c, run on TCP there.
  * All traffic on 127.0.0.0/8, ranks forked by tests/common/ranks.h.
  */
 #include <check.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <sys/eventfd.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <netinet/in.h>
@@ -60,7 +64,7 @@ static hc_transport_params_t tparams(int rank, int n, int nsocks, int timeout_ms
     snprintf(addr[rank], sizeof addr[rank], "127.0.0.%d", rank + 1);
     hc_errbuf_init(&eb);
     hc_transport_params_t p = { rank, n, addr[rank], "lo", rank, rank, timeout_ms, nsocks, 0,
-                                &eb, 0, -1, NULL, NULL };
+                                &eb, 0, -1, NULL, NULL, NULL };
     return p;
 }
 
@@ -238,6 +242,60 @@ static int rank_no_hello(int rank, int n, void *arg)
     return 0;
 }
 
+/* A connect cancelled through params.cancel_fd (what abort or destroy of
+ * a communicator still setting up writes) ends at once, not at its
+ * deadline: rank 1 waits to accept hellos that rank 0's wrong socket count
+ * makes it reject, with a 20 s deadline; its eventfd is written after
+ * 300 ms. */
+static void *write_cancel(void *arg)
+{
+    usleep(300 * 1000);
+    uint64_t one = 1;
+    ssize_t w = write(*(int *)arg, &one, sizeof one);
+    (void)w;
+    return NULL;
+}
+
+static int rank_cancel(int rank, int n, void *arg)
+{
+    shm_ag_t *shm = arg;
+    ag_ctx_t ag = { shm, rank };
+    int cfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    HCT_REQUIRE(cfd >= 0, "eventfd");
+    hc_transport_params_t p = tparams(rank, n, rank == 0 ? 1 : 2, rank == 0 ? 1500 : 20000);
+    p.cancel_fd = &cfd;
+    hc_transport_t *tr;
+    HCT_REQUIRE(hc_tcp_ops.create(&p, &tr) == HCOLL_SUCCESS, "create");
+    int peer = 1 - rank;
+    hc_ep_t *ep;
+    pthread_t th;
+    if (rank == 1)
+        HCT_REQUIRE(pthread_create(&th, NULL, write_cancel, &cfd) == 0, "pthread_create");
+    double t0 = hct_now_ms();
+    hcoll_status_t st = hc_tcp_ops.connect(tr, &peer, 1, shm_allgather, &ag, &ep);
+    double dt = hct_now_ms() - t0;
+    if (rank == 1) {
+        pthread_join(th, NULL);
+        HCT_REQUIRE(st == HCOLL_ERR_ABORTED, "got %s (%s)", hcoll_status_name(st), eb.msg);
+        HCT_REQUIRE(strstr(eb.msg, "cancelled"), "message: %s", eb.msg);
+        HCT_REQUIRE(dt < 1300, "the cancelled connect returned after %.0f ms", dt);
+    }
+    hc_tcp_ops.destroy(tr, 0);
+    close(cfd);
+    return 0;
+}
+
+START_TEST(test_connect_cancel)
+{
+    shm_ag_t *shm = hct_shared_alloc(sizeof *shm);
+    shm->nranks = 2;
+    hct_opts_t o = { .nranks = 2, .ranks_per_node = 1, .timeout_ms = 30000 };
+    hct_result_t res[2];
+    ck_assert_int_eq(hct_run(&o, rank_cancel, shm, res), 0);
+    hct_shared_free(shm, sizeof *shm);
+}
+END_TEST
+
 START_TEST(test_connect_timeout)
 {
     shm_ag_t *shm = hct_shared_alloc(sizeof *shm);
@@ -253,7 +311,8 @@ START_TEST(test_bad_bind)
 {
     hc_errbuf_t e;
     hc_errbuf_init(&e);
-    hc_transport_params_t p = { 0, 2, "not-an-ip", "lo", 0, 0, 1000, 1, 0, &e, 0, -1, NULL, NULL };
+    hc_transport_params_t p = { 0, 2, "not-an-ip", "lo", 0, 0, 1000, 1, 0, &e, 0, -1, NULL, NULL,
+                                NULL };
     hc_transport_t *tr = NULL;
     ck_assert_int_eq(hc_tcp_ops.create(&p, &tr), HCOLL_ERR_INVALID_ARG);
     ck_assert_ptr_null(tr);
@@ -304,6 +363,7 @@ static Suite *tcp_suite(void)
     tcase_add_test(tc, test_corrupt_frames);
     tcase_add_test(tc, test_stranger);
     tcase_add_test(tc, test_connect_timeout);
+    tcase_add_test(tc, test_connect_cancel);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -7,9 +7,15 @@
  *   hcoll_info --build    version and build options only
  *   hcoll_info --rdma     RDMA devices, ports, GIDs and GPUDirect only
  *   --sysfs-root DIR      read sysfs/proc under DIR (a fixture tree)
+ *   hcoll_info --memreg [MIB [N]]   count registrations: two ranks of this
+ *                         host all-reduce N times a registered buffer of
+ *                         MIB MiB (64, 100) over HCOLL_NET's transport
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "base/config.h"
 #include "base/reduce.h"
@@ -175,13 +181,85 @@ static void print_rdma(const char *root)
     }
 }
 
+/* One rank of the --memreg probe; rank 0 prints. Returns 0 or 1. */
+static int memreg_rank(int rank, const hcoll_unique_id_t *id, size_t mib, int iters)
+{
+    char host[96];
+    snprintf(host, sizeof host, "hcoll-info-memreg-%d-node%d", (int)(rank ? getppid() : getpid()),
+             rank);
+    setenv("HCOLL_HOSTID", host, 1); /* two nodes: the ring crosses the transport */
+    hcoll_config_t cfg = HCOLL_CONFIG_INITIALIZER;
+    hcoll_comm_t comm = NULL;
+    const size_t count = mib * ((size_t)1 << 20) / sizeof(int32_t);
+    int32_t *buf = calloc(count ? count : 1, sizeof *buf);
+    hcoll_mem_t h = NULL;
+    hcoll_rdma_counters_t c0 = HCOLL_RDMA_COUNTERS_INITIALIZER;
+    hcoll_rdma_counters_t c1 = c0, c2 = c0;
+    hcoll_status_t st = buf ? hcoll_comm_init(&comm, 2, rank, id, &cfg) : HCOLL_ERR_NO_MEMORY;
+    if (st == HCOLL_SUCCESS) {
+        hcoll_rdma_counters(&c0);
+        st = hcoll_mem_register(comm, buf, count * sizeof *buf, &h);
+        hcoll_rdma_counters(&c1);
+    }
+    for (int i = 0; st == HCOLL_SUCCESS && i < iters; i++)
+        st = hcoll_allreduce(comm, buf, buf, count, HCOLL_INT32, HCOLL_MAX, NULL);
+    hcoll_rdma_counters(&c2);
+    if (st != HCOLL_SUCCESS)
+        fprintf(stderr, "hcoll_info --memreg: rank %d: %s (%s)\n", rank,
+                hcoll_status_name(st), comm ? hcoll_comm_last_error(comm) : "init");
+    hcoll_mem_deregister(comm, h);
+    hcoll_comm_destroy(comm);
+    free(buf);
+    if (rank == 0 && st == HCOLL_SUCCESS) {
+        const char *net = getenv("HCOLL_NET");
+        printf("Registrations (hcoll_rdma_counters, rank 0 of 2 on this host, HCOLL_NET=%s)\n",
+               net ? net : "auto");
+        printf("  hcoll_mem_register of %zu MiB: %llu registration(s)\n", mib,
+               (unsigned long long)(c1.registrations - c0.registrations));
+        printf("  %d all-reduces in it: %llu registration(s), %llu cache hit(s), %llu "
+               "miss(es)\n",
+               iters, (unsigned long long)(c2.registrations - c1.registrations),
+               (unsigned long long)(c2.cache_hits - c1.cache_hits),
+               (unsigned long long)(c2.cache_misses - c1.cache_misses));
+        printf("  process total: %llu registration(s), %llu deregistration(s), %llu cache "
+               "hit(s), %llu miss(es)\n",
+               (unsigned long long)c2.registrations, (unsigned long long)c2.deregistrations,
+               (unsigned long long)c2.cache_hits, (unsigned long long)c2.cache_misses);
+    }
+    return st == HCOLL_SUCCESS ? 0 : 1;
+}
+
+static int memreg_probe(size_t mib, int iters)
+{
+    hcoll_unique_id_t id;
+    if (hcoll_get_unique_id(&id) != HCOLL_SUCCESS) {
+        fprintf(stderr, "hcoll_info --memreg: %s\n", hcoll_comm_last_error(NULL));
+        return 1;
+    }
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0) {
+        perror("hcoll_info --memreg: fork");
+        return 1;
+    }
+    if (pid == 0)
+        _exit(memreg_rank(1, &id, mib, iters));
+    int bad = memreg_rank(0, &id, mib, iters), ws = 0;
+    if (waitpid(pid, &ws, 0) != pid || !WIFEXITED(ws) || WEXITSTATUS(ws) != 0)
+        bad = 1;
+    return bad;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f, "usage: hcoll_info [--env | --build | --rdma | --help] [--sysfs-root DIR]\n"
+               "       hcoll_info --memreg [MIB [N]]\n"
                "  --env     every HCOLL_* knob with its value, default and help\n"
                "  --build   library version and build options\n"
                "  --rdma    RDMA devices, ports, rates, GIDs, NIC per local rank, GPUDirect\n"
-               "  --sysfs-root DIR  read /sys and /proc under DIR (a fixture tree)\n");
+               "  --sysfs-root DIR  read /sys and /proc under DIR (a fixture tree)\n"
+               "  --memreg  count registrations: two ranks of this host all-reduce N times\n"
+               "            (100) a registered buffer of MIB MiB (64) over HCOLL_NET\n");
 }
 
 int main(int argc, char **argv)
@@ -197,6 +275,15 @@ int main(int argc, char **argv)
             root = argv[++i];
         else if (strcmp(argv[i], "--build") == 0)
             build = 1;
+        else if (strcmp(argv[i], "--memreg") == 0) {
+            long mib = i + 1 < argc ? strtol(argv[i + 1], NULL, 10) : 64;
+            long n = i + 2 < argc ? strtol(argv[i + 2], NULL, 10) : 100;
+            if (mib < 1 || mib > 65536 || n < 0 || n > 1000000) {
+                fprintf(stderr, "hcoll_info: --memreg takes MiB (1..65536) and a count\n");
+                return 2;
+            }
+            return memreg_probe((size_t)mib, (int)n);
+        }
         else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             usage(stdout);
             return 0;

@@ -7,6 +7,9 @@
 #include "core/coll.h"
 #include "core/comm.h"
 #include "hcoll.h"
+#include "inter/transport.h"
+
+#include <stddef.h>
 
 static hcoll_status_t mem_entry(hcoll_comm_t comm, const char *what)
 {
@@ -38,4 +41,24 @@ HCOLL_API hcoll_status_t hcoll_mem_deregister(hcoll_comm_t comm, hcoll_mem_t han
     if (!handle)
         return HCOLL_SUCCESS;
     return hc_coll_mem_deregister(comm->coll, handle);
+}
+
+HCOLL_API hcoll_status_t hcoll_rdma_counters(hcoll_rdma_counters_t *c)
+{
+    if (!c || c->size < offsetof(hcoll_rdma_counters_t, registrations) + sizeof(uint64_t))
+        return hc_err_set(NULL, HC_COLL, -1, HCOLL_ERR_INVALID_ARG,
+                          "rdma_counters: counters is NULL or its size is too small");
+    const struct {
+        size_t off;
+        enum hc_tp_counter which;
+    } f[] = {
+        { offsetof(hcoll_rdma_counters_t, registrations), HC_TP_REG },
+        { offsetof(hcoll_rdma_counters_t, deregistrations), HC_TP_DEREG },
+        { offsetof(hcoll_rdma_counters_t, cache_hits), HC_TP_CACHE_HIT },
+        { offsetof(hcoll_rdma_counters_t, cache_misses), HC_TP_CACHE_MISS },
+    };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (f[i].off + sizeof(uint64_t) <= c->size)
+            *(uint64_t *)((char *)c + f[i].off) = hc_tp_counter(f[i].which);
+    return HCOLL_SUCCESS;
 }

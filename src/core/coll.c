@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "core/coll_dev.h" /* device buffers (coll_dev.c) */
+#include "inter/dissem.h"
 #include "core/comm.h"
 #include "core/memreg.h"
 #include "core/request.h"
@@ -114,6 +115,9 @@ static hcoll_status_t execute(hc_coll_t *co, struct hcoll_request *rq)
         return st;
     }
 
+    /* Every rank executes the same operations in the same order: the
+     * count names a call alike everywhere (the barrier's signals). */
+    co->opseq++;
     if (rq->dev) {
         st = hc_coll_dev_execute(co->dev, rq->dev, HCOLL_SUCCESS, &rq->times);
         rq->dev = NULL;
@@ -130,8 +134,10 @@ static hcoll_status_t execute(hc_coll_t *co, struct hcoll_request *rq)
      * that the failure travels round the ring in milliseconds rather than
      * one deadline per hop. The ring thread is idle here: run_3stage waits
      * for every job it posted. */
-    if (st != HCOLL_SUCCESS)
+    if (st != HCOLL_SUCCESS) {
         hc_ring_fail(co->ring, st);
+        hc_dissem_fail(co->dissem, st);
+    }
 
     pthread_mutex_lock(&co->lock);
     if (st != HCOLL_SUCCESS && co->failed == HCOLL_SUCCESS)
@@ -435,6 +441,9 @@ void hc_coll_destroy(hc_coll_t *co, int aborting)
      * fail fast; otherwise they get an orderly goodbye. */
     if (aborting)
         hc_ring_fail(co->ring, HCOLL_ERR_ABORTED);
+    if (aborting)
+        hc_dissem_fail(co->dissem, HCOLL_ERR_ABORTED);
+    hc_dissem_destroy(co->dissem);
     hc_ring_destroy(co->ring);
     hc_intra_destroy(co->intra);
     free(co->intra_ag.members);
@@ -514,6 +523,7 @@ static hcoll_status_t ring_setup(hc_coll_t *co, int nmembers, int position)
             .gpu = c->gpu,
             .peer_ranks = co->ring_ag.members, /* position -> rank, for messages */
             .settings = &c->params,
+            .cancel_fd = &c->cancel_fd, /* abort/destroy during a non-blocking init */
         },
         .chunk_bytes = c->params.chunk_bytes,
         .nslots = 0,
@@ -522,7 +532,8 @@ static hcoll_status_t ring_setup(hc_coll_t *co, int nmembers, int position)
         .op_timeout_ms = op_timeout(c),
         .liveness_ms = (int)c->params.liveness_ms,
     };
-    st = hc_ring_create(&rp, &co->ring);
+    HC_CHECK(hc_ring_create(&rp, &co->ring), out);
+    st = hc_coll_barrier_setup(co, ops, &rp.tp, group_allgather, &co->ring_ag, op_timeout(c));
 out:
     return st;
 }
@@ -589,7 +600,7 @@ hcoll_status_t hc_coll_create(struct hcoll_comm *c)
             co->ring_ag.members[n] = hc_comm_rank_at(c, n, c->local_rank);
         HC_CHECK(ring_setup(co, c->nnodes, c->node), out);
         const hc_ringdrv_env_t env = { &c->aborted, &c->err, c->rank,
-                                       "the inter-node stage", co->intra };
+                                       "the inter-node stage", co->intra, co->dissem };
         HC_CHECK(hc_ringthr_start(co->ring, &env, &co->ringthr), out);
     }
     /* Device-buffer path: bookkeeping only; CUDA and NCCL are set up by the

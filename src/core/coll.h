@@ -114,6 +114,13 @@ hcoll_status_t hc_coll_mem_register(hc_coll_t *co, void *ptr, size_t bytes,
                                     struct hcoll_mem **handle_out);
 hcoll_status_t hc_coll_mem_deregister(hc_coll_t *co, struct hcoll_mem *handle);
 
+/* What a wait outside the host executor (the device path's host stage,
+ * waiting for a stage on the caller's stream that local peers hold up)
+ * checks between slices: every local rank alive (shared memory: died or
+ * stopped beating), the node healthy, the ring's neighbours alive.
+ * HCOLL_SUCCESS or the failure, recorded. Executor's thread. */
+hcoll_status_t hc_coll_peers_alive(hc_coll_t *co, const char *what);
+
 /* The stage times of the last collective that succeeded: 1 and
  * *times_out, or 0 when none has finished yet. */
 int hc_coll_last_times(hc_coll_t *co, hcoll_stage_times_t *times_out);

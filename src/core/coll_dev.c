@@ -604,13 +604,21 @@ static hcoll_status_t ring_run(hc_coll_dev_t *d, const void *src, void *buf, siz
 {
     struct hcoll_comm *c = d->c;
     const hc_ringdrv_op_t rop = { dev ? src : buf, buf, n, o->dtype, o->op, c->nranks, dev,
-                                  0, 0, HC_RING_PHASE_ALLREDUCE };
+                                  0, 0, HC_RING_PHASE_ALLREDUCE, 0 };
     const hc_ringdrv_env_t env = { &c->aborted, &c->err, c->rank, "the inter-node stage",
-                                   NULL /* NCCL: its own failures */ };
+                                   NULL /* NCCL: its own failures */, NULL };
     const double t0 = hc_now_us();
     hcoll_status_t st = hc_ringdrv_run(d->ring, &rop, &env);
     *ring_us += hc_now_us() - t0;
     return st;
+}
+
+/* Between slices of the wait for the caller's stream: a late local peer
+ * is waited for, a dead or stopped one ends the call. */
+static hcoll_status_t stream_watch(void *arg)
+{
+    hc_coll_dev_t *d = arg;
+    return hc_coll_peers_alive(d->c->coll, "(seen from the device stage)");
 }
 
 static hcoll_status_t host_stage(hc_coll_dev_t *d, const hc_dev_op_t *o, const hc_dev_seg_t *g,
@@ -618,12 +626,16 @@ static hcoll_status_t host_stage(hc_coll_dev_t *d, const hc_dev_op_t *o, const h
 {
     hc_gdr_dev_t *gpu = d->gpu;
     const int tmo = (int)d->c->params.timeout_ms;
+    const int op_tmo = d->c->params.op_timeout_ms > 0 ? (int)d->c->params.op_timeout_ms : -1;
     const size_t es = hcoll_dtype_size(o->dtype);
     const size_t piece = d->stage_bytes / es;
     const size_t npieces = hc_devsched_pieces(g->count, es, d->stage_bytes);
     hcoll_status_t st;
-    HC_CHECK(hc_gdr_event_wait(gpu->cu, g->ev_ready, tmo, 1, &d->rp,
-                               "the intra-node stage on the caller's stream"),
+    /* The NCCL stage before it waits for every local rank, which may be
+     * minutes late: the operation timeout and liveness bound it. */
+    HC_CHECK(hc_gdr_event_wait_watched(gpu->cu, g->ev_ready, op_tmo, &d->rp,
+                                       "the intra-node stage on the caller's stream",
+                                       stream_watch, d),
              out);
     /* GPUDirect: the ring reads and writes the device range itself. */
     if (d->gdr)

@@ -60,6 +60,8 @@ struct hc_coll {
     int *rsag_map;          /* which rank's block goes where in the permuted vector */
     unsigned char *rsag_buf; /* the permuted vector, kept between calls */
     size_t rsag_cap;
+    struct hc_dissem *dissem; /* the barrier across nodes (barrier.c); NULL: none */
+    uint64_t opseq;        /* operations executed, counted alike on every rank */
 };
 
 /* Run one host-buffer operation of any kind as the executor (the caller
@@ -76,5 +78,13 @@ hcoll_status_t hc_coll_run_rsag(hc_coll_t *co, const hc_coll_args_t *a, hcoll_st
 
 /* Free what reduce-scatter and all-gather keep in co (hc_coll_destroy). */
 void hc_coll_rsag_free(hc_coll_t *co);
+/* The barrier (barrier.c): connect its partners among the ring's ranks,
+ * on a transport instance of their own with the ring's settings (tp).
+ * Collective over those ranks, right after the ring is made. */
+hcoll_status_t hc_coll_barrier_setup(hc_coll_t *co, const hc_transport_ops_t *ops,
+                                     const hc_transport_params_t *tp, hc_allgather_fn allgather,
+                                     void *ag_ctx, int op_timeout_ms);
+/* One barrier as operation co->opseq; its stage times go to *times. */
+hcoll_status_t hc_coll_barrier(hc_coll_t *co, hcoll_stage_times_t *times);
 
 #endif

@@ -218,7 +218,8 @@ static hc_ringdrv_op_t ring_job(const rsag_t *x, size_t k)
     const hc_ringdrv_op_t job = { .src = src, .dst = shard, .count = (size_t)x->N * pk,
                                   .dtype = x->a->dtype, .op = x->a->op,
                                   .avg_div = x->co->comm->nranks,
-                                  .phase = x->rs ? HC_RING_PHASE_RS : HC_RING_PHASE_AG };
+                                  .phase = x->rs ? HC_RING_PHASE_RS : HC_RING_PHASE_AG,
+                                  .seq = (uint32_t)x->co->opseq };
     return job;
 }
 
@@ -230,7 +231,7 @@ static hcoll_status_t ring_here(const rsag_t *x, size_t k)
     const hc_ringdrv_op_t job = ring_job(x, k);
     const hc_ringdrv_env_t env = { &c->aborted, &c->err, c->rank,
                                    x->rs ? "the reduce-scatter" : "the all-gather",
-                                   x->co->intra };
+                                   x->co->intra, x->co->dissem };
     double t = hc_now_us();
     hcoll_status_t st = hc_ringdrv_run(x->co->ring, &job, &env);
     x->tm->inter_us += hc_now_us() - t;

@@ -48,10 +48,16 @@
  *   ring, flat   the chain over all ranks, from the root
  *   intra   the all-reduce of the root's bytes and the others' zeros
  *
- * Barrier: one all-reduce of a single 1: a rank's result depends on every
- * rank's input, so nobody leaves before all entered (intra fused step,
- * then the rail ring, on the latency path); the sum must be the number of
- * ranks.
+ * Barrier (barrier.c):
+ *
+ *   intra   the node's barrier (shared memory): every local rank entered
+ *   dissem  local rank i: ceil(log2 N) rounds over rail i, signalling the
+ *           node 2^k ahead and waiting for the one 2^k behind (all ranks
+ *           in the ring and flat plans, which have no intra step)
+ *
+ * Its signals are named by the operation's number, so a rank that runs an
+ * all-reduce or broadcast where another entered a barrier finds out in its
+ * ring driver (HCOLL_ERR_MISMATCH) rather than both waiting for ever.
  */
 #include "core/coll_priv.h"
 #include "base/clock.h"
@@ -89,9 +95,10 @@ static hcoll_status_t ring_run_here(hc_coll_t *co, const void *send, void *recv,
 {
     struct hcoll_comm *c = co->comm;
     const hc_ringdrv_op_t rop = { send, recv, count, dtype, op, c->nranks, 0, 0, 0,
-                                  HC_RING_PHASE_ALLREDUCE };
+                                  HC_RING_PHASE_ALLREDUCE,
+                                  (uint32_t)co->opseq };
     const hc_ringdrv_env_t env = { &c->aborted, &c->err, c->rank, "the all-reduce",
-                                   co->intra };
+                                   co->intra, co->dissem };
     return hc_ringdrv_run(co->ring, &rop, &env);
 }
 
@@ -152,7 +159,8 @@ static hcoll_status_t run_3stage(hc_coll_t *co, const hc_coll_args_t *rq, hcoll_
             hc_intra_shard(n, L, c->local_rank, &soff, &slen);
             unsigned char *shard = recv + (off + soff) * esize;
             const hc_ringdrv_op_t job = { shard, shard,     slen, rq->dtype, rq->op,
-                                          c->nranks, 0, 0, 0, HC_RING_PHASE_ALLREDUCE };
+                                          c->nranks, 0, 0, 0, HC_RING_PHASE_ALLREDUCE,
+                                          (uint32_t)co->opseq };
             uint64_t id = hc_ringthr_post(co->ringthr, &job);
             if (have_pending) {
                 rst = hc_ringthr_wait(co->ringthr, pending_id, &tm->inter_us);
@@ -273,9 +281,9 @@ static hcoll_status_t chain_here(hc_coll_t *co, void *buf, size_t count, hcoll_d
 {
     struct hcoll_comm *c = co->comm;
     const hc_ringdrv_op_t rop = { .dst = buf, .count = count, .dtype = dtype, .bcast = 1,
-                                  .root = root };
+                                  .root = root, .seq = (uint32_t)co->opseq };
     const hc_ringdrv_env_t env = { &c->aborted, &c->err, c->rank, "the broadcast",
-                                   co->intra };
+                                   co->intra, co->dissem };
     double t = hc_now_us();
     hcoll_status_t st = hc_ringdrv_run(co->ring, &rop, &env);
     tm->inter_us += hc_now_us() - t;
@@ -361,19 +369,6 @@ static hcoll_status_t run_broadcast(hc_coll_t *co, const hc_coll_args_t *a,
     return HCOLL_ERR_INTERNAL;
 }
 
-static hcoll_status_t run_barrier(hc_coll_t *co, hcoll_stage_times_t *tm)
-{
-    struct hcoll_comm *c = co->comm;
-    int32_t one = 1;
-    hcoll_status_t st = allreduce_in_place(co, &one, 1, HCOLL_INT32, HCOLL_SUM, tm);
-    if (st == HCOLL_SUCCESS && one != c->nranks)
-        st = hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_MISMATCH,
-                        "barrier: %d of %d ranks entered it; the others called another "
-                        "collective",
-                        (int)one, c->nranks);
-    return st;
-}
-
 /* ------------------------------------------------------------------------ */
 /* Reduce-scatter and all-gather: the arguments, then coll_rsag.c             */
 /* ------------------------------------------------------------------------ */
@@ -434,7 +429,7 @@ hcoll_status_t hc_coll_run(hc_coll_t *co, const hc_coll_args_t *a, hcoll_stage_t
     hcoll_status_t st;
     switch (a->kind) {
     case HC_COLL_BROADCAST: st = run_broadcast(co, a, tm, agreed_out); break;
-    case HC_COLL_BARRIER: st = run_barrier(co, tm); break;
+    case HC_COLL_BARRIER: st = hc_coll_barrier(co, tm); break;
     default: st = run_rsag(co, a, tm, agreed_out); break;
     }
     tm->total_us = hc_now_us() - t0;

@@ -5,6 +5,7 @@
 #include "core/ringdrv.h"
 
 #include "base/log.h"
+#include "inter/dissem.h"
 #include "inter/ring.h"
 #include "intra/intra.h"
 
@@ -28,11 +29,16 @@ hcoll_status_t hc_ringdrv_run(struct hc_ring *ring, const hc_ringdrv_op_t *op,
                                                op->op, op->avg_div)
                         : hc_ring_start(ring, op->src, op->dst, op->count, op->dtype, op->op,
                                         op->avg_div);
-    while (st == HCOLL_SUCCESS && !done) {
+    for (int slice = 0; st == HCOLL_SUCCESS && !done; slice++) {
         if (atomic_load(env->aborted))
             return hc_err_set(env->err, HC_COLL, env->rank, HCOLL_ERR_ABORTED,
                               "communicator aborted during %s", env->stage);
         if ((st = hc_intra_health(env->intra, "(seen from the ring)")) != HCOLL_SUCCESS)
+            return st;
+        /* Only once a slice went by without the end: a call that is not
+         * held up pays nothing for it. */
+        if (slice > 0 &&
+            (st = hc_dissem_absorb(env->dissem, op->seq, env->stage)) != HCOLL_SUCCESS)
             return st;
         st = hc_ring_progress(ring, HC_RINGDRV_POLL_MS, &done);
     }

@@ -9,6 +9,7 @@
 
 #include <stdatomic.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "base/err.h"
 #include "hcoll.h"
@@ -38,6 +39,7 @@ typedef struct hc_ringdrv_op {
     int bcast;
     int root;
     int phase;
+    uint32_t seq; /* the executor's operation number (hc_dissem_absorb) */
 } hc_ringdrv_op_t;
 
 /* Where the driver reports an abort: the communicator's abort flag, its
@@ -52,6 +54,11 @@ typedef struct hc_ringdrv_env {
      * aborted dooms the call, so the ring stops waiting for peers that
      * may be late by minutes. */
     struct hc_intra *intra;
+    /* The communicator's barrier, or NULL: between slices the driver takes
+     * the barrier signals that landed (hc_dissem_absorb), so a rank that
+     * entered a barrier where this one runs op->seq fails both with
+     * HCOLL_ERR_MISMATCH instead of leaving them waiting for each other. */
+    struct hc_dissem *dissem;
 } hc_ringdrv_env_t;
 
 /* Run op on ring to the end. Blocks; HCOLL_ERR_ABORTED (recorded here)

@@ -17,10 +17,15 @@ hcoll_status_t hc_gdr_cu_fail(const hc_gdr_report_t *rp, hc_cu_res_t r, const ch
                       hc_gdr_cu_errstr(r, eb, sizeof eb));
 }
 
-hcoll_status_t hc_gdr_event_wait(const hc_cu_api_t *cu, void *ev, int timeout_ms,
-                                 int check_abort, const hc_gdr_report_t *rp, const char *what)
+/* The one polling loop: timeout_ms < 0 none; knob names the deadline in
+ * the message; watch (may be NULL) between sleeps, every WATCH_MS. */
+#define WATCH_MS 10
+static hcoll_status_t event_poll(const hc_cu_api_t *cu, void *ev, int timeout_ms,
+                                 const char *knob, int check_abort, const hc_gdr_report_t *rp,
+                                 const char *what, hc_gdr_watch_fn watch, void *arg)
 {
-    double deadline = hc_now_ms() + timeout_ms;
+    const double t0 = hc_now_ms(), deadline = t0 + timeout_ms;
+    double next_watch = t0 + WATCH_MS;
     long sleep_ns = 2000;
     for (int spins = 0;; spins++) {
         hc_cu_res_t r = cu->event_query(ev);
@@ -32,16 +37,35 @@ hcoll_status_t hc_gdr_event_wait(const hc_cu_api_t *cu, void *ev, int timeout_ms
             return hc_err_set(rp->err, HC_COLL, rp->rank, HCOLL_ERR_ABORTED,
                               "communicator aborted while waiting for %s", what);
         if (spins > 64) {
-            if (hc_now_ms() > deadline)
+            const double now = hc_now_ms();
+            if (timeout_ms >= 0 && now > deadline)
                 return hc_err_set(rp->err, HC_GDR, rp->rank, HCOLL_ERR_TIMEOUT,
-                                  "%s did not happen within %d ms (HCOLL_TIMEOUT_MS)", what,
-                                  timeout_ms);
+                                  "%s did not happen within %d ms (%s)", what, timeout_ms, knob);
+            if (watch && now >= next_watch) {
+                hcoll_status_t st = watch(arg);
+                if (st != HCOLL_SUCCESS)
+                    return st;
+                next_watch = now + WATCH_MS;
+            }
             struct timespec ts = { 0, sleep_ns };
             nanosleep(&ts, NULL);
             if (sleep_ns < 200000)
                 sleep_ns *= 2;
         }
     }
+}
+
+hcoll_status_t hc_gdr_event_wait(const hc_cu_api_t *cu, void *ev, int timeout_ms,
+                                 int check_abort, const hc_gdr_report_t *rp, const char *what)
+{
+    return event_poll(cu, ev, timeout_ms, "HCOLL_TIMEOUT_MS", check_abort, rp, what, NULL, NULL);
+}
+
+hcoll_status_t hc_gdr_event_wait_watched(const hc_cu_api_t *cu, void *ev, int op_timeout_ms,
+                                         const hc_gdr_report_t *rp, const char *what,
+                                         hc_gdr_watch_fn watch, void *arg)
+{
+    return event_poll(cu, ev, op_timeout_ms, "HCOLL_OP_TIMEOUT_MS", 1, rp, what, watch, arg);
 }
 
 void *hc_gdr_tev_mark(const hc_cu_api_t *cu, void *stream)

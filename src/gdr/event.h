@@ -36,6 +36,18 @@ hcoll_status_t hc_gdr_cu_fail(const hc_gdr_report_t *rp, hc_cu_res_t r, const ch
 hcoll_status_t hc_gdr_event_wait(const hc_cu_api_t *cu, void *ev, int timeout_ms,
                                  int check_abort, const hc_gdr_report_t *rp, const char *what);
 
+/*
+ * hc_gdr_event_wait for an event that other ranks hold up (a collective on
+ * the caller's stream waits for late peers): no deadline while they are
+ * alive, up to op_timeout_ms (< 0: none), with the abort check, and
+ * watch(arg) every few milliseconds, whose failure (recorded by it) ends
+ * the wait. HCOLL_ERR_TIMEOUT names HCOLL_OP_TIMEOUT_MS.
+ */
+typedef hcoll_status_t (*hc_gdr_watch_fn)(void *arg);
+hcoll_status_t hc_gdr_event_wait_watched(const hc_cu_api_t *cu, void *ev, int op_timeout_ms,
+                                         const hc_gdr_report_t *rp, const char *what,
+                                         hc_gdr_watch_fn watch, void *arg);
+
 /* ---- Timing ----------------------------------------------------------------
  * Best effort: an event that cannot be made leaves its stage untimed and
  * never fails the call. */

@@ -172,6 +172,11 @@ void hc_ring_live_poll(hc_ring_t *ring, int wait_ms);
  * was killed, or failed and reset its ring), with what happened in why;
  * 0 otherwise. Thread-safe; NULL ring: 0. */
 int hc_ring_live_lost(hc_ring_t *ring, char *why, size_t len);
+/* What a wait elsewhere (the barrier) needs from the liveness links: as
+ * the ring's own waits, HCOLL_ERR_PEER_FAILED (recorded, naming the rank
+ * and the rail) when a neighbour's link closed without a goodbye or was
+ * silent for liveness_ms; else success. Reads atomics only; NULL: success. */
+hcoll_status_t hc_ring_live_status(hc_ring_t *ring);
 /* A user's registered range (hcoll_mem_register), kept registered with the
  * ring's transport until unpinned, so that operations inside it register
  * nothing (transport.h, mem_pin). *pin_out NULL: nothing to keep (TCP, no

@@ -81,22 +81,23 @@ hcoll_status_t hc_ring_live_listen(hc_ring_t *r, uint32_t *ip_out, uint32_t *por
     return HCOLL_SUCCESS;
 }
 
-static int wait_fd(int fd, short ev, double deadline)
+/* 0 ready, -1 failed or past the deadline, -2 set-up cancelled. */
+static int wait_fd(const hc_ring_t *r, int fd, short ev, double deadline)
 {
     for (;;) {
         int left = (int)(deadline - hc_now_ms());
         if (left <= 0)
             return -1;
-        struct pollfd p = { fd, ev, 0 };
-        int n = poll(&p, 1, left);
+        int n = hc_tp_wait_fd(&r->p.tp, fd, ev, left);
         if (n > 0)
             return 0;
-        if (n < 0 && errno != EINTR)
-            return -1;
+        if (n < 0)
+            return n;
     }
 }
 
-/* Dial next from the rail address and say who we are. */
+/* Dial next from the rail address and say who we are: the socket, or -1
+ * (deadline) or -2 (cancelled). */
 static int live_dial(hc_ring_t *r, uint32_t ip, uint32_t port, double deadline)
 {
     struct sockaddr_in me = { .sin_family = AF_INET }, to = { .sin_family = AF_INET };
@@ -110,7 +111,12 @@ static int live_dial(hc_ring_t *r, uint32_t ip, uint32_t port, double deadline)
         int rc = bind(fd, (struct sockaddr *)&me, sizeof me);
         if (rc == 0)
             rc = connect(fd, (struct sockaddr *)&to, sizeof to);
-        if (rc != 0 && errno == EINPROGRESS && wait_fd(fd, POLLOUT, deadline) == 0) {
+        int w = rc != 0 && errno == EINPROGRESS ? wait_fd(r, fd, POLLOUT, deadline) : -1;
+        if (w == -2) {
+            close(fd);
+            return -2;
+        }
+        if (w == 0) {
             int err = 0;
             socklen_t el = sizeof err;
             getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el);
@@ -122,26 +128,30 @@ static int live_dial(hc_ring_t *r, uint32_t ip, uint32_t port, double deadline)
         close(fd);
         if (hc_now_ms() >= deadline)
             return -1;
+        if (hc_tp_cancelled(&r->p.tp))
+            return -2;
         usleep(20000);
     }
 }
 
-/* Accept prev's link; strangers and stale hellos are dropped. */
+/* Accept prev's link; strangers and stale hellos are dropped. As
+ * live_dial. */
 static int live_accept(hc_ring_t *r, double deadline)
 {
-    while (wait_fd(r->live_listen, POLLIN, deadline) == 0) {
+    int w;
+    while ((w = wait_fd(r, r->live_listen, POLLIN, deadline)) == 0) {
         int fd = accept4(r->live_listen, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0)
             continue;
         live_hello_t h;
         double hd = hc_now_ms() + 1000;
-        if (wait_fd(fd, POLLIN, hd < deadline ? hd : deadline) == 0 &&
+        if (wait_fd(r, fd, POLLIN, hd < deadline ? hd : deadline) == 0 &&
             recv(fd, &h, sizeof h, MSG_WAITALL) == (ssize_t)sizeof h &&
             h.magic == LIVE_HELLO_MAGIC && h.pos == (uint32_t)r->prev)
             return fd;
         close(fd);
     }
-    return -1;
+    return w;
 }
 
 hcoll_status_t hc_ring_live_connect(hc_ring_t *r, uint32_t next_ip, uint32_t next_port)
@@ -156,6 +166,10 @@ hcoll_status_t hc_ring_live_connect(hc_ring_t *r, uint32_t next_ip, uint32_t nex
     if (out < 0 || in < 0) {
         if (out >= 0)
             close(out);
+        if (out == -2 || in == -2)
+            return hc_err_set(RING_ERRBUF(r), HC_NET, RING_LOGRANK(r), HCOLL_ERR_ABORTED,
+                              "ring liveness: linking cancelled: the communicator was aborted "
+                              "or destroyed during its set-up");
         return hc_err_set(RING_ERRBUF(r), HC_NET, RING_LOGRANK(r), HCOLL_ERR_TIMEOUT,
                           "ring liveness: no link %s rank %d on rail %d (%s) within %d ms",
                           out < 0 ? "to next" : "from prev",
@@ -261,6 +275,11 @@ hcoll_status_t hc_ring_live_check(hc_ring_t *r)
                               r->p.liveness_ms);
     }
     return HCOLL_SUCCESS;
+}
+
+hcoll_status_t hc_ring_live_status(hc_ring_t *r)
+{
+    return r ? hc_ring_live_check(r) : HCOLL_SUCCESS;
 }
 
 void hc_ring_live_close(hc_ring_t *r, int graceful)

@@ -89,6 +89,10 @@ hcoll_status_t hc_ring_create(const hc_ring_params_t *params, hc_ring_t **ring_o
     }
 
     HC_CHECK(r->ops->create(&params->tp, &r->tr), clean_ring);
+    /* Over verbs the rail is a NIC, not the IP interface of its address:
+     * name the NIC in the ring's messages. */
+    if (r->ops->rail_name)
+        r->ops->rail_name(r->tr, r->rail_ifname, sizeof r->rail_ifname);
     int peers[2] = { r->next, r->prev };
     hc_ep_t *eps[2] = { NULL, NULL };
     HC_CHECK(r->ops->connect(r->tr, peers, n == 2 ? 1 : 2, params->allgather, params->ag_ctx, eps),

@@ -7,6 +7,9 @@
  */
 #include "inter/transport.h"
 
+#include <errno.h>
+#include <poll.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,4 +63,35 @@ hcoll_status_t hc_tp_failv(const hc_transport_params_t *p, hcoll_status_t *err, 
     *err = st;
     hc_err_set(p->errbuf, HC_NET, p->log_rank, st, "%s: %s", who, msg);
     return st;
+}
+
+static atomic_uint_least64_t tp_counters[HC_TP_NCOUNTERS];
+
+void hc_tp_count(enum hc_tp_counter which)
+{
+    atomic_fetch_add_explicit(&tp_counters[which], 1, memory_order_relaxed);
+}
+
+uint64_t hc_tp_counter(enum hc_tp_counter which)
+{
+    return atomic_load_explicit(&tp_counters[which], memory_order_relaxed);
+}
+
+int hc_tp_wait_fd(const hc_transport_params_t *p, int fd, short ev, int timeout_ms)
+{
+    struct pollfd pf[2] = { { fd, ev, 0 }, { p->cancel_fd ? *p->cancel_fd : -1, POLLIN, 0 } };
+    int n = poll(pf, p->cancel_fd ? 2 : 1, timeout_ms);
+    if (n < 0)
+        return errno == EINTR ? 0 : -1;
+    if (p->cancel_fd && pf[1].revents)
+        return -2;
+    return n > 0 ? 1 : 0;
+}
+
+int hc_tp_cancelled(const hc_transport_params_t *p)
+{
+    if (!p->cancel_fd)
+        return 0;
+    struct pollfd pf = { *p->cancel_fd, POLLIN, 0 };
+    return poll(&pf, 1, 0) > 0;
 }

@@ -118,6 +118,15 @@ void hc_tcp_ep_free(hc_ep_t *ep)
     free(ep);
 }
 
+/* The communicator's set-up was cancelled (abort or destroy during a
+ * non-blocking init): end at once instead of at the deadline. */
+static hcoll_status_t tcp_cancelled(hc_transport_t *tr)
+{
+    return hc_tcp_fail(tr, HCOLL_ERR_ABORTED,
+                       "connecting cancelled: the communicator was aborted or destroyed "
+                       "during its set-up");
+}
+
 static hcoll_status_t dial(hc_transport_t *tr, const tcp_addr_t *to, int sock_idx,
                            double deadline, int *fd_out)
 {
@@ -141,9 +150,12 @@ static hcoll_status_t dial(hc_transport_t *tr, const tcp_addr_t *to, int sock_id
         }
         int rc = connect(fd, (struct sockaddr *)&dst, sizeof dst);
         if (rc != 0 && errno == EINPROGRESS) {
-            struct pollfd pfd = { fd, POLLOUT, 0 };
             int left = (int)(deadline - hc_now_ms());
-            rc = left > 0 ? poll(&pfd, 1, left) : 0;
+            rc = left > 0 ? hc_tp_wait_fd(&tr->p, fd, POLLOUT, left) : 0;
+            if (rc == -2) {
+                close(fd);
+                return tcp_cancelled(tr);
+            }
             if (rc == 1) {
                 socklen_t el = sizeof err;
                 getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el);
@@ -168,6 +180,8 @@ static hcoll_status_t dial(hc_transport_t *tr, const tcp_addr_t *to, int sock_id
         close(fd);
         if (hc_now_ms() >= deadline || (err != ECONNREFUSED && err != EINTR && err != EAGAIN))
             break;
+        if (hc_tp_cancelled(&tr->p))
+            return tcp_cancelled(tr);
         usleep(10000);
     }
     return hc_tcp_fail(tr, err == ETIMEDOUT ? HCOLL_ERR_TIMEOUT : HCOLL_ERR_NETWORK,
@@ -183,10 +197,11 @@ static hcoll_status_t accept_peers(hc_transport_t *tr, const int *peers, int npe
     const int me = tr->p.rank, ns = tr->p.nsocks_perpeer;
     while (expect > 0) {
         int left = (int)(deadline - hc_now_ms());
-        struct pollfd pfd = { tr->listen_fd, POLLIN, 0 };
-        int pr = left > 0 ? poll(&pfd, 1, left) : 0;
-        if (pr < 0 && errno == EINTR)
-            continue;
+        int pr = left > 0 ? hc_tp_wait_fd(&tr->p, tr->listen_fd, POLLIN, left) : 0;
+        if (pr == -2)
+            return tcp_cancelled(tr);
+        if (pr == 0 && left > 0 && hc_now_ms() < deadline)
+            continue; /* EINTR */
         if (pr <= 0)
             return hc_tcp_fail(tr, HCOLL_ERR_TIMEOUT,
                                "%d connection(s) from lower ranks did not arrive within %d ms",

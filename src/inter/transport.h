@@ -81,12 +81,23 @@ typedef struct hc_transport_params {
                               * kept: verbs takes HCA list, GID index, TC, SL,
                               * timeout, retry count, GDR level and flush and
                               * sysfs root from it (required); TCP ignores it */
+    const int *cancel_fd;    /* NULL, or an eventfd that turns readable when the
+                              * set-up is cancelled (the communicator's, which
+                              * abort and destroy write): connect's waits that
+                              * are not exchanges (dial, accept) watch it and
+                              * end with HCOLL_ERR_ABORTED */
 } hc_transport_params_t;
 
 /* A transport's failure: the first one is recorded in *err and logged as
  * "<who>: <message>"; later ones (cascades of the first) only return *err. */
 hcoll_status_t hc_tp_failv(const hc_transport_params_t *p, hcoll_status_t *err, hcoll_status_t st,
                            const char *who, const char *fmt, va_list ap);
+
+/* Set-up waits that watch p->cancel_fd (seam.c): poll fd for ev up to
+ * timeout_ms. 1 ready, 0 timed out, -1 poll failed (errno), -2 cancelled. */
+int hc_tp_wait_fd(const hc_transport_params_t *p, int fd, short ev, int timeout_ms);
+/* 1 when p->cancel_fd is readable (never blocks). */
+int hc_tp_cancelled(const hc_transport_params_t *p);
 
 /* The rank to name in a message about the peer at position pos. */
 static inline int hc_tp_rank(const hc_transport_params_t *p, int pos)
@@ -165,6 +176,11 @@ typedef struct hc_transport_ops {
     hcoll_status_t (*mem_pin)(hc_transport_t *tr, void *base, size_t len, hc_mr_t **pin_out);
     void (*mem_unpin)(hc_transport_t *tr, hc_mr_t *pin); /* NULL pin: no-op */
 
+    /* Optional: what carries this instance's rail, for messages (verbs:
+     * "mlx5_1 port 1"), into buf. NULL: the rail's IP interface names it
+     * (TCP). */
+    void (*rail_name)(hc_transport_t *tr, char *buf, size_t len);
+
     /* Close every endpoint and free the instance. graceful: tell peers this
      * is an orderly goodbye; otherwise reset the connections so that peers
      * notice a failure at once. NULL is a no-op. */
@@ -196,6 +212,20 @@ typedef struct hc_select_params {
  */
 hcoll_status_t hc_transport_select(const hc_select_params_t *sp,
                                    const hc_transport_ops_t **ops_out);
+
+/* Process-wide counts of what the backends did with the NIC's memory
+ * registration (seam.c): a statistic for hcoll_rdma_counters, shared by
+ * every communicator of the process on purpose (registrations pin pages
+ * of the process, whichever communicator asked). Thread-safe. */
+enum hc_tp_counter {
+    HC_TP_REG,        /* ibv_reg_mr / ibv_reg_dmabuf_mr calls that succeeded */
+    HC_TP_DEREG,      /* ibv_dereg_mr calls */
+    HC_TP_CACHE_HIT,  /* mr_reg / mem_pin served by the registration cache */
+    HC_TP_CACHE_MISS, /* mr_reg / mem_pin that had to register */
+    HC_TP_NCOUNTERS
+};
+void hc_tp_count(enum hc_tp_counter which);
+uint64_t hc_tp_counter(enum hc_tp_counter which);
 
 /* The TCP backend's table (tcp.c). */
 extern const hc_transport_ops_t hc_tcp_ops;

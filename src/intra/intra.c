@@ -39,6 +39,13 @@ hcoll_status_t hc_intra_health(hc_intra_t *ctx, const char *what)
     return HCOLL_SUCCESS;
 }
 
+hcoll_status_t hc_intra_alive(hc_intra_t *ctx, const char *what)
+{
+    if (ctx && ctx->ops && ctx->ops->alive)
+        return ctx->ops->alive(ctx, what);
+    return hc_intra_health(ctx, what);
+}
+
 void hc_intra_poison(hc_intra_t *ctx)
 {
     if (ctx && ctx->ops && ctx->ops->poison)

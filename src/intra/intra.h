@@ -129,6 +129,13 @@ struct hc_intra_ops {
      * every local rank's wait, and every later call, fails with
      * HCOLL_ERR_PEER_FAILED. Thread-safe, non-blocking. NULL: none. */
     void (*poison)(hc_intra_t *ctx);
+    /* For a wait elsewhere that depends on every local rank (a device
+     * stage on the caller's stream): HCOLL_SUCCESS while each other local
+     * rank is alive, or has left in order; else HCOLL_ERR_PEER_FAILED
+     * (recorded, the segment poisoned) once one died or stopped beating
+     * for liveness_ms, and health's failure. Not thread-safe with the
+     * backend's own calls (the executor's thread). NULL: health only. */
+    hcoll_status_t (*alive)(hc_intra_t *ctx, const char *what);
 };
 
 /* Every backend's object starts with this, so the generic helpers below can
@@ -169,6 +176,8 @@ void hc_intra_abort(hc_intra_t *ctx);
 void hc_intra_beat(hc_intra_t *ctx);
 /* ctx->ops->health; HCOLL_SUCCESS for NULL. */
 hcoll_status_t hc_intra_health(hc_intra_t *ctx, const char *what);
+/* ctx->ops->alive, else ctx->ops->health; HCOLL_SUCCESS for NULL. */
+hcoll_status_t hc_intra_alive(hc_intra_t *ctx, const char *what);
 /* ctx->ops->poison; NULL is a no-op. */
 void hc_intra_poison(hc_intra_t *ctx);
 void hc_intra_destroy(hc_intra_t *ctx);

@@ -357,5 +357,6 @@ const hc_intra_ops_t hc_intra_shm_ops = {
     .destroy = hc_shm_destroy,
     .beat = hc_shm_beat,
     .health = hc_shm_health,
+    .alive = hc_shm_alive,
     .poison = hc_shm_poison_op,
 };

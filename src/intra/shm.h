@@ -159,6 +159,7 @@ hcoll_status_t hc_shm_barrier(hc_intra_t *ctx);
 void hc_shm_abort(hc_intra_t *ctx);
 void hc_shm_beat(hc_intra_t *ctx);
 hcoll_status_t hc_shm_health(hc_intra_t *ctx, const char *what);
+hcoll_status_t hc_shm_alive(hc_intra_t *ctx, const char *what);
 void hc_shm_poison_op(hc_intra_t *ctx);
 
 #endif

@@ -172,6 +172,32 @@ static int hc_shm_peer_gone(const hc_shm_t *s, int q)
     return rp && (rp[1] == ' ') && (rp[2] == 'Z' || rp[2] == 'X') ? 1 : 0;
 }
 
+/* Every other local rank, whether awaited or not (intra.h, alive): one that
+ * left in order is not a failure, one that died or stopped beating is. */
+hcoll_status_t hc_shm_alive(hc_intra_t *ctx, const char *what)
+{
+    hc_shm_t *s = (hc_shm_t *)ctx;
+    hcoll_status_t st = s ? hc_shm_check_health(s, what) : HCOLL_SUCCESS;
+    if (st != HCOLL_SUCCESS || !s->hdr)
+        return st;
+    const double now = hc_now_ms();
+    for (int r = 0; r < s->L; r++) {
+        if (r == s->lrank)
+            continue;
+        const int gone = hc_shm_peer_gone(s, r);
+        if (gone == 1 || (gone == 0 && hc_shm_peer_frozen(s, r, now))) {
+            hc_shm_poison(s, HCOLL_ERR_PEER_FAILED, r);
+            return hc_err_set(s->eb, HC_SHM, s->rank, HCOLL_ERR_PEER_FAILED,
+                              "intra-node shm %s: local rank %d (pid %d) %s", what, r,
+                              (int)s->pid[r],
+                              gone ? "died"
+                                   : "showed no sign of life for HCOLL_LIVENESS_MS (stopped "
+                                     "or hung)");
+        }
+    }
+    return HCOLL_SUCCESS;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Waiting                                                                    */
 /* ------------------------------------------------------------------------ */

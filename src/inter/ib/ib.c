@@ -81,8 +81,10 @@ static void ib_destroy(hc_transport_t *tr, int graceful)
     ib_flush_free(tr);
     ib_mr_free_handles(tr);
     hc_mrc_fini(&tr->mrc);
-    if (tr->credits_mr)
+    if (tr->credits_mr) {
         tr->v->dereg_mr(tr->credits_mr);
+        hc_tp_count(HC_TP_DEREG);
+    }
     free((void *)tr->credits);
     if (tr->pd)
         tr->v->dealloc_pd(tr->pd);
@@ -107,6 +109,7 @@ static hcoll_status_t credits_setup(hc_transport_t *tr)
     if (!tr->credits_mr)
         return ib_fail(tr, HCOLL_ERR_RDMA, "ibv_reg_mr of the credit words failed (errno %d)",
                        errno);
+    hc_tp_count(HC_TP_REG);
     return HCOLL_SUCCESS;
 }
 
@@ -185,10 +188,16 @@ static int ib_gdr(hc_transport_t *tr)
     return tr->gdr;
 }
 
+static void ib_rail_name(hc_transport_t *tr, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s port %d", tr->choice.port.dev, tr->choice.port.port);
+}
+
 const hc_transport_ops_t hc_ib_ops = {
     .name = "ib",
     .create = ib_create,
     .connect = ib_connect,
+    .rail_name = ib_rail_name,
     .mr_reg = ib_mr_reg,
     .mr_dereg = ib_mr_dereg,
     .mem_pin = ib_mem_pin,

@@ -188,15 +188,15 @@ struct hc_transport {
     hcoll_status_t err;
 };
 
-/* The transport's first failure is recorded and logged as "NET/IB rank R
- * (dev:port): ..."; later ones return it (seam.c's recorder). */
+/* The transport's first failure is recorded and logged as "NET/IB rank R,
+ * rail K (dev port P): ..."; later ones return it (seam.c's recorder). */
 static inline hcoll_status_t ib_fail(hc_transport_t *tr, hcoll_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 static inline hcoll_status_t ib_fail(hc_transport_t *tr, hcoll_status_t st, const char *fmt, ...)
 {
     char who[96];
-    snprintf(who, sizeof who, "NET/IB rank %d (%s:%d)", tr->p.log_rank, tr->choice.port.dev,
-             tr->choice.port.port);
+    snprintf(who, sizeof who, "NET/IB rank %d, rail %d (%s port %d)", tr->p.log_rank,
+             tr->p.rail, tr->choice.port.dev, tr->choice.port.port);
     va_list ap;
     va_start(ap, fmt);
     st = hc_tp_failv(&tr->p, &tr->err, st, who, fmt, ap);

@@ -36,8 +36,10 @@ void ib_mrc_dereg(void *ctx, hc_mrc_entry_t *e)
 {
     hc_transport_t *tr = ctx;
     ib_mrent_t *mr = (ib_mrent_t *)e;
-    if (mr->mr)
+    if (mr->mr) {
         tr->v->dereg_mr(mr->mr);
+        hc_tp_count(HC_TP_DEREG);
+    }
     if (e->dmabuf_fd >= 0)
         close(e->dmabuf_fd);
     free(mr);
@@ -71,6 +73,8 @@ int ib_flush_setup(hc_transport_t *tr)
         return -1;
     tr->flush_mr = tr->v->reg_mr(tr->pd, (void *)(uintptr_t)tr->flush_mem.ptr, IB_FLUSH_BYTES,
                                  IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+    if (tr->flush_mr)
+        hc_tp_count(HC_TP_REG);
     if (!tr->flush_mr || loop_qp_setup(tr) != HCOLL_SUCCESS)
         return -1; /* ib_flush_free undoes the rest */
     return 0;
@@ -84,8 +88,10 @@ void ib_flush_free(hc_transport_t *tr)
         tr->v->destroy_cq(tr->loop_cq);
     tr->loop_qp = NULL;
     tr->loop_cq = NULL;
-    if (tr->flush_mr)
+    if (tr->flush_mr) {
         tr->v->dereg_mr(tr->flush_mr);
+        hc_tp_count(HC_TP_DEREG);
+    }
     tr->flush_mr = NULL;
     hc_gdr_dmem_free(&tr->flush_mem);
 }
@@ -118,6 +124,8 @@ static void mr_register(hc_transport_t *tr, ib_mrent_t *mr, int kind, char *why,
             why[0] = '\0';
             mr->mr = tr->v->reg_mr(tr->pd, base, len, access);
         }
+        if (mr->mr)
+            hc_tp_count(HC_TP_REG);
         return;
     }
     /* Host memory; device memory through nvidia-peermem. */
@@ -127,6 +135,8 @@ static void mr_register(hc_transport_t *tr, ib_mrent_t *mr, int kind, char *why,
      * which a peer writing to it would learn. */
     if (!mr->mr && errno == EFAULT && kind == HC_MEM_HOST)
         mr->mr = tr->v->reg_mr(tr->pd, base, len, 0);
+    if (mr->mr)
+        hc_tp_count(HC_TP_REG);
 }
 
 /* Track a handle, so that destroy frees those nobody deregistered. */
@@ -194,6 +204,7 @@ hcoll_status_t ib_mr_reg(hc_transport_t *tr, void *base, size_t len, hc_mr_t **m
     int kind = hc_gdr_cuda_in_process() ? hc_gdr_ptr_kind(base, &dev) : HC_MEM_HOST;
     uint64_t gen = kind == HC_MEM_HOST ? 0 : hc_gdr_ptr_buffer_id(base);
     ib_mrent_t *mr = (ib_mrent_t *)hc_mrc_find(&tr->mrc, base, len, gen);
+    hc_tp_count(mr ? HC_TP_CACHE_HIT : HC_TP_CACHE_MISS);
     if (!mr) {
         HC_CHECK(mrent_new(tr, base, len, kind, dev, gen, &mr), clean_handle);
         hc_mrc_insert(&tr->mrc, &mr->e);
@@ -258,6 +269,7 @@ hcoll_status_t ib_mem_pin(hc_transport_t *tr, void *base, size_t len, hc_mr_t **
     h->base = base;
     h->len = len;
     ib_mrent_t *mr = (ib_mrent_t *)hc_mrc_find(&tr->mrc, base, len, gen);
+    hc_tp_count(mr ? HC_TP_CACHE_HIT : HC_TP_CACHE_MISS);
     if (!mr) {
         mr = calloc(1, sizeof *mr);
         char why[200] = "";
