@@ -126,10 +126,11 @@ static hcoll_status_t hcoll_coll(hp_perf_t *p, const void *s, void *r, size_t co
     void *stream = req ? NULL : p->gpu.stream;
     switch (p->o.coll) {
     case HP_COLL_REDUCE_SCATTER:
+        return req ? hcoll_reduce_scatter_async(p->comm, s, r, count, dt, op, stream, req)
+                   : hcoll_reduce_scatter(p->comm, s, r, count, dt, op, stream);
     case HP_COLL_ALLGATHER:
-        /* Not in this library yet (the reduce-scatter / all-gather API
-         * comes with the w-rsag branch). */
-        return HCOLL_ERR_UNSUPPORTED;
+        return req ? hcoll_allgather_async(p->comm, s, r, count, dt, stream, req)
+                   : hcoll_allgather(p->comm, s, r, count, dt, stream);
     case HP_COLL_BROADCAST:
         return req ? hcoll_broadcast_async(p->comm, s, r, count, dt, 0, stream, req)
                    : hcoll_broadcast(p->comm, s, r, count, dt, 0, stream);
