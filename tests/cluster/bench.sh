@@ -2,7 +2,7 @@
 # Benchmark (not a test), as root: hcoll against Open MPI on the emulated
 # cluster, N nodes x L rails shaped to RATE, same namespaces, same ranks,
 # same buffers (hcoll_perf --peer mpi under mpirun, alternating size by
-# size), for one collective or all four:
+# size), for one collective, a comma list of them, or all four:
 #   allreduce       MPI_Allreduce
 #   reduce_scatter  MPI_Reduce_scatter_block
 #   allgather       MPI_Allgather
@@ -13,7 +13,7 @@
 # node sends on each rail to the next node's rail, all flows at once, as a
 # ring does): what TCP itself delivers through these shapers on this host
 # right now, the yardstick for hcoll's bytes per NIC.
-#   tests/cluster/bench.sh [--coll allreduce|reduce_scatter|allgather|broadcast|all]
+#   tests/cluster/bench.sh [--coll allreduce|reduce_scatter|allgather|broadcast[,...]|all]
 #                          [--nodes 4] [--rails 2] [--rate 1gbit]
 #                          [-b 4K] [-e 256M] [-n 5] [--out bench]
 # Writes OUT/cluster-NxL[-COLL].json and .png (gnuplot; the all-reduce's file
@@ -32,16 +32,19 @@ while [ $# -gt 0 ]; do
     -e) e=$2; shift 2 ;;
     -n) iters=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
-    *) echo "usage: $0 [--coll allreduce|reduce_scatter|allgather|broadcast|all] [--nodes N] [--rails L] [--rate R] [-b MIN] [-e MAX] [-n ITERS] [--out DIR]" >&2
+    *) echo "usage: $0 [--coll allreduce|reduce_scatter|allgather|broadcast[,...]|all] [--nodes N] [--rails L] [--rate R] [-b MIN] [-e MAX] [-n ITERS] [--out DIR]" >&2
        exit 2 ;;
   esac
 done
-case $coll in
-  all) colls=(allreduce reduce_scatter allgather broadcast) ;;
-  allreduce|reduce_scatter|allgather|broadcast) colls=("$coll") ;;
-  *) echo "bench: --coll: '$coll' is not allreduce, reduce_scatter, allgather, broadcast or all" >&2
-     exit 2 ;;
-esac
+[ "$coll" = all ] && coll=allreduce,reduce_scatter,allgather,broadcast
+IFS=, read -r -a colls <<<"$coll"
+for c in "${colls[@]}"; do
+  case $c in
+    allreduce|reduce_scatter|allgather|broadcast) ;;
+    *) echo "bench: --coll: '$c' is not allreduce, reduce_scatter, allgather, broadcast or all" >&2
+       exit 2 ;;
+  esac
+done
 [ "$(id -u)" -eq 0 ] || { echo "bench: needs root (network namespaces)" >&2; exit 1; }
 command -v mpirun >/dev/null || { echo "bench: no mpirun (Open MPI)" >&2; exit 1; }
 grep -q MPI_Allreduce bin/hcoll_perf || { echo "bench: bin/hcoll_perf built without MPI" >&2; exit 1; }
@@ -71,7 +74,7 @@ goodput() {
     END { printf "%.6f %.6f %d\n", s / n, min, n }'
 }
 read -r gp_mean gp_min gp_n < <(goodput)
-[ -n "${gp_n:-}" ] && [ "$gp_n" -gt 0 ] || { echo "bench: no goodput figure" >&2; exit 1; }
+if [ -z "${gp_n:-}" ] || [ "$gp_n" -eq 0 ]; then echo "bench: no goodput figure" >&2; exit 1; fi
 echo "raw TCP goodput: mean $gp_mean GB/s per NIC over $gp_n NICs (lowest $gp_min)" >&2
 gp_cmd="for k in 0..$((nodes - 1)): tests/cluster/netcluster.sh exec \$k -- python3 tests/cluster/goodput.py --node \$k --nodes $nodes --rails $rails --secs 4 --warm 1 &"
 
