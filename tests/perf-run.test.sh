@@ -4,7 +4,9 @@
 #   - -np 4 as 2 emulated nodes x 2, -c 1: every #wrong is 0, rows and
 #     columns as documented, JSON that hcoll_plan reads back
 #   - a non-power-of-two rank count, blocking calls, half/prod
-#   - under mpirun (when present): --peer mpi rows and ratio
+#   - -o: each collective checked on 2 x 2, its busbw and NIC formulas
+#   - under mpirun (when present): --peer mpi rows and ratio, for each
+#     collective's MPI peer
 #   - --peer nccl without a GPU, --peer mpi without mpirun: clear failures
 # While hcoll_allreduce answers HCOLL_ERR_UNSUPPORTED (hcoll_perf exits 3
 # and says so), the runs that need it are skipped (exit 77), found at run
@@ -173,6 +175,19 @@ if command -v mpirun >/dev/null && grep -q 'MPI_Allreduce' "$perf" 2>/dev/null; 
   grep -E '^ +[0-9]+ .* mpi ' <<<"$out" | awk '$10 != "0" || $14 != "0" || $NF !~ /^[0-9.]+$/ { exit 1 }' \
     || fail "--peer mpi: #wrong or ratio"
   grep -q '^# Avg bus bandwidth (mpi)' <<<"$out" || fail "--peer mpi: footer"
+  # The other collectives' MPI peers (MPI_Reduce_scatter_block, whose
+  # in-place result sits at the start of recvbuf, MPI_Allgather, MPI_Bcast),
+  # checked like hcoll's.
+  for coll in reduce_scatter allgather broadcast; do
+    out=$(timeout 60 mpirun --allow-run-as-root --oversubscribe -np 4 --mca pml ob1 \
+            --mca btl tcp,self,vader --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo \
+            -x HCOLL_SOCKET_IFNAME -x HCOLL_TIMEOUT_MS -x ASAN_OPTIONS \
+            "$perf" --ranks-per-node 2 -o $coll --peer mpi -b 64K -e 64K -n 2 -c 1 2>&1); rc=$?
+    [ $rc -eq 0 ] || { fail "mpirun -o $coll --peer mpi: exit $rc: $out"; continue; }
+    grep -E '^ +[0-9]+ .* mpi ' <<<"$out" |
+      awk -v c=$coll '$4 != c || $10 != "0" || $14 != "0" || $NF !~ /^[0-9.]+$/ { bad = 1 }
+                      END { exit bad || NR != 1 }' || fail "-o $coll --peer mpi: row, #wrong or ratio: $out"
+  done
 else
   echo "note: no mpirun or hcoll_perf built without MPI: --peer mpi not run"
 fi
