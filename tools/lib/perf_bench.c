@@ -41,9 +41,11 @@ void hp_die_status(hp_perf_t *p, const char *what, hcoll_status_t st)
 
 void hp_die(hp_perf_t *p, const char *fmt, const char *detail)
 {
-    fprintf(stderr, "hcoll_perf: rank %d: ", p->rank);
-    fprintf(stderr, fmt, detail);
-    fputc('\n', stderr);
+    /* One write, so that ranks dying together do not interleave lines. */
+    char msg[600];
+    int n = snprintf(msg, sizeof msg, "hcoll_perf: rank %d: ", p->rank);
+    snprintf(msg + n, sizeof msg - (size_t)n, fmt, detail);
+    fprintf(stderr, "%s\n", msg);
     hcoll_comm_abort(p->comm);
     p->comm = NULL;
     if (p->finish)
