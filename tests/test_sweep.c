@@ -7,6 +7,9 @@
  *   layouts     3x1 (ring)  2x2, 2x3, 3x2 (three stages)  2,1 (flat)
  *   collectives all-reduce, broadcast (every root), barrier (between the
  *               others: nobody leaves before all entered)
+ *   requests    every fifth case and the next run as two requests with a
+ *               barrier request queued between them, waited for only once
+ *               all three are queued: nothing may mix
  *   dtypes      all eight of hcoll.h
  *   ops         SUM PROD MAX MIN AVG and a PREMUL_SUM op (scalar per rank)
  *   counts      0, 1, 7, 4093, 2^20+3
@@ -442,10 +445,11 @@ typedef struct bufs {
     (w)->name, rank, coll_names[(c)->coll], hcoll_dtype_name((c)->dt), op_label((c)->op), \
         (c)->count, (c)->inplace ? "in place" : "out of place", (c)->root
 
-/* Run case c; on success *res_out is the result to check and hash, its first
- * element being global element *first_out. */
+/* Issue case c: blocking with req NULL, else as a request in *req. Then
+ * *res_out is the result to check and hash, its first element being
+ * global element *first_out. */
 static int run_one(world_t *w, hcoll_comm_t comm, int rank, const sw_case_t *c, bufs_t *b,
-                   unsigned char **res_out, size_t *first_out)
+                   hcoll_request_t *req, unsigned char **res_out, size_t *first_out)
 {
     const size_t es = hcoll_dtype_size(c->dt);
     const size_t tile_n = c->count < PERIOD ? c->count : PERIOD;
@@ -455,6 +459,7 @@ static int run_one(world_t *w, hcoll_comm_t comm, int rank, const sw_case_t *c, 
         memcpy(b->in_tile + u * es, &x, es);
     }
     memset(b->recv, 0xa5, c->count * es + GUARD);
+    unsigned char *sb = c->inplace ? b->recv : b->send;
     hcoll_status_t st;
     if (c->coll == C_AR) {
         hcoll_op_t op = (hcoll_op_t)c->op;
@@ -463,16 +468,17 @@ static int run_one(world_t *w, hcoll_comm_t comm, int rank, const sw_case_t *c, 
             HCT_OK(comm, hcoll_op_create_premul_sum(comm, &s, c->dt, HCOLL_SCALAR_HOST_IMMEDIATE,
                                                     &op));
         }
-        unsigned char *sb = c->inplace ? b->recv : b->send;
         tile_fill(sb, b->in_tile, es, 0, c->count);
-        st = hcoll_allreduce(comm, sb, b->recv, c->count, c->dt, op, NULL);
+        st = req ? hcoll_allreduce_async(comm, sb, b->recv, c->count, c->dt, op, NULL, req)
+                 : hcoll_allreduce(comm, sb, b->recv, c->count, c->dt, op, NULL);
+        /* A request keeps its op's scalar: destroying the op now is allowed. */
         if (c->op == OP_PREMUL)
             HCT_OK(comm, hcoll_op_destroy(comm, op));
     } else {
-        unsigned char *sb = c->inplace ? b->recv : b->send;
         if (rank == c->root)
             tile_fill(sb, b->in_tile, es, 0, c->count);
-        st = hcoll_broadcast(comm, sb, b->recv, c->count, c->dt, c->root, NULL);
+        st = req ? hcoll_broadcast_async(comm, sb, b->recv, c->count, c->dt, c->root, NULL, req)
+                 : hcoll_broadcast(comm, sb, b->recv, c->count, c->dt, c->root, NULL);
     }
     HCT_REQUIRE(st == HCOLL_SUCCESS, CASE_FMT " -> %s (%s)", CASE_ARGS(w, rank, c),
                 hcoll_status_name(st), hcoll_comm_last_error(comm));
@@ -528,6 +534,45 @@ static int barrier_between(world_t *w, hcoll_comm_t comm, int rank, int k)
     return 0;
 }
 
+static int wait_case(world_t *w, hcoll_comm_t comm, int rank, const sw_case_t *c,
+                     hcoll_request_t rq)
+{
+    hcoll_status_t st = hcoll_wait(rq);
+    HCT_REQUIRE(st == HCOLL_SUCCESS, CASE_FMT ": wait -> %s (%s)", CASE_ARGS(w, rank, c),
+                hcoll_status_name(st), hcoll_comm_last_error(comm));
+    HCT_OK(comm, hcoll_request_free(rq));
+    return 0;
+}
+
+/* Cases k and k+1 as requests with a barrier request between them, all
+ * three queued before the first is waited for: each result must still be
+ * its own, and the barrier must hold every rank until all entered. */
+static int run_pair(world_t *w, hcoll_comm_t comm, int rank, int k, const sw_case_t *cs,
+                    bufs_t *b)
+{
+    hcoll_request_t rq[2], bar;
+    unsigned char *res[2];
+    size_t first[2];
+    if (run_one(w, comm, rank, &cs[k], &b[0], &rq[0], &res[0], &first[0]))
+        return 1;
+    __atomic_add_fetch(&w->entered[k], 1, __ATOMIC_ACQ_REL);
+    HCT_OK(comm, hcoll_barrier_async(comm, &bar));
+    if (run_one(w, comm, rank, &cs[k + 1], &b[1], &rq[1], &res[1], &first[1]))
+        return 1;
+    if (wait_case(w, comm, rank, &cs[k], rq[0]))
+        return 1;
+    HCT_OK(comm, hcoll_wait(bar));
+    HCT_OK(comm, hcoll_request_free(bar));
+    int in = __atomic_load_n(&w->entered[k], __ATOMIC_ACQUIRE);
+    HCT_REQUIRE(in == w->nranks, "%s rank %d: left barrier request %d with %d of %d ranks in",
+                w->name, rank, k, in, w->nranks);
+    if (wait_case(w, comm, rank, &cs[k + 1], rq[1]))
+        return 1;
+    if (check_one(w, rank, k, &cs[k], &b[0], res[0], first[0]))
+        return 1;
+    return check_one(w, rank, k + 1, &cs[k + 1], &b[1], res[1], first[1]);
+}
+
 /* The issue's case: fp16 AVG of 20000 on 4 ranks is exactly 20000 (the sum,
  * 80000, would be past fp16's 65504); bf16 likewise gives its own 20000
  * (19968) back. */
@@ -578,16 +623,24 @@ static int rank_sweep(int rank, int nranks, void *argp)
     const int ncases = build_cases(w, cs);
     HCT_REQUIRE(ncases <= MAX_CASES, "%d cases", ncases);
     const size_t max = BIG_COUNT * 8 * (size_t)nranks + GUARD;
-    bufs_t b = { malloc(max), malloc(max), malloc(PERIOD * 8), malloc(PERIOD * 8) };
-    HCT_REQUIRE(b.send && b.recv && b.in_tile && b.ref_tile, "no memory");
-    int rc = nranks == 4 ? avg_20000(w, comm, rank, b.recv) : 0;
+    bufs_t b[2];
+    for (int i = 0; i < 2; i++) {
+        b[i] = (bufs_t){ malloc(max), malloc(max), malloc(PERIOD * 8), malloc(PERIOD * 8) };
+        HCT_REQUIRE(b[i].send && b[i].recv && b[i].in_tile && b[i].ref_tile, "no memory");
+    }
+    int rc = nranks == 4 ? avg_20000(w, comm, rank, b[0].recv) : 0;
     for (int k = 0; k < ncases && rc == 0; k++) {
+        if (k % 5 == 1 && k + 1 < ncases) { /* a pair of requests, a barrier between */
+            rc = run_pair(w, comm, rank, k, cs, b);
+            k++;
+            continue;
+        }
         unsigned char *res;
         size_t first;
-        rc = run_one(w, comm, rank, &cs[k], &b, &res, &first);
+        rc = run_one(w, comm, rank, &cs[k], &b[0], NULL, &res, &first);
         if (rc == 0)
-            rc = check_one(w, rank, k, &cs[k], &b, res, first);
-        if (rc == 0 && k % 3 == 0)
+            rc = check_one(w, rank, k, &cs[k], &b[0], res, first);
+        if (rc == 0 && k % 5 == 3)
             rc = barrier_between(w, comm, rank, k);
     }
     if (rc == 0) {
@@ -605,10 +658,12 @@ static int rank_sweep(int rank, int nranks, void *argp)
         hcoll_comm_abort(comm);
     else
         HCT_OK(comm, hcoll_comm_destroy(comm));
-    free(b.send);
-    free(b.recv);
-    free(b.in_tile);
-    free(b.ref_tile);
+    for (int i = 0; i < 2; i++) {
+        free(b[i].send);
+        free(b[i].recv);
+        free(b[i].in_tile);
+        free(b[i].ref_tile);
+    }
     return rc;
 }
 
