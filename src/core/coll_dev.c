@@ -604,7 +604,7 @@ static hcoll_status_t ring_run(hc_coll_dev_t *d, const void *src, void *buf, siz
 {
     struct hcoll_comm *c = d->c;
     const hc_ringdrv_op_t rop = { dev ? src : buf, buf, n, o->dtype, o->op, c->nranks, dev,
-                                  0, 0 };
+                                  0, 0, HC_RING_PHASE_ALLREDUCE };
     const hc_ringdrv_env_t env = { &c->aborted, &c->err, c->rank, "the inter-node stage",
                                    NULL /* NCCL: its own failures */ };
     const double t0 = hc_now_us();
