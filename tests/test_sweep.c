@@ -5,8 +5,9 @@
  * every rank (each rank publishes a hash of its result per case).
  *
  *   layouts     3x1 (ring)  2x2, 2x3, 3x2 (three stages)  2,1 (flat)
- *   collectives all-reduce, broadcast (every root), barrier (between the
- *               others: nobody leaves before all entered)
+ *   collectives all-reduce, reduce-scatter, all-gather, broadcast (every
+ *               root), barrier (between the others: nobody leaves before
+ *               all entered)
  *   requests    every fifth case and the next run as two requests with a
  *               barrier request queued between them, waited for only once
  *               all three are queued: nothing may mix
@@ -24,7 +25,10 @@
  * docs/design.md builds it: on nodes of equal size each node folds its
  * local ranks in order 0..L-1, then the nodes' partial sums are folded
  * along a ring; on uneven nodes (the flat plan) the ring runs over all
- * ranks. Float elements come in kinds (u = element index mod PERIOD):
+ * ranks. (The reduce-scatter's ring chain starts one position later than
+ * the all-reduce's, hcoll.h's "not the order of the all-reduce"; with the
+ * inputs below that is invisible, so one reference serves both.) Float
+ * elements come in kinds (u = element index mod PERIOD):
  *   exact     the value depends on the rank and the result is exact in
  *             any order: small integers (SUM), powers of two (PROD), one
  *             rank's arbitrary value and zeros elsewhere ("solo": checks
@@ -40,12 +44,18 @@
  * so the reference of a 2^20+3 vector costs one period.
  *
  * Cut by default, to stay within ~90 s on two cores (HCOLL_SWEEP_FULL=1
- * runs the whole matrix): at 2^20+3 elements the all-reduce runs SUM and
- * one other op per dtype (the op rotating with the dtype), each in one
- * placement (alternating); the broadcast runs each root once, the dtype
- * rotating and the placement alternating. Every other count runs the
- * whole matrix. Also: fp16 AVG of 20000 on 4 ranks (2x2) gives exactly
- * 20000 (bf16: its nearest, 19968), at 1, 4093 and 2^20+3 elements.
+ * runs the whole matrix), only at 2^20+3 elements (count = recvcount for
+ * the reduce-scatter, sendcount for the all-gather):
+ *   all-reduce      SUM and one other op per dtype (the op rotating with
+ *                   the dtype), each in one placement (alternating)
+ *   reduce-scatter  one op per dtype (rotating over all six), one placement
+ *   all-gather      one placement per dtype (alternating)
+ *   broadcast       each root once, the dtype rotating, the placement
+ *                   alternating
+ * Every other count runs the whole matrix. The reduce-scatter's result is
+ * each rank's own block, so only the other collectives compare hashes.
+ * Also: fp16 AVG of 20000 on 4 ranks (2x2) gives exactly 20000 (bf16: its
+ * nearest, 19968), at 1, 4093 and 2^20+3 elements.
  */
 #include <check.h>
 #include <math.h>
@@ -70,8 +80,9 @@
 static const size_t counts[] = { 0, 1, 7, 4093, BIG_COUNT };
 #define NCOUNTS ((int)(sizeof counts / sizeof counts[0]))
 
-enum { C_AR, C_BC, C_COUNT };
-static const char *const coll_names[C_COUNT] = { "allreduce", "broadcast" };
+enum { C_AR, C_RS, C_AG, C_BC, C_COUNT };
+static const char *const coll_names[C_COUNT] = { "allreduce", "reduce_scatter", "allgather",
+                                                 "broadcast" };
 
 typedef struct sw_case {
     int coll;
@@ -253,7 +264,7 @@ static uint64_t input(const world_t *w, const sw_case_t *c, int r, size_t u)
     const uint64_t seed = ((uint64_t)dt << 8 | (uint64_t)c->op << 4 | (uint64_t)c->coll) << 40;
     const uint64_t hr = mix(seed ^ (u * 1000003u + (uint64_t)r * 7919u + 17));
     const uint64_t hk = mix(seed ^ (u * 1000003u + (uint64_t)key_of(w, r) * 7919u + 99991));
-    if (c->coll == C_BC)
+    if (c->coll == C_BC || c->coll == C_AG)
         return hr & mask_of(dt); /* any bits, NaNs included */
     if (!is_float(dt)) {
         if (c->op == HCOLL_PROD) {
@@ -395,6 +406,23 @@ static int add_case(sw_case_t *cs, int n, int coll, hcoll_dtype_t dt, int op, si
     return n + 1;
 }
 
+/* The cut at 2^20+3 elements (unless HCOLL_SWEEP_FULL): the all-reduce
+ * runs SUM and one other op per dtype (rotating over the other five), each
+ * in one placement (alternating); the reduce-scatter, which moves nranks
+ * times the bytes, one op per dtype (rotating over all six) in one
+ * placement (alternating). */
+static int keep_big_ar(int d, int op, int ip)
+{
+    if (op == HCOLL_SUM)
+        return ip == d % 2;
+    return op == 1 + d % (NOPS - 1) && ip == 1 - d % 2;
+}
+
+static int keep_big_rs(int d, int op, int ip)
+{
+    return op == d % NOPS && ip == (d / 2) % 2;
+}
+
 /* Every case of the layout, in the order all ranks run them. */
 static int build_cases(const world_t *w, sw_case_t *cs)
 {
@@ -404,17 +432,18 @@ static int build_cases(const world_t *w, sw_case_t *cs)
         const int big = count == BIG_COUNT && !w->full;
         for (int d = 0; d < HCOLL_DTYPE_COUNT_; d++) {
             for (int op = 0; op < NOPS; op++) {
-                /* big: SUM and one other op (rotating), one placement each */
-                const int other = 1 + d % (NOPS - 1);
-                if (big && op != HCOLL_SUM && op != other)
-                    continue;
                 for (int ip = 0; ip <= 1; ip++) {
-                    if (big && ip != (op == HCOLL_SUM ? d % 2 : 1 - d % 2))
-                        continue;
-                    n = add_case(cs, n, C_AR, (hcoll_dtype_t)d, op, count, ip, 0);
+                    if (!big || keep_big_ar(d, op, ip))
+                        n = add_case(cs, n, C_AR, (hcoll_dtype_t)d, op, count, ip, 0);
+                    if (!big || keep_big_rs(d, op, ip))
+                        n = add_case(cs, n, C_RS, (hcoll_dtype_t)d, op, count, ip, 0);
                 }
             }
         }
+        for (int d = 0; d < HCOLL_DTYPE_COUNT_; d++)
+            for (int ip = 0; ip <= 1; ip++)
+                if (!big || ip == d % 2)
+                    n = add_case(cs, n, C_AG, (hcoll_dtype_t)d, HCOLL_SUM, count, ip, 0);
         for (int root = 0; root < w->nranks; root++) {
             for (int d = 0; d < HCOLL_DTYPE_COUNT_; d++) {
                 if (big && d != (root * 3) % HCOLL_DTYPE_COUNT_)
@@ -445,80 +474,147 @@ typedef struct bufs {
     (w)->name, rank, coll_names[(c)->coll], hcoll_dtype_name((c)->dt), op_label((c)->op), \
         (c)->count, (c)->inplace ? "in place" : "out of place", (c)->root
 
+/* Elements of the buffer the result lands in: recvbuf, or for a
+ * reduce-scatter in place the whole sendbuf it is part of. */
+static size_t recv_elems(const world_t *w, const sw_case_t *c)
+{
+    if (c->coll == C_AG || (c->coll == C_RS && c->inplace))
+        return c->count * (size_t)w->nranks;
+    return c->count;
+}
+
+/* Elements this rank sends: all of sendbuf. */
+static size_t send_elems(const world_t *w, const sw_case_t *c)
+{
+    return c->coll == C_RS ? c->count * (size_t)w->nranks : c->count;
+}
+
+/* Fills in_tile with rank src's inputs, one period (or fewer). */
+static void inputs_tile(const world_t *w, const sw_case_t *c, int src, unsigned char *tile)
+{
+    const size_t es = hcoll_dtype_size(c->dt);
+    const size_t n = send_elems(w, c);
+    const size_t tile_n = n < PERIOD ? n : PERIOD;
+    for (size_t u = 0; u < tile_n; u++) {
+        uint64_t x = input(w, c, src, u);
+        memcpy(tile + u * es, &x, es);
+    }
+}
+
 /* Issue case c: blocking with req NULL, else as a request in *req. Then
  * *res_out is the result to check and hash, its first element being
- * global element *first_out. */
+ * global element *first_out. In place as NCCL defines it. */
 static int run_one(world_t *w, hcoll_comm_t comm, int rank, const sw_case_t *c, bufs_t *b,
                    hcoll_request_t *req, unsigned char **res_out, size_t *first_out)
 {
-    const size_t es = hcoll_dtype_size(c->dt);
-    const size_t tile_n = c->count < PERIOD ? c->count : PERIOD;
-    const int src = c->coll == C_BC ? c->root : rank;
-    for (size_t u = 0; u < tile_n; u++) {
-        uint64_t x = input(w, c, src, u);
-        memcpy(b->in_tile + u * es, &x, es);
-    }
-    memset(b->recv, 0xa5, c->count * es + GUARD);
-    unsigned char *sb = c->inplace ? b->recv : b->send;
-    hcoll_status_t st;
-    if (c->coll == C_AR) {
-        hcoll_op_t op = (hcoll_op_t)c->op;
-        if (c->op == OP_PREMUL) {
-            uint64_t s = scalar_of(w, c->dt, rank);
-            HCT_OK(comm, hcoll_op_create_premul_sum(comm, &s, c->dt, HCOLL_SCALAR_HOST_IMMEDIATE,
-                                                    &op));
-        }
-        tile_fill(sb, b->in_tile, es, 0, c->count);
-        st = req ? hcoll_allreduce_async(comm, sb, b->recv, c->count, c->dt, op, NULL, req)
-                 : hcoll_allreduce(comm, sb, b->recv, c->count, c->dt, op, NULL);
-        /* A request keeps its op's scalar: destroying the op now is allowed. */
-        if (c->op == OP_PREMUL)
-            HCT_OK(comm, hcoll_op_destroy(comm, op));
-    } else {
-        if (rank == c->root)
-            tile_fill(sb, b->in_tile, es, 0, c->count);
-        st = req ? hcoll_broadcast_async(comm, sb, b->recv, c->count, c->dt, c->root, NULL, req)
-                 : hcoll_broadcast(comm, sb, b->recv, c->count, c->dt, c->root, NULL);
-    }
-    HCT_REQUIRE(st == HCOLL_SUCCESS, CASE_FMT " -> %s (%s)", CASE_ARGS(w, rank, c),
-                hcoll_status_name(st), hcoll_comm_last_error(comm));
+    const size_t es = hcoll_dtype_size(c->dt), n = c->count;
+    inputs_tile(w, c, c->coll == C_BC ? c->root : rank, b->in_tile);
+    memset(b->recv, 0xa5, recv_elems(w, c) * es + GUARD);
+    unsigned char *sb = c->inplace ? b->recv : b->send, *rb = b->recv;
     *res_out = b->recv;
     *first_out = 0;
+    hcoll_op_t op = (hcoll_op_t)c->op;
+    const int made = c->op == OP_PREMUL && (c->coll == C_AR || c->coll == C_RS);
+    if (made) {
+        uint64_t s = scalar_of(w, c->dt, rank);
+        HCT_OK(comm, hcoll_op_create_premul_sum(comm, &s, c->dt, HCOLL_SCALAR_HOST_IMMEDIATE, &op));
+    }
+    hcoll_status_t st;
+    switch (c->coll) {
+    case C_AR:
+        tile_fill(sb, b->in_tile, es, 0, n);
+        st = req ? hcoll_allreduce_async(comm, sb, rb, n, c->dt, op, NULL, req)
+                 : hcoll_allreduce(comm, sb, rb, n, c->dt, op, NULL);
+        break;
+    case C_RS:
+        tile_fill(sb, b->in_tile, es, 0, n * (size_t)w->nranks);
+        if (c->inplace)
+            rb = sb + (size_t)rank * n * es;
+        *res_out = rb;
+        *first_out = (size_t)rank * n;
+        st = req ? hcoll_reduce_scatter_async(comm, sb, rb, n, c->dt, op, NULL, req)
+                 : hcoll_reduce_scatter(comm, sb, rb, n, c->dt, op, NULL);
+        break;
+    case C_AG:
+        if (c->inplace)
+            sb = rb + (size_t)rank * n * es;
+        tile_fill(sb, b->in_tile, es, 0, n);
+        st = req ? hcoll_allgather_async(comm, sb, rb, n, c->dt, NULL, req)
+                 : hcoll_allgather(comm, sb, rb, n, c->dt, NULL);
+        break;
+    default:
+        if (rank == c->root)
+            tile_fill(sb, b->in_tile, es, 0, n);
+        st = req ? hcoll_broadcast_async(comm, sb, rb, n, c->dt, c->root, NULL, req)
+                 : hcoll_broadcast(comm, sb, rb, n, c->dt, c->root, NULL);
+        break;
+    }
+    /* A request keeps its op's scalar: destroying the op now is allowed. */
+    if (made)
+        HCT_OK(comm, hcoll_op_destroy(comm, op));
+    HCT_REQUIRE(st == HCOLL_SUCCESS, CASE_FMT " -> %s (%s)", CASE_ARGS(w, rank, c),
+                hcoll_status_name(st), hcoll_comm_last_error(comm));
+    return 0;
+}
+
+/* 0 when buf[0..n) (global elements first..) holds want's elements. */
+static int expect(world_t *w, int rank, const sw_case_t *c, const char *what,
+                  const unsigned char *buf, const unsigned char *want, size_t first, size_t n)
+{
+    const size_t es = hcoll_dtype_size(c->dt);
+    const int nan_any = c->coll == C_AR || c->coll == C_RS;
+    size_t i = tile_diff(buf, want, c->dt, nan_any, first, n);
+    if (i < n) {
+        uint64_t g = 0, x = 0;
+        memcpy(&g, buf + i * es, es);
+        memcpy(&x, want + ((first + i) % PERIOD) * es, es);
+        HCT_REQUIRE(0, CASE_FMT ": %s element %zu is 0x%llx (%.9g), want 0x%llx (%.9g)",
+                    CASE_ARGS(w, rank, c), what, first + i, (unsigned long long)g,
+                    val_of(c->dt, g), (unsigned long long)x, val_of(c->dt, x));
+    }
     return 0;
 }
 
 static int check_one(world_t *w, int rank, int k, const sw_case_t *c, bufs_t *b,
                      const unsigned char *res, size_t first)
 {
-    const size_t es = hcoll_dtype_size(c->dt);
-    const size_t n = c->count;
-    const size_t tile_n = n < PERIOD ? n : PERIOD;
-    const unsigned char *want = b->in_tile; /* broadcast: the root's inputs */
-    if (c->coll == C_AR) {
-        for (size_t u = 0; u < tile_n; u++) {
+    const size_t es = hcoll_dtype_size(c->dt), n = c->count, nr = (size_t)w->nranks;
+    if (c->coll == C_AG) { /* block q is rank q's inputs */
+        for (int q = 0; q < w->nranks; q++) {
+            inputs_tile(w, c, q, b->ref_tile);
+            if (expect(w, rank, c, "result", res + (size_t)q * n * es, b->ref_tile, 0, n))
+                return 1;
+        }
+    } else if (c->coll == C_BC) { /* the root's inputs */
+        if (expect(w, rank, c, "result", res, b->in_tile, 0, n))
+            return 1;
+    } else {
+        /* the residues of this rank's elements, or one whole period */
+        const size_t all = send_elems(w, c), lo = all <= PERIOD ? first : 0;
+        const size_t hi = all <= PERIOD ? first + n : PERIOD;
+        for (size_t u = lo; u < hi; u++) {
             uint64_t x = reference(w, c, u);
             memcpy(b->ref_tile + u * es, &x, es);
         }
-        want = b->ref_tile;
+        if (expect(w, rank, c, "result", res, b->ref_tile, first, n))
+            return 1;
     }
-    size_t i = tile_diff(res, want, c->dt, c->coll == C_AR, first, n);
-    if (i < n) {
-        uint64_t g = 0, x = 0;
-        memcpy(&g, res + i * es, es);
-        memcpy(&x, want + ((first + i) % PERIOD) * es, es);
-        HCT_REQUIRE(0, CASE_FMT ": element %zu is 0x%llx (%.9g), want 0x%llx (%.9g)",
-                    CASE_ARGS(w, rank, c), first + i, (unsigned long long)g, val_of(c->dt, g),
-                    (unsigned long long)x, val_of(c->dt, x));
-    }
+    const size_t end = recv_elems(w, c) * es;
     for (size_t g = 0; g < GUARD; g++)
-        HCT_REQUIRE(b->recv[n * es + g] == 0xa5, CASE_FMT ": wrote %zu bytes past the end",
+        HCT_REQUIRE(b->recv[end + g] == 0xa5, CASE_FMT ": wrote %zu bytes past the end",
                     CASE_ARGS(w, rank, c), g + 1);
-    if (!c->inplace && (c->coll != C_BC || rank == c->root)) {
-        const size_t src_first = 0;
-        HCT_REQUIRE(tile_diff(b->send, b->in_tile, c->dt, 0, src_first, n) == n,
-                    CASE_FMT ": sendbuf changed", CASE_ARGS(w, rank, c));
+    /* Inputs left alone: sendbuf out of place; in place, a reduce-scatter's
+     * other blocks. */
+    if (c->coll == C_RS && c->inplace) {
+        for (size_t q = 0; q < nr; q++)
+            if (q != (size_t)rank &&
+                expect(w, rank, c, "sendbuf", b->recv + q * n * es, b->in_tile, q * n, n))
+                return 1;
+    } else if (!c->inplace && (c->coll != C_BC || rank == c->root)) {
+        if (expect(w, rank, c, "sendbuf", b->send, b->in_tile, 0, send_elems(w, c)))
+            return 1;
     }
-    w->hash[k][rank] = hash_bytes(res, n * es);
+    w->hash[k][rank] = c->coll == C_RS ? 0 : hash_bytes(res, (c->coll == C_AG ? nr : 1) * n * es);
     return 0;
 }
 
