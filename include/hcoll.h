@@ -709,6 +709,11 @@ HCOLL_API hcoll_status_t hcoll_request_set_callback(hcoll_request_t req, hcoll_r
  * node: everything is inter_us). Where the intra-node stage runs as one
  * fused step (one node; vectors up to HCOLL_SMALL_BYTES), its time is split
  * evenly between intra_rs_us and intra_ag_us.
+ * Reduce-scatter: intra_rs_us is the permuting copy and the intra-node
+ * reduce-scatter, inter_us the ring, intra_ag_us the copy into recvbuf;
+ * all-gather: inter_us the ring, intra_ag_us the intra-node all-gather and
+ * the copy back in rank order (intra_rs_us the copy of sendbuf). For both,
+ * total_us includes the exchange that checks the ranks' arguments.
  * Device buffers: the intra-node stages are timed with CUDA events on the
  * caller's stream (the GPU's clock; -1 where an event could not be made);
  * inter_us is the host stage (staging copies or the GPUDirect ring), and

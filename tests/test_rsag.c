@@ -18,13 +18,16 @@
  * reference; also nothing written past the end, the sendbuf (and in place
  * the other blocks) untouched. All-gather: the same counts, random bytes
  * of several dtypes, bit for bit. The _async twins interleaved with
- * all-reduces, with completion callbacks (exactly once); mismatched
+ * all-reduces, with completion callbacks (exactly once); split
+ * communicators (one rank per node on each rail, one node); mismatched
  * arguments (count, dtype, op, collective) fail on every rank with
  * HCOLL_ERR_MISMATCH and leave the communicator usable; a rank calling the
- * all-reduce against reduce-scatters fails everywhere instead of hanging.
+ * all-reduce against reduce-scatters fails everywhere instead of hanging;
+ * a killed rank makes the others fail promptly.
  */
 #include <check.h>
 #include <math.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -425,6 +428,57 @@ START_TEST(async_and_callbacks)
 END_TEST
 
 /* ------------------------------------------------------------------------ */
+/* Split communicators                                                        */
+/* ------------------------------------------------------------------------ */
+
+/* A 2x2 world split by local rank (two groups of one rank per node, each
+ * on its own rail) and by node (two one-node groups), used at once:
+ * each child's ranks, blocks and maps are its own. */
+static int rank_split(int rank, int nranks, void *argp)
+{
+    world_t *w = argp;
+    hcoll_comm_t world, rail, node;
+    if (open_comm_at(w, &w->slot, rank, nranks, &world))
+        return 1;
+    int lr;
+    HCT_OK(world, hcoll_comm_local_rank(world, &lr));
+    HCT_OK(world, hcoll_comm_split(world, lr, rank, NULL, &rail));
+    HCT_OK(world, hcoll_comm_split(world, w->node_of[rank], -rank, NULL, &node));
+    hcoll_comm_t kids[2] = { rail, node };
+    for (int k = 0; k < 2; k++) {
+        int cr, cn;
+        HCT_OK(kids[k], hcoll_comm_rank(kids[k], &cr));
+        HCT_OK(kids[k], hcoll_comm_size(kids[k], &cn));
+        enum { C = 5003 };
+        static int32_t in[C * MAX_RANKS], out[C], all[C * MAX_RANKS];
+        for (int g = 0; g < C * cn; g++)
+            in[g] = g * 5 + cr * 11 + k;
+        HCT_OK(kids[k], hcoll_reduce_scatter(kids[k], in, out, C, HCOLL_INT32, HCOLL_SUM, NULL));
+        for (int i = 0; i < C; i++) {
+            int32_t want = cn * ((cr * C + i) * 5 + k) + 11 * cn * (cn - 1) / 2;
+            HCT_REQUIRE(out[i] == want, "%s rank %d child %d (rank %d of %d): rs element %d "
+                        "is %d, want %d", w->name, rank, k, cr, cn, i, out[i], want);
+        }
+        HCT_OK(kids[k], hcoll_allgather(kids[k], out, all, C, HCOLL_INT32, NULL));
+        for (int g = 0; g < C * cn; g++) {
+            int32_t want = cn * (g * 5 + k) + 11 * cn * (cn - 1) / 2;
+            HCT_REQUIRE(all[g] == want, "%s rank %d child %d: ag element %d is %d, want %d",
+                        w->name, rank, k, g, all[g], want);
+        }
+    }
+    HCT_OK(node, hcoll_comm_destroy(node));
+    HCT_OK(rail, hcoll_comm_destroy(rail));
+    HCT_OK(world, hcoll_comm_destroy(world));
+    return 0;
+}
+
+START_TEST(split_children)
+{
+    RUN("s2x2", rank_split, 0, 0, 1, 1);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------ */
 /* Mismatched arguments and bad input                                         */
 /* ------------------------------------------------------------------------ */
 
@@ -547,6 +601,94 @@ static int rank_args(int rank, int nranks, void *argp)
     return 0;
 }
 
+/* ------------------------------------------------------------------------ */
+/* A killed rank                                                              */
+/* ------------------------------------------------------------------------ */
+
+#define FAIL_TIMEOUT_MS 3000
+
+typedef struct kill_world {
+    world_t w;
+    volatile double kill_ms;
+} kill_world_t;
+
+/* Reduce-scatters and all-gathers of many pieces in turn; the last rank
+ * SIGKILLs itself in its 6th call. The others must fail, promptly (within
+ * the liveness and set-up deadlines), never hang, and stay failed. */
+static int rank_kill(int rank, int nranks, void *argp)
+{
+    kill_world_t *kw = argp;
+    world_t *w = &kw->w;
+    hcoll_comm_t comm;
+    char hostid[96];
+    snprintf(hostid, sizeof hostid, "hct-rsag-%d-%s-node%d", (int)getppid(), w->name,
+             w->node_of[rank]);
+    setenv("HCOLL_HOSTID", hostid, 1);
+    hcoll_unique_id_t id;
+    hcoll_config_t cfg = HCOLL_CONFIG_INITIALIZER;
+    cfg.timeout_ms = FAIL_TIMEOUT_MS;
+    cfg.chunk_bytes = 4096;
+    HCT_REQUIRE(hct_share_unique_id(&w->slot, rank, TIMEOUT_MS, &id) == 0, "no unique id");
+    HCT_OK(NULL, hcoll_comm_init(&comm, nranks, rank, &id, &cfg));
+    const size_t n = 1 << 18;
+    float *big = calloc(n * (size_t)nranks, 4), *small = calloc(n, 4);
+    HCT_REQUIRE(big && small, "no memory");
+    for (int it = 0; it < 10000; it++) {
+        if (rank == nranks - 1 && it == 5) {
+            kw->kill_ms = hct_now_ms();
+            raise(SIGKILL);
+        }
+        hcoll_status_t st = it % 2 ? hcoll_allgather(comm, small, big, n, HCOLL_FLOAT32, NULL)
+                                   : hcoll_reduce_scatter(comm, big, small, n, HCOLL_FLOAT32,
+                                                          HCOLL_SUM, NULL);
+        if (st == HCOLL_SUCCESS)
+            continue;
+        const double late = hct_now_ms() - kw->kill_ms;
+        HCT_REQUIRE(kw->kill_ms > 0, "%s rank %d: call %d -> %s (%s) before the kill", w->name,
+                    rank, it, hcoll_status_name(st), hcoll_comm_last_error(comm));
+        HCT_REQUIRE(st == HCOLL_ERR_PEER_FAILED || st == HCOLL_ERR_TIMEOUT ||
+                        st == HCOLL_ERR_ABORTED,
+                    "%s rank %d: -> %s (%s)", w->name, rank, hcoll_status_name(st),
+                    hcoll_comm_last_error(comm));
+        HCT_REQUIRE(late <= FAIL_TIMEOUT_MS + 1000, "%s rank %d: failed %.0f ms after the kill",
+                    w->name, rank, late);
+        HCT_REQUIRE(hcoll_reduce_scatter(comm, big, small, n, HCOLL_FLOAT32, HCOLL_SUM, NULL) ==
+                        st,
+                    "%s rank %d: not sticky", w->name, rank);
+        HCT_OK(comm, hcoll_comm_destroy(comm));
+        return 0;
+    }
+    HCT_REQUIRE(0, "%s rank %d: no failure", w->name, rank);
+}
+
+static void run_kill(const char *name, const int *node_of, int nranks)
+{
+    kill_world_t *kw = hct_shared_alloc(sizeof *kw);
+    ck_assert_ptr_nonnull(kw);
+    snprintf(kw->w.name, sizeof kw->w.name, "%s", name);
+    kw->w.nranks = nranks;
+    memcpy(kw->w.node_of, node_of, (size_t)nranks * sizeof *node_of);
+    hct_opts_t o = { .nranks = nranks, .timeout_ms = 60000 };
+    hct_result_t res[MAX_RANKS];
+    hct_run(&o, rank_kill, kw, res);
+    for (int r = 0; r < nranks; r++) {
+        if (r == nranks - 1)
+            ck_assert_msg(res[r].signaled && res[r].sig == SIGKILL,
+                          "kill on %s: the victim did not die of SIGKILL", name);
+        else
+            ck_assert_msg(res[r].exited && res[r].code == 0,
+                          "kill on %s: survivor %d failed (see stderr)", name, r);
+    }
+    hct_shared_free(kw, sizeof *kw);
+}
+
+START_TEST(kill_rank)
+{
+    run_kill("k2x2", (int[]){ 0, 0, 1, 1 }, 4);
+    run_kill("k3x1", (int[]){ 0, 1, 2 }, 3);
+}
+END_TEST
+
 START_TEST(argument_errors)
 {
     RUN("e2x2", rank_args, 0, 0, 1, 1);
@@ -573,8 +715,10 @@ int main(void)
     tcase_add_test(tc, layout_interleaved);
     tcase_add_test(tc, layout_uneven);
     tcase_add_test(tc, async_and_callbacks);
+    tcase_add_test(tc, split_children);
     tcase_add_test(tc, mismatch);
     tcase_add_test(tc, argument_errors);
+    tcase_add_test(tc, kill_rank);
     suite_add_tcase(s, tc);
 
     SRunner *sr = srunner_create(s);

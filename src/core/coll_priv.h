@@ -2,7 +2,8 @@
  * The executor's objects, shared by coll.c (requests, the worker, the data
  * plane's life) and coll_run.c (what one operation of each kind does), its
  * part coll_rsag.c (reduce-scatter, all-gather), and by nothing else.
- * Calls go one way: coll.c -> coll_run.c -> coll_rsag.c.
+ * Calls go one way: coll.c -> coll_run.c -> coll_rsag.c (and coll.c ->
+ * coll_rsag.c, which frees its buffers at destroy).
  */
 #ifndef HC_CORE_COLL_PRIV_H
 #define HC_CORE_COLL_PRIV_H

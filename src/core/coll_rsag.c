@@ -265,8 +265,10 @@ static void rs_last(const rsag_t *x, size_t k)
 static void ag_first(const rsag_t *x, size_t k)
 {
     const size_t pk = piece_len(x, k);
+    double t = hc_now_us();
     memcpy(piece_v(x, k) + ((size_t)x->l * (size_t)x->N + (size_t)x->n) * pk * x->es,
            (const unsigned char *)x->a->sendbuf + k * x->P * x->es, pk * x->es);
+    x->tm->intra_rs_us += hc_now_us() - t;
 }
 
 /* The intra-node all-gather of piece k, then its blocks back to recvbuf in

@@ -40,6 +40,19 @@
  * k+1 has reached it, sent when that rank had finished k, its last use of
  * the half that k+2 writes. AVG divides once, after the fold.
  *
+ * One phase alone (hc_ring_rs_start, hc_ring_ag_start): the same chunked
+ * phase with every block index one lower (rot = -1), so that position r
+ * ends the reduce-scatter with block r, or starts the all-gather from it:
+ *
+ *   reduce-scatter alone, step s: send block (r-1-s), reduce block (r-2-s);
+ *     after N-1 steps rank r holds block r (chain r+1, r+2, ..., r)
+ *   all-gather alone, step s: send block (r-s), straight into next's buffer
+ *
+ * The phase is part of the descriptor's signature, and data of the phase
+ * an operation does not run is refused, so neighbours that started
+ * different phases fail instead of mixing data. No gather mode: a phase
+ * alone takes N-1 hops chunked as well.
+ *
  * Broadcast (hc_ring_bcast_start): a chain root, root+1, ..., root-1 of
  * all-gather-like puts straight into next's buffer, chunk by chunk, each
  * forwarded as soon as it landed (no staging slots, no credits):
@@ -217,9 +230,15 @@ hcoll_status_t hc_ring_on_rs(hc_ring_t *r, uint32_t imm)
     int slot = IMM_SLOT(imm);
     if (o->g.gather)
         return on_gather(r, m);
-    /* An all-gather alone takes no reduce-scatter data (a neighbour that
-     * started another phase): refused before it touches recv. */
-    if (m >= o->g.nmsg || o->rs_done[m] || slot >= r->nslots || o->phase == HC_RING_PHASE_AG)
+    /* An all-gather alone takes no reduce-scatter data: prev started
+     * another phase (it may be here before next's descriptor says so). */
+    if (o->phase == HC_RING_PHASE_AG)
+        return ring_fail(r, hc_err_set(RING_ERRBUF(r), HC_NET, RING_LOGRANK(r), HCOLL_ERR_MISMATCH,
+                                       "ring: rank %d sent reduce-scatter data in operation %llu, "
+                                       "which this rank runs as an all-gather: every rank must "
+                                       "call the same",
+                                       hc_tp_rank(&r->p.tp, r->prev), (unsigned long long)r->seq));
+    if (m >= o->g.nmsg || o->rs_done[m] || slot >= r->nslots)
         return ring_fail(r, hc_err_set(RING_ERRBUF(r), HC_NET, RING_LOGRANK(r), HCOLL_ERR_NETWORK,
                                        "ring: unexpected reduce-scatter message %zu slot %d "
                                        "from rank %d",
@@ -250,10 +269,13 @@ hcoll_status_t hc_ring_on_rs(hc_ring_t *r, uint32_t imm)
                        IMM(IMM_CREDIT, r->seq & 15, slot, m));
 }
 
-static const char *phase_name(int phase)
+/* What an operation is, from its signature's phase and op (a broadcast's
+ * op field is 0x80 | root). */
+static const char *sig_name(int phase, int op)
 {
     return phase == HC_RING_PHASE_RS   ? "reduce-scatter"
            : phase == HC_RING_PHASE_AG ? "all-gather"
+           : (op & 0x80)               ? "broadcast"
                                        : "all-reduce";
 }
 
@@ -275,10 +297,10 @@ hcoll_status_t hc_ring_on_desc(hc_ring_t *r)
                                        "%llu, dtype %s, op %s; this rank as %s with count %zu, "
                                        "dtype %s, op %s: every rank must pass the same",
                                        hc_tp_rank(&r->p.tp, r->next), (unsigned long long)r->seq,
-                                       phase_name(RING_SIG_PHASE(d.sig)), RING_SIG_COUNT(d.sig),
+                                       sig_name(RING_SIG_PHASE(d.sig), (int)(d.sig & 0xff)), RING_SIG_COUNT(d.sig),
                                        hcoll_dtype_name((hcoll_dtype_t)((d.sig >> 8) & 0xff)),
                                        hcoll_op_name((hcoll_op_t)(d.sig & 0xff)),
-                                       phase_name(o->phase), o->count,
+                                       sig_name(o->phase, o->op), o->count,
                                        hcoll_dtype_name(o->dtype), hcoll_op_name(o->op)));
     o->next_recv = d.recv_rkey;
     o->have_desc = 1;
