@@ -262,12 +262,13 @@ static int rank_layout(int rank, int nranks, void *argp)
     int rc = 0;
     for (int ci = 0; ci < NCOUNTS && !rc; ci++) {
         const size_t count = counts[ci];
-        /* The big vector (many pieces): fp32 sum out of place, int32 avg
-         * (the ring divides) in place, one all-gather; the rest all. */
-        const int bigc = count == BIG_COUNT;
+        /* The big vector (many pieces), once each way: by layout, fp32
+         * sum out of place or int32 avg (the ring divides) in place; an
+         * all-gather in place. Every case at the other counts. */
+        const int bigc = count == BIG_COUNT, odd = w->node_of[nranks - 1] % 2;
         for (int cs = 0; cs < RS_NCASES && !rc; cs++)
             for (int ip = 0; ip < 2 && !rc; ip++) {
-                if (bigc && !(cs == RS_SUM && !ip) && !(cs == RS_IAVG && ip))
+                if (bigc && !(cs == RS_SUM && !ip && !odd) && !(cs == RS_IAVG && ip && odd))
                     continue;
                 rc = rs_case(w, comm, rank, cs, count, ip, big, small);
             }
