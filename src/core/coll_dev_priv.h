@@ -1,0 +1,94 @@
+/*
+ * The device path's state, shared by its files (coll_dev.h is the
+ * interface; the design is at the top of coll_dev.c):
+ *   coll_dev.c       set-up, timing events, teardown
+ *   coll_dev_enq.c   validation and the GPU stages on the caller's stream
+ *   coll_dev_host.c  the host stage on the executor's worker
+ */
+#ifndef HC_CORE_COLL_DEV_PRIV_H
+#define HC_CORE_COLL_DEV_PRIV_H
+
+#include <pthread.h>
+
+#include "core/coll.h"
+#include "core/coll_dev.h"
+#include "core/redop.h"
+#include "gdr/devctx.h"
+#include "gdr/event.h"
+#include "inter/ring.h"
+#include "intra/intra.h"
+
+/* ------------------------------------------------------------------------ */
+/* State                                                                      */
+/* ------------------------------------------------------------------------ */
+
+/* One segment's host stage. */
+typedef struct hc_dev_seg {
+    void *ev_ready;           /* its stage ① done on the caller's stream */
+    uint32_t seq;             /* the flag number the stream waits for */
+    const unsigned char *src; /* device range the host stage reads ... */
+    unsigned char *dst;       /* ... and writes back */
+    size_t count;
+} hc_dev_seg_t;
+
+/* Timing events on the caller's stream: [0] before the first RS, [1]
+ * after the last; [2+2k], [3+2k] around segment k's AG. One node: [0], [1]
+ * around the all-reduce (fused). NULL where one could not be made. */
+#define DEV_TEV (2 + 2 * HC_DEVSCHED_SEGMENTS)
+
+struct hc_dev_op {
+    hcoll_status_t status; /* an enqueue failure after the first stream wait */
+    int nseg;              /* segments with a host stage and a flag number */
+    hcoll_dtype_t dtype;
+    hcoll_op_t op;
+    hc_redop_t ro;         /* scaled ops: where and by what (redop.h) */
+    void *tev[DEV_TEV];
+    int ntev;              /* slots used */
+    int fused;             /* one NCCL all-reduce: its time is split RS/AG */
+    hc_dev_seg_t seg[];    /* [nseg] (room for every segment of the call) */
+};
+
+struct hc_coll_dev {
+    struct hcoll_comm *c;
+    hc_gdr_report_t rp; /* the communicator's errbuf, rank and abort flag */
+    int plan;
+    hc_ring_t *ring;
+    hc_allgather_fn node_ag;
+    void *node_ag_ctx;
+    size_t stage_bytes; /* each of the two buffers */
+
+    /* Set up by the first device call. */
+    int ready;
+    hcoll_status_t setup_failed; /* sticky */
+    int dev;            /* ordinal, -1 before the set-up */
+    hc_gdr_dev_t *gpu;  /* context, internal stream, flag, staging, kernels */
+    hc_intra_t *nccl;
+    int gdr;                  /* stage ② on device memory (GPUDirect ring) */
+    hc_ring_devops_t devops;  /* the ring's device operations (ctx = gpu) */
+
+    pthread_mutex_t lock; /* seq */
+    hc_devseq_t seq;
+    hc_gdr_evlist_t done; /* recorded after each call's last stream work */
+};
+
+static inline int plan_needs_nccl(int plan)
+{
+    return plan == HC_PLAN_INTRA || plan == HC_PLAN_3STAGE;
+}
+
+static inline int plan_stages(int plan)
+{
+    return plan == HC_PLAN_RING || plan == HC_PLAN_FLAT || plan == HC_PLAN_3STAGE;
+}
+
+/* The first device call's set-up on device dev (coll_dev.c): collective
+ * over all ranks; a failure is sticky (d->setup_failed). */
+hcoll_status_t hc_coll_dev_setup(hc_coll_dev_t *d, int dev);
+
+/* Timing events (coll_dev.c): mark event i of o on stream (best effort),
+ * free o's events, the microseconds between events a and b (or -1). */
+void hc_dev_tev_mark(hc_coll_dev_t *d, hc_dev_op_t *o, int i, void *stream);
+void hc_dev_tev_free(hc_coll_dev_t *d, hc_dev_op_t *o);
+double hc_dev_tev_us(hc_coll_dev_t *d, const hc_dev_op_t *o, int a, int b);
+
+#endif
