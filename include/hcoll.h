@@ -136,10 +136,12 @@ typedef enum hcoll_dtype {
  *     NCCL takes the scalar in the type, so for FLOAT16/BFLOAT16 AVG's 1/n
  *     is rounded to the type first: exact when n is a power of two); with
  *     one rank per node the staged copy is scaled on the host as above.
- *     There, with a GPUDirect ring, AVG sums and then divides once, and a
- *     PREMUL_SUM op is HCOLL_ERR_UNSUPPORTED, as it is on a single-rank
- *     communicator and, with a device-resident scalar, wherever there is
- *     no NCCL stage (one rank per node).
+ *     With a GPUDirect ring, on a single-rank communicator, and for a
+ *     device-resident scalar where there is no NCCL stage (one rank per
+ *     node), hcoll's scaling kernel multiplies the input on the stream,
+ *     exactly as the host does (same multiplier and rounding; a single
+ *     rank's AVG is a copy). A library built without its CUDA kernels
+ *     refuses those cases with HCOLL_ERR_UNSUPPORTED.
  *     AVG of the integer types is SUM over all ranks, then one division by
  *     the number of ranks, truncating toward zero (C's '/').
  *   - A PREMUL_SUM op (hcoll_op_create_premul_sum) is SUM over ranks of

@@ -3,7 +3,7 @@
 # emulations of tests/mock (a libcuda.so.1 and a libnccl.so.2 that run
 # streams on threads and keep "device" memory where the host cannot
 # dereference it; see tests/mock/hcmock.h):
-#   - test_gpu_devpath, test_gpu_kernels, test_gpu_allreduce: the GPU tests
+#   - test_gpu_devpath, test_gpu_kernels, test_gpu_allreduce, test_gpu_coll: the GPU tests
 #     that skip elsewhere, run whole (with 2 emulated GPUs, so the 2 x 2
 #     NCCL intra-node case runs too);
 #   - hcoll_perf --mem device, 2 emulated nodes x 1, then 2 x 2 with
@@ -28,7 +28,7 @@ fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 
 # ---- the GPU tests, whole -------------------------------------------------
-for t in test_gpu_devpath test_gpu_kernels test_gpu_allreduce; do
+for t in test_gpu_devpath test_gpu_kernels test_gpu_allreduce test_gpu_coll; do
   bin=$build/tests/$t
   [ -x "$bin" ] || { fail "$bin not built"; continue; }
   out=$(timeout --kill-after=10 300 env CK_DEFAULT_TIMEOUT=240 "$bin" 2>&1); rc=$?

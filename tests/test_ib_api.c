@@ -265,6 +265,9 @@ END_TEST
  * nvidia-peermem is there, so stage 2 runs on device memory (GPUDirect):
  * the NIC writes device staging slots and the reduction kernels reduce
  * there. sm_80, so every landing also takes a flush read. */
+static int api_device_scaled(hcoll_comm_t comm, const hc_cu_api_t *cu, void *stream, int rank,
+                             int n);
+
 static int rank_api_device(int rank, int n, void *argp)
 {
     api_arg_t *a = argp;
@@ -318,6 +321,8 @@ static int rank_api_device(int rank, int n, void *argp)
         free(out);
         free(want);
     }
+    if (api_device_scaled(comm, cu, stream, rank, n))
+        return 1;
     char who[32];
     snprintf(who, sizeof who, "rank %d", rank);
     if (hct_mock_clean(who, 1))
@@ -325,6 +330,62 @@ static int rank_api_device(int rank, int n, void *argp)
     HCT_OK(comm, hcoll_comm_destroy(comm));
     GPU_OK(cu->stream_destroy(stream));
     return hct_mock_released(who);
+}
+
+/* Scaled ops on the GPUDirect ring (hcoll's scaling kernel on the stream,
+ * then the ring sums device memory): fp16 AVG of 40000 (the sum of two is
+ * past fp16's 65504, the pre-multiplied one is not), and PREMUL_SUM of
+ * float32 with a host and a device scalar, (rank + 1) / 4, exact. */
+static int api_device_scaled(hcoll_comm_t comm, const hc_cu_api_t *cu, void *stream, int rank,
+                             int n)
+{
+    const size_t count = 70001;
+    uint16_t *h = malloc(count * 2);
+    float *f = malloc(count * 4);
+    HCT_REQUIRE(h && f, "no memory");
+    hc_cu_dptr_t db, df, dk;
+    GPU_OK(cu->mem_alloc(&db, count * 2));
+    GPU_OK(cu->mem_alloc(&df, count * 4));
+    GPU_OK(cu->mem_alloc(&dk, 4));
+    for (size_t i = 0; i < count; i++)
+        h[i] = 0x78e2; /* 40000 */
+    GPU_OK(cu->memcpy_htod_async(db, h, count * 2, stream));
+    HCT_OK(comm, hcoll_allreduce(comm, (void *)(uintptr_t)db, (void *)(uintptr_t)db, count,
+                                 HCOLL_FLOAT16, HCOLL_AVG, stream));
+    GPU_OK(cu->memcpy_dtoh_async(h, db, count * 2, stream));
+    GPU_OK(cu->stream_synchronize(stream));
+    for (size_t i = 0; i < count; i++)
+        HCT_REQUIRE(h[i] == 0x78e2, "rank %d: GPUDirect fp16 AVG of 40000: element %zu is 0x%04x",
+                    rank, i, h[i]);
+    float s = (float)(rank + 1) / 4.0f;
+    GPU_OK(cu->memcpy_htod_async(dk, &s, 4, stream));
+    for (int how = 0; how < 2; how++) {
+        hcoll_op_t op;
+        HCT_OK(comm, hcoll_op_create_premul_sum(
+                         comm, how ? (void *)(uintptr_t)dk : (void *)&s, HCOLL_FLOAT32,
+                         how ? HCOLL_SCALAR_DEVICE : HCOLL_SCALAR_HOST_IMMEDIATE, &op));
+        for (size_t i = 0; i < count; i++)
+            f[i] = (float)val(rank, i);
+        GPU_OK(cu->memcpy_htod_async(df, f, count * 4, stream));
+        HCT_OK(comm, hcoll_allreduce(comm, (void *)(uintptr_t)df, (void *)(uintptr_t)df, count,
+                                     HCOLL_FLOAT32, op, stream));
+        GPU_OK(cu->memcpy_dtoh_async(f, df, count * 4, stream));
+        GPU_OK(cu->stream_synchronize(stream));
+        HCT_OK(comm, hcoll_op_destroy(comm, op));
+        for (size_t i = 0; i < count; i++) {
+            float want = 0;
+            for (int r = 0; r < n; r++)
+                want += (float)(r + 1) / 4.0f * (float)val(r, i);
+            HCT_REQUIRE(f[i] == want, "rank %d: GPUDirect PREMUL_SUM (%s scalar): element %zu "
+                        "is %g, want %g", rank, how ? "device" : "host", i, f[i], want);
+        }
+    }
+    GPU_OK(cu->mem_free(db));
+    GPU_OK(cu->mem_free(df));
+    GPU_OK(cu->mem_free(dk));
+    free(h);
+    free(f);
+    return 0;
 }
 
 static void run_api_device(int n, int per_node, int dmabuf)

@@ -26,7 +26,9 @@
  * Other plans: one rank per node and unequal nodes stage the whole vector
  * (no NCCL); one node is ncclAllReduce on the stream; one rank is a device
  * copy. Scaled ops (AVG of floats, PREMUL_SUM) scale where the input is
- * first read (redop.h); integer AVG divides once at the end.
+ * first read (redop.h): NCCL's PreMulSum, the staged host copy, or
+ * hcoll's scaling kernel on the stream (GPUDirect ring, one rank, a
+ * device scalar without NCCL); integer AVG divides once at the end.
  *
  * Failure: a stream waiting on the flag must never hang. A host stage that
  * fails still writes its s (the result is then undefined, the error is

@@ -90,6 +90,17 @@ static hcoll_status_t seq_wait(hc_coll_dev_t *d, void *stream, uint32_t *seq_out
     return HCOLL_SUCCESS;
 }
 
+/* Scaled ops without an NCCL stage (o->ro.dev_scale): recvbuf = scalar *
+ * sendbuf on stream, which the next stage then reads in place. */
+static hcoll_status_t dev_prescale(hc_coll_dev_t *d, const hc_dev_op_t *o, const void *sendbuf,
+                                   void *recvbuf, size_t count, void *stream)
+{
+    uint64_t kbits = 0;
+    memcpy(&kbits, &o->ro.scalar, sizeof o->ro.scalar < 8 ? sizeof o->ro.scalar : 8);
+    return hc_gdr_dev_scale_async(d->gpu, recvbuf, sendbuf, count, o->dtype, o->ro.dev_scalar,
+                                  kbits, stream);
+}
+
 /*
  * The stream side of the ring plans: every segment's RS and ready event
  * first (three stages only), then per segment the wait for its flag number
@@ -120,6 +131,9 @@ static hcoll_status_t staged_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, const voi
                      clean_ready);
             hc_intra_shard(n, c->local_size, c->local_rank, &soff, &slen);
             g->src = (const unsigned char *)recvbuf + (off + soff) * es;
+        } else if (o->ro.dev_scale) {
+            HC_CHECK(dev_prescale(d, o, sendbuf, recvbuf, count, stream), clean_ready);
+            g->src = recvbuf;
         } else {
             g->src = sendbuf;
         }
@@ -176,7 +190,9 @@ static hcoll_status_t plan_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, const void 
     HC_CHECK(hc_redop_intra_scale(scaler, &o->ro, o->dtype, 1), out);
     switch (d->plan) {
     case HC_PLAN_SINGLE:
-        if (sendbuf != recvbuf)
+        if (o->ro.dev_scale)
+            st = dev_prescale(d, o, sendbuf, recvbuf, count, stream);
+        else if (sendbuf != recvbuf)
             st = hc_gdr_dev_copy_async(d->gpu, recvbuf, sendbuf, count * es, stream);
         break;
     case HC_PLAN_INTRA: {
@@ -258,7 +274,9 @@ hcoll_status_t hc_coll_dev_enqueue(hc_coll_dev_t *d, const void *sendbuf, void *
     if (!d->ready)
         HC_CHECK(dev_first_call(d, sendbuf, recvbuf, count, dtype, o->op, stream, dev), clean_op);
     HC_CHECK(hc_redop_dev_plan(c, &o->ro, &o->op, op, plan_needs_nccl(d->plan),
-                               d->plan == HC_PLAN_SINGLE, d->gdr), clean_op);
+                               d->plan == HC_PLAN_SINGLE, d->gdr, d->gpu->kern != NULL,
+                               d->gpu->kern_why),
+             clean_op);
 
     HC_CHECK(hc_gdr_dev_enter(d->gpu), clean_op);
     HC_CHECK(hc_gdr_dev_stream_check(d->gpu, stream), clean_ctx);

@@ -264,6 +264,18 @@ out:
     return st;
 }
 
+hcoll_status_t hc_gdr_dev_scale_async(hc_gdr_dev_t *g, void *dst, const void *src, size_t count,
+                                      hcoll_dtype_t dtype, const void *dev_scalar, uint64_t kbits,
+                                      void *stream)
+{
+    hcoll_status_t st = HCOLL_SUCCESS;
+    CU_TRY(g, hc_gdr_kern_scale(g->kern, dptr(dst), dptr(src), count, dtype, dptr(dev_scalar),
+                                kbits, stream),
+           "launching the scaling kernel", out);
+out:
+    return st;
+}
+
 hcoll_status_t hc_gdr_dev_stage_in(hc_gdr_dev_t *g, int buf, const void *src, size_t bytes)
 {
     hcoll_status_t st = HCOLL_SUCCESS;

@@ -98,6 +98,11 @@ hcoll_status_t hc_gdr_dev_copy_async(hc_gdr_dev_t *g, void *dst, const void *src
                                      void *stream);
 hcoll_status_t hc_gdr_dev_avg_async(hc_gdr_dev_t *g, void *buf, size_t count,
                                     hcoll_dtype_t dtype, int div, void *stream);
+/* dst = scalar * src on stream (hc_gdr_kern_scale): dev_scalar, one
+ * element of dtype in device memory, or else kbits. Needs the kernels. */
+hcoll_status_t hc_gdr_dev_scale_async(hc_gdr_dev_t *g, void *dst, const void *src, size_t count,
+                                      hcoll_dtype_t dtype, const void *dev_scalar, uint64_t kbits,
+                                      void *stream);
 
 /* ---- Staging (context pushed by the caller) ---- */
 
