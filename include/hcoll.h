@@ -535,8 +535,19 @@ HCOLL_API hcoll_status_t hcoll_op_destroy(hcoll_comm_t comm, hcoll_op_t op);
  * vector is in recvbuf; on a communicator still being set up returns
  * HCOLL_IN_PROGRESS and does nothing. Thread-safe as hcoll_allreduce: calls
  * on one communicator run one at a time, in the order they were issued.
- * stream: NULL. Device buffers and streams are not supported yet:
- * HCOLL_ERR_UNSUPPORTED.
+ * stream: NULL for host buffers. With a CUDA stream, the buffers are
+ * device memory of the communicator's GPU (as hcoll_allreduce's) and the
+ * call is stream-ordered like hcoll_allreduce on device buffers: it
+ * returns once the broadcast is enqueued (the root's sendbuf is read and
+ * every recvbuf written after the stream's earlier work, and later work
+ * on the stream sees the result); the host stage runs on hcoll's worker,
+ * and a failure never leaves the stream waiting. Within a node the data
+ * moves with ncclBroadcast / ncclAllGather, across nodes along each
+ * rail's chain (staged through host memory, or GPUDirect). The argument
+ * check then runs before anything moves: with hcoll_broadcast_async the
+ * request reports HCOLL_ERR_MISMATCH (the communicator stays usable);
+ * the blocking call has returned by then, so its mismatch fails the
+ * communicator (hcoll_comm_get_async_error).
  * Returns HCOLL_SUCCESS, HCOLL_ERR_INVALID_ARG for a bad argument (root
  * not a rank, NULL buffer with count > 0, unknown dtype), or the error of
  * the communicator (a peer failed, timeout, abort; sticky).

@@ -181,6 +181,116 @@ static int rank_premul(int rank, int nranks, void *arg)
     return 0;
 }
 
+/* ---- Broadcast ------------------------------------------------------------ */
+
+/* Byte i of root r's vector (a pattern no rank's garbage shares). */
+static unsigned char bpat(int r, size_t i, unsigned salt)
+{
+    return (unsigned char)(i * 131u + (unsigned)r * 17u + salt * 7u + 1u);
+}
+
+/* One device broadcast of count x dt from root, blocking or _async, in
+ * place or not on the root, bit for bit; the byte past the vector stays. */
+static int check_bcast(hcoll_comm_t comm, const hc_cu_api_t *cu, void *stream, int rank,
+                       int root, hcoll_dtype_t dt, size_t count, int inplace, int async)
+{
+    const size_t bytes = count * hcoll_dtype_size(dt);
+    const unsigned salt = (unsigned)(count + (size_t)dt);
+    unsigned char *h = malloc(bytes + 1), *out = malloc(bytes + 1);
+    HCT_REQUIRE(h && out, "no memory");
+    hc_cu_dptr_t ds, dr;
+    GPU_OK(cu->mem_alloc(&ds, bytes + 1));
+    GPU_OK(cu->mem_alloc(&dr, bytes + 1));
+    for (size_t i = 0; i <= bytes; i++)
+        h[i] = rank == root ? bpat(root, i, salt) : (unsigned char)(0xa5 ^ rank);
+    h[bytes] = 0x5a; /* the guard */
+    GPU_OK(cu->memcpy_htod_async(dr, h, bytes + 1, stream));
+    if (rank == root && !inplace)
+        GPU_OK(cu->memcpy_htod_async(ds, h, bytes + 1, stream));
+    const void *sp = rank != root ? NULL : (void *)(uintptr_t)(inplace ? dr : ds);
+    void *rp = (void *)(uintptr_t)dr;
+    if (async) {
+        hcoll_request_t req;
+        HCT_OK(comm, hcoll_broadcast_async(comm, sp, rp, count, dt, root, stream, &req));
+        HCT_OK(comm, hcoll_wait(req));
+        HCT_OK(comm, hcoll_request_free(req));
+    } else {
+        HCT_OK(comm, hcoll_broadcast(comm, sp, rp, count, dt, root, stream));
+    }
+    GPU_OK(cu->memcpy_dtoh_async(out, dr, bytes + 1, stream));
+    GPU_OK(cu->stream_synchronize(stream));
+    for (size_t i = 0; i < bytes; i++)
+        HCT_REQUIRE(out[i] == bpat(root, i, salt),
+                    "rank %d: broadcast of %zu x %s from %d%s%s: byte %zu is 0x%02x, want 0x%02x",
+                    rank, count, hcoll_dtype_name(dt), root, inplace ? " in place" : "",
+                    async ? " (async)" : "", i, out[i], bpat(root, i, salt));
+    HCT_REQUIRE(out[bytes] == 0x5a, "rank %d: broadcast of %zu x %s from %d wrote past the end",
+                rank, count, hcoll_dtype_name(dt), root);
+    GPU_OK(cu->mem_free(ds));
+    GPU_OK(cu->mem_free(dr));
+    free(h);
+    free(out);
+    return 0;
+}
+
+/* Ranks that disagree on the root get HCOLL_ERR_MISMATCH from the request,
+ * nothing moves, the stream goes on, and the communicator still works. */
+static int check_bcast_mismatch(hcoll_comm_t comm, const hc_cu_api_t *cu, void *stream, int rank,
+                                int nranks)
+{
+    const size_t n = 1000;
+    hc_cu_dptr_t d;
+    GPU_OK(cu->mem_alloc(&d, n * 4));
+    GPU_OK(cu->memset_d32(d, 0x11223344u, n));
+    hcoll_request_t req;
+    void *p = (void *)(uintptr_t)d;
+    HCT_OK(comm, hcoll_broadcast_async(comm, p, p, n, HCOLL_FLOAT32, rank, stream, &req));
+    hcoll_status_t st = hcoll_wait(req);
+    HCT_REQUIRE(st == HCOLL_ERR_MISMATCH, "rank %d: roots differ, the broadcast said %s", rank,
+                hcoll_status_name(st));
+    HCT_OK(comm, hcoll_request_free(req));
+    GPU_OK(cu->stream_synchronize(stream));
+    uint32_t *h = malloc(n * 4);
+    HCT_REQUIRE(h, "no memory");
+    GPU_OK(cu->memcpy_dtoh_async(h, d, n * 4, stream));
+    GPU_OK(cu->stream_synchronize(stream));
+    for (size_t i = 0; i < n; i++)
+        HCT_REQUIRE(h[i] == 0x11223344u, "rank %d: a refused broadcast wrote element %zu", rank,
+                    i);
+    free(h);
+    GPU_OK(cu->mem_free(d));
+    hcoll_status_t async = HCOLL_IN_PROGRESS;
+    HCT_OK(comm, hcoll_comm_get_async_error(comm, &async));
+    HCT_REQUIRE(async == HCOLL_SUCCESS, "rank %d: a mismatch made the communicator fail (%s)",
+                rank, hcoll_status_name(async));
+    return check_bcast(comm, cu, stream, rank, nranks - 1, HCOLL_FLOAT32, 4093, 0, 0);
+}
+
+static int rank_bcast(int rank, int nranks, void *arg)
+{
+    job_t *j = arg;
+    const hc_cu_api_t *cu = gpu_open(ngpus > 1 ? (rank % j->rpn) % ngpus : 0);
+    HCT_REQUIRE(cu, "no GPU");
+    hcoll_comm_t comm = rank_init(j, rank, nranks);
+    HCT_REQUIRE(comm, "init failed");
+    void *stream;
+    GPU_OK(cu->stream_create(&stream, HC_CU_STREAM_NON_BLOCKING));
+    /* Sizes that take each integer width: 4, 1, 8 and 2 bytes. */
+    static const hcoll_dtype_t bdt[] = { HCOLL_FLOAT32, HCOLL_UINT8, HCOLL_FLOAT64,
+                                         HCOLL_FLOAT16 };
+    int k = 0;
+    for (int root = 0; root < nranks; root++)
+        for (size_t c = 0; c < NCOUNT; c++, k++)
+            if (check_bcast(comm, cu, stream, rank, root, bdt[k % 4], counts[c], k & 1,
+                            (k >> 1) & 1))
+                return 1;
+    if (nranks > 1 && check_bcast_mismatch(comm, cu, stream, rank, nranks))
+        return 1;
+    HCT_OK(comm, hcoll_comm_destroy(comm));
+    cu->stream_destroy(stream);
+    return 0;
+}
+
 static void run(hct_rank_fn fn, int nranks, int rpn)
 {
     shared_t *sh = hct_shared_alloc(sizeof *sh);
@@ -204,6 +314,37 @@ END_TEST
 START_TEST(premul_ring_2x1) { run(rank_premul, 2, 1); }
 END_TEST
 
+START_TEST(bcast_single) { run(rank_bcast, 1, 1); }
+END_TEST
+START_TEST(bcast_ring_2x1) { run(rank_bcast, 2, 1); }
+END_TEST
+START_TEST(bcast_flat_2_1)
+{
+    /* Nodes of 2 and 1 ranks: the flat chain over all ranks. */
+    run(rank_bcast, 3, 2);
+}
+END_TEST
+START_TEST(bcast_intra_1x2)
+{
+    if (ngpus < 2) {
+        printf("SKIP: bcast_intra_1x2 needs 2 GPUs (NCCL refuses a shared one); %d here\n",
+               ngpus);
+        return;
+    }
+    run(rank_bcast, 2, 2);
+}
+END_TEST
+START_TEST(bcast_3stage_2x2)
+{
+    if (ngpus < 2) {
+        printf("SKIP: bcast_3stage_2x2 needs 2 GPUs (NCCL refuses a shared one); %d here\n",
+               ngpus);
+        return;
+    }
+    run(rank_bcast, 4, 2);
+}
+END_TEST
+
 int main(void)
 {
     char why[256];
@@ -215,6 +356,14 @@ int main(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, premul_single);
     tcase_add_test(tc, premul_ring_2x1);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("bcast");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, bcast_single);
+    tcase_add_test(tc, bcast_ring_2x1);
+    tcase_add_test(tc, bcast_flat_2_1);
+    tcase_add_test(tc, bcast_intra_1x2);
+    tcase_add_test(tc, bcast_3stage_2x2);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

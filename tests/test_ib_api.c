@@ -267,6 +267,8 @@ END_TEST
  * there. sm_80, so every landing also takes a flush read. */
 static int api_device_scaled(hcoll_comm_t comm, const hc_cu_api_t *cu, void *stream, int rank,
                              int n);
+static int api_device_bcast(hcoll_comm_t comm, const hc_cu_api_t *cu, void *stream, int rank,
+                            int n);
 
 static int rank_api_device(int rank, int n, void *argp)
 {
@@ -321,7 +323,8 @@ static int rank_api_device(int rank, int n, void *argp)
         free(out);
         free(want);
     }
-    if (api_device_scaled(comm, cu, stream, rank, n))
+    if (api_device_scaled(comm, cu, stream, rank, n) ||
+        api_device_bcast(comm, cu, stream, rank, n))
         return 1;
     char who[32];
     snprintf(who, sizeof who, "rank %d", rank);
@@ -385,6 +388,37 @@ static int api_device_scaled(hcoll_comm_t comm, const hc_cu_api_t *cu, void *str
     GPU_OK(cu->mem_free(dk));
     free(h);
     free(f);
+    return 0;
+}
+
+/* Device broadcasts from every root over the GPUDirect ring (the chain
+ * on device memory; with 2 per node, NCCL's broadcast on the root's node
+ * and all-gather on the others): 1, 7 and 300007 floats, bit for bit. */
+static int api_device_bcast(hcoll_comm_t comm, const hc_cu_api_t *cu, void *stream, int rank,
+                            int n)
+{
+    static const size_t counts[] = { 1, 7, 300007 };
+    for (int root = 0; root < n; root++)
+        for (size_t k = 0; k < 3; k++) {
+            const size_t bytes = counts[k] * 4;
+            unsigned char *h = malloc(bytes);
+            HCT_REQUIRE(h, "no memory");
+            for (size_t i = 0; i < bytes; i++)
+                h[i] = rank == root ? (unsigned char)(i * 29 + (size_t)root) : 0xee;
+            hc_cu_dptr_t d;
+            GPU_OK(cu->mem_alloc(&d, bytes));
+            GPU_OK(cu->memcpy_htod_async(d, h, bytes, stream));
+            void *p = (void *)(uintptr_t)d;
+            HCT_OK(comm, hcoll_broadcast(comm, p, p, counts[k], HCOLL_FLOAT32, root, stream));
+            GPU_OK(cu->memcpy_dtoh_async(h, d, bytes, stream));
+            GPU_OK(cu->stream_synchronize(stream));
+            for (size_t i = 0; i < bytes; i++)
+                HCT_REQUIRE(h[i] == (unsigned char)(i * 29 + (size_t)root),
+                            "rank %d: GPUDirect broadcast of %zu floats from %d: byte %zu is "
+                            "0x%02x", rank, counts[k], root, i, h[i]);
+            GPU_OK(cu->mem_free(d));
+            free(h);
+        }
     return 0;
 }
 

@@ -294,13 +294,16 @@ void hc_coll_dev_destroy(hc_coll_dev_t *d, int aborting)
          * may wait for dead peers, so that the streams can move on. */
         if (aborting) {
             hc_intra_abort(d->nccl);
+            hc_intra_abort(d->wnccl);
             hc_intra_destroy(d->nccl);
-            d->nccl = NULL;
+            hc_intra_destroy(d->wnccl);
+            d->nccl = d->wnccl = NULL;
         }
         /* Streams must be past the flag before its memory goes. */
         int drain_ms = aborting ? DEV_ABORT_DRAIN_MS : (int)c->params.timeout_ms;
         int stuck = hc_gdr_evlist_drain(&d->done, d->gpu->cu, drain_ms, &d->rp) != HCOLL_SUCCESS;
         hc_intra_destroy(d->nccl);
+        hc_intra_destroy(d->wnccl);
         if (stuck) {
             /* Leaving the flag allocated is the lesser harm: freeing memory a
              * stream still waits on could release it at random. */

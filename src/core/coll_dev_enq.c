@@ -41,7 +41,7 @@ static hcoll_status_t dev_validate(hc_coll_dev_t *d, const void *sendbuf, void *
     if (!stream)
         return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
                           "%s is device memory but stream is NULL: pass the CUDA stream to "
-                          "order the all-reduce on (NULL is for host buffers)",
+                          "order the call on (NULL is for host buffers)",
                           sk == HC_MEM_DEVICE ? "sendbuf" : "recvbuf");
     if (sk == HC_MEM_HOST || rk == HC_MEM_HOST)
         return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
@@ -234,6 +234,23 @@ out:
     return st;
 }
 
+hcoll_status_t hc_dev_prepare(hc_coll_dev_t *d, const void *sendbuf, void *recvbuf,
+                              size_t count, hcoll_dtype_t dtype, hcoll_op_t op, void *stream)
+{
+    struct hcoll_comm *c = d->c;
+    int dev = -1;
+    hcoll_status_t st = dev_validate(d, sendbuf, recvbuf, count, dtype, op, stream, &dev);
+    if (st != HCOLL_SUCCESS)
+        return st;
+    if (d->setup_failed != HCOLL_SUCCESS)
+        return hc_err_set(&c->err, HC_COLL, c->rank, d->setup_failed,
+                          "the device path could not be set up earlier (%s)",
+                          hcoll_strerror(d->setup_failed));
+    if (!d->ready)
+        return dev_first_call(d, sendbuf, recvbuf, count, dtype, op, stream, dev);
+    return HCOLL_SUCCESS;
+}
+
 hcoll_status_t hc_coll_dev_enqueue(hc_coll_dev_t *d, const void *sendbuf, void *recvbuf,
                                    size_t count, hcoll_dtype_t dtype, hcoll_op_t op,
                                    const hc_redop_t *ro, void *stream, hc_dev_op_t **op_out)
@@ -263,16 +280,7 @@ hcoll_status_t hc_coll_dev_enqueue(hc_coll_dev_t *d, const void *sendbuf, void *
         *op_out = o;
         return HCOLL_SUCCESS;
     }
-    int dev = -1;
-    HC_CHECK(dev_validate(d, sendbuf, recvbuf, count, dtype, o->op, stream, &dev), clean_op);
-    if (d->setup_failed != HCOLL_SUCCESS) {
-        st = hc_err_set(&c->err, HC_COLL, c->rank, d->setup_failed,
-                        "the device path could not be set up earlier (%s)",
-                        hcoll_strerror(d->setup_failed));
-        goto clean_op;
-    }
-    if (!d->ready)
-        HC_CHECK(dev_first_call(d, sendbuf, recvbuf, count, dtype, o->op, stream, dev), clean_op);
+    HC_CHECK(hc_dev_prepare(d, sendbuf, recvbuf, count, dtype, o->op, stream), clean_op);
     HC_CHECK(hc_redop_dev_plan(c, &o->ro, &o->op, op, plan_needs_nccl(d->plan),
                                d->plan == HC_PLAN_SINGLE, d->gdr, d->gpu->kern != NULL,
                                d->gpu->kern_why),
@@ -295,5 +303,99 @@ clean_ctx:
     hc_gdr_dev_pop(d->gpu);
 clean_op:
     free(o);
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Broadcast                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* The worker's NCCL communicator, made by the first device broadcast of a
+ * plan with NCCL stages (collective over the node: every rank makes that
+ * call). Its calls are issued by the worker in request order, which is
+ * the same on every rank; the caller's-thread communicator (d->nccl) is
+ * issued in call order. Sharing one would let the two orders interleave
+ * differently on different ranks. */
+static hcoll_status_t bcast_wnccl(hc_coll_dev_t *d)
+{
+    struct hcoll_comm *c = d->c;
+    if (d->wnccl || !plan_needs_nccl(d->plan))
+        return HCOLL_SUCCESS;
+    hc_intra_params_t ip = {
+        .local_rank = c->local_rank,
+        .local_size = c->local_size,
+        .name = "nccl-worker",
+        .chunk_bytes = c->params.chunk_bytes,
+        .timeout_ms = (int)c->params.timeout_ms,
+        .errbuf = &c->err,
+        .rank = c->rank,
+        .allgather = d->node_ag,
+        .allgather_ctx = d->node_ag_ctx,
+    };
+    hc_gdr_dev_push(d->gpu);
+    hcoll_status_t st = hc_intra_nccl_ops.create(&ip, &d->wnccl);
+    hc_gdr_dev_pop(d->gpu);
+    if (st != HCOLL_SUCCESS)
+        d->setup_failed = st; /* the node's ranks failed alike; the others time out */
+    return st;
+}
+
+/*
+ * The stream side of a device broadcast: a ready event (the root's
+ * sendbuf and everyone's recvbuf are then free to use) and a wait for the
+ * flag. Everything else runs on the worker, after the ranks agreed on the
+ * arguments (coll.c): a mismatch releases the flag without moving data.
+ */
+hcoll_status_t hc_coll_dev_bcast_enqueue(hc_coll_dev_t *d, const void *sendbuf, void *recvbuf,
+                                         size_t count, hcoll_dtype_t dtype, int root,
+                                         void *stream, hc_dev_op_t **op_out)
+{
+    struct hcoll_comm *c = d->c;
+    hcoll_status_t st;
+    *op_out = NULL;
+    const int is_root = c->rank == root;
+    HC_CHECK(hc_coll_check_bcast(c, sendbuf, recvbuf, count, dtype, root), out);
+    hc_dev_op_t *o = calloc(1, sizeof *o + sizeof o->seg[0]);
+    if (!o)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_NO_MEMORY,
+                          "no memory for a device operation");
+    /* As the host broadcast: the widest integer that divides the size. */
+    const size_t bytes = count * hcoll_dtype_size(dtype);
+    o->kind = HC_DEV_BCAST;
+    o->dtype = bytes % 8 == 0 ? HCOLL_INT64 : bytes % 4 == 0 ? HCOLL_INT32 : HCOLL_UINT8;
+    o->op = HCOLL_SUM;
+    o->count = bytes / hcoll_dtype_size(o->dtype);
+    o->root = root;
+    o->sendbuf = is_root ? sendbuf : recvbuf;
+    o->recvbuf = recvbuf;
+    if (count == 0) { /* the worker still checks that every rank agrees */
+        *op_out = o;
+        return HCOLL_SUCCESS;
+    }
+    HC_CHECK(hc_dev_prepare(d, o->sendbuf, recvbuf, count, dtype, HCOLL_SUM, stream), clean_op);
+    HC_CHECK(bcast_wnccl(d), clean_op);
+    HC_CHECK(hc_gdr_dev_enter(d->gpu), clean_op);
+    HC_CHECK(hc_gdr_dev_stream_check(d->gpu, stream), clean_ctx);
+    void *ev_done = NULL;
+    HC_CHECK(hc_gdr_dev_event_new(d->gpu, &ev_done), clean_ctx);
+    HC_CHECK(hc_gdr_dev_event_mark(d->gpu, stream, &o->seg[0].ev_ready), clean_ev);
+    st = seq_wait(d, stream, &o->seg[0].seq);
+    if (st != HCOLL_SUCCESS) {
+        hc_gdr_dev_event_free(d->gpu, o->seg[0].ev_ready);
+        goto clean_ev;
+    }
+    o->nseg = 1;
+    hc_gdr_dev_event_track(d->gpu, ev_done, stream, &d->done, (int)c->params.timeout_ms);
+    hc_gdr_dev_pop(d->gpu);
+    *op_out = o;
+    return HCOLL_SUCCESS;
+
+clean_ev:
+    hc_gdr_dev_event_free(d->gpu, ev_done);
+clean_ctx:
+    hc_gdr_dev_pop(d->gpu);
+clean_op:
+    free(o);
+out:
     return st;
 }

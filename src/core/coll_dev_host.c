@@ -24,14 +24,17 @@
 /* ------------------------------------------------------------------------ */
 
 /* The ring on buf in place (host staging), or from src to dst in device
- * memory (GPUDirect: dev); adds its time to *ring_us. */
+ * memory (GPUDirect: dev); a broadcast: buf along the chain from
+ * o->chain_root. Adds its time to *ring_us. */
 static hcoll_status_t ring_run(hc_coll_dev_t *d, const void *src, void *buf, size_t n,
                                const hc_dev_op_t *o, int dev, double *ring_us)
 {
     struct hcoll_comm *c = d->c;
+    const int bcast = o->kind == HC_DEV_BCAST;
     const hc_ringdrv_op_t rop = { dev ? src : buf, buf, n, o->dtype, o->op, c->nranks, dev,
-                                  0, 0 };
-    const hc_ringdrv_env_t env = { &c->aborted, &c->err, c->rank, "the inter-node stage",
+                                  bcast, bcast ? o->chain_root : 0 };
+    const hc_ringdrv_env_t env = { &c->aborted, &c->err, c->rank,
+                                   bcast ? "the broadcast chain" : "the inter-node stage",
                                    NULL /* NCCL: its own failures */ };
     const double t0 = hc_now_us();
     hcoll_status_t st = hc_ringdrv_run(d->ring, &rop, &env);
@@ -39,21 +42,20 @@ static hcoll_status_t ring_run(hc_coll_dev_t *d, const void *src, void *buf, siz
     return st;
 }
 
-static hcoll_status_t host_stage(hc_coll_dev_t *d, const hc_dev_op_t *o, const hc_dev_seg_t *g,
-                                 double *ring_us)
+hcoll_status_t hc_dev_ring_stage(hc_coll_dev_t *d, const hc_dev_op_t *o, const void *src_p,
+                                 void *dst_p, size_t count, double *ring_us)
 {
     hc_gdr_dev_t *gpu = d->gpu;
     const int tmo = (int)d->c->params.timeout_ms;
     const size_t es = hcoll_dtype_size(o->dtype);
     const size_t piece = d->stage_bytes / es;
-    const size_t npieces = hc_devsched_pieces(g->count, es, d->stage_bytes);
+    const size_t npieces = hc_devsched_pieces(count, es, d->stage_bytes);
+    const unsigned char *src = src_p;
+    unsigned char *dst = dst_p;
     hcoll_status_t st;
-    HC_CHECK(hc_gdr_event_wait(gpu->cu, g->ev_ready, tmo, 1, &d->rp,
-                               "the intra-node stage on the caller's stream"),
-             out);
     /* GPUDirect: the ring reads and writes the device range itself. */
     if (d->gdr)
-        return ring_run(d, g->src, g->dst, g->count, o, 1, ring_us);
+        return ring_run(d, src, dst, count, o, 1, ring_us);
     hc_devstage_t it;
     hc_devstage_init(&it, npieces);
     for (;;) {
@@ -61,10 +63,10 @@ static hcoll_status_t host_stage(hc_coll_dev_t *d, const hc_dev_op_t *o, const h
         if (step.kind == HC_DEVSTAGE_DONE)
             break;
         size_t off = step.piece * piece;
-        size_t n = g->count - off < piece ? g->count - off : piece;
+        size_t n = count - off < piece ? count - off : piece;
         switch (step.kind) {
         case HC_DEVSTAGE_D2H:
-            HC_CHECK(hc_gdr_dev_stage_in(gpu, step.buf, g->src + off * es, n * es), out);
+            HC_CHECK(hc_gdr_dev_stage_in(gpu, step.buf, src + off * es, n * es), out);
             break;
         case HC_DEVSTAGE_WAIT:
             HC_CHECK(hc_gdr_dev_stage_wait(gpu, step.buf, tmo), out);
@@ -76,12 +78,74 @@ static hcoll_status_t host_stage(hc_coll_dev_t *d, const hc_dev_op_t *o, const h
                      out);
             break;
         case HC_DEVSTAGE_H2D:
-            HC_CHECK(hc_gdr_dev_stage_out(gpu, step.buf, g->dst + off * es, n * es), out);
+            HC_CHECK(hc_gdr_dev_stage_out(gpu, step.buf, dst + off * es, n * es), out);
             break;
         case HC_DEVSTAGE_DONE:
             break;
         }
     }
+    st = HCOLL_SUCCESS;
+out:
+    return st;
+}
+
+static hcoll_status_t host_stage(hc_coll_dev_t *d, const hc_dev_op_t *o, const hc_dev_seg_t *g,
+                                 double *ring_us)
+{
+    hcoll_status_t st = hc_gdr_event_wait(d->gpu->cu, g->ev_ready, (int)d->c->params.timeout_ms,
+                                          1, &d->rp, "the intra-node stage on the caller's stream");
+    if (st != HCOLL_SUCCESS)
+        return st;
+    return hc_dev_ring_stage(d, o, g->src, g->dst, g->count, ring_us);
+}
+
+/*
+ * A device broadcast, once every rank agreed on its arguments: all on the
+ * internal stream after the caller's ready event, in the plan's order
+ * (the worker's NCCL communicator; "chain" is the ring's broadcast chain,
+ * staged through pinned host memory or, GPUDirect, on device memory):
+ *   single   the root's copy
+ *   intra    ncclBroadcast
+ *   ring     chain over all ranks from the root
+ *   flat     the same
+ *   3stage   root's node: ncclBroadcast (each local rank then holds its
+ *            shard); local rank i chains shard i along rail i from the
+ *            root's node; other nodes: ncclAllGather of the shards
+ */
+static hcoll_status_t bcast_stage(hc_coll_dev_t *d, hc_dev_op_t *o, const hc_dev_seg_t *g,
+                                  double *ring_us)
+{
+    struct hcoll_comm *c = d->c;
+    hc_gdr_dev_t *gpu = d->gpu;
+    const int tmo = (int)c->params.timeout_ms;
+    const size_t es = hcoll_dtype_size(o->dtype), n = o->count;
+    unsigned char *buf = o->recvbuf;
+    const int root_node = c->node_of[o->root], three = d->plan == HC_PLAN_3STAGE;
+    hcoll_status_t st;
+    HC_CHECK(hc_gdr_event_wait(gpu->cu, g->ev_ready, tmo, 1, &d->rp,
+                               "the caller's stream before the broadcast"),
+             out);
+    if (c->rank == o->root && o->sendbuf != buf && (d->plan != HC_PLAN_INTRA && !three))
+        HC_CHECK(hc_gdr_dev_copy_async(gpu, buf, o->sendbuf, n * es, gpu->istream), out);
+    if (d->plan == HC_PLAN_INTRA || (three && c->node == root_node))
+        HC_CHECK(d->wnccl->ops->bcast(d->wnccl, o->sendbuf, buf, n, o->dtype,
+                                      c->local_of[o->root], gpu->istream),
+                 out);
+    if (d->plan == HC_PLAN_SINGLE || d->plan == HC_PLAN_INTRA)
+        return HCOLL_SUCCESS;
+    size_t soff = 0, slen = n;
+    if (three)
+        hc_intra_shard(n, c->local_size, c->local_rank, &soff, &slen);
+    /* Rail rings have one rank per node, in node order; else positions are
+     * ranks. */
+    o->chain_root = three ? root_node : o->root;
+    /* GPUDirect reads device memory from the host's side: the stream's
+     * work must be done first (staging copies are ordered on it). */
+    if (d->gdr)
+        HC_CHECK(hc_gdr_dev_fence(gpu, tmo, 1, "the broadcast's intra-node stage"), out);
+    HC_CHECK(hc_dev_ring_stage(d, o, buf + soff * es, buf + soff * es, slen, ring_us), out);
+    if (three && c->node != root_node)
+        HC_CHECK(d->wnccl->ops->all_gather(d->wnccl, buf, n, o->dtype, gpu->istream), out);
     st = HCOLL_SUCCESS;
 out:
     return st;
@@ -154,7 +218,8 @@ hcoll_status_t hc_coll_dev_execute(hc_coll_dev_t *d, hc_dev_op_t *o, hcoll_statu
         hc_gdr_dev_push(d->gpu);
     for (int k = 0; k < o->nseg; k++) {
         if (st == HCOLL_SUCCESS)
-            st = host_stage(d, o, &o->seg[k], &ring_us);
+            st = o->kind == HC_DEV_BCAST ? bcast_stage(d, o, &o->seg[k], &ring_us)
+                                         : host_stage(d, o, &o->seg[k], &ring_us);
         /* Always, and in order: the caller's stream waits for it. */
         hcoll_status_t rst = release(d, o->seg[k].seq, 0);
         if (st == HCOLL_SUCCESS)

@@ -36,7 +36,11 @@ typedef struct hc_dev_seg {
  * around the all-reduce (fused). NULL where one could not be made. */
 #define DEV_TEV (2 + 2 * HC_DEVSCHED_SEGMENTS)
 
+/* What a device operation is. */
+enum hc_dev_kind { HC_DEV_ALLREDUCE, HC_DEV_BCAST };
+
 struct hc_dev_op {
+    enum hc_dev_kind kind;
     hcoll_status_t status; /* an enqueue failure after the first stream wait */
     int nseg;              /* segments with a host stage and a flag number */
     hcoll_dtype_t dtype;
@@ -45,6 +49,13 @@ struct hc_dev_op {
     void *tev[DEV_TEV];
     int ntev;              /* slots used */
     int fused;             /* one NCCL all-reduce: its time is split RS/AG */
+    /* Broadcast: the whole call (dtype is then an integer type that divides
+     * the size, count its elements), and the ring chain's first position. */
+    int root;
+    const void *sendbuf; /* the root's */
+    void *recvbuf;
+    size_t count;
+    int chain_root;
     hc_dev_seg_t seg[];    /* [nseg] (room for every segment of the call) */
 };
 
@@ -62,7 +73,8 @@ struct hc_coll_dev {
     hcoll_status_t setup_failed; /* sticky */
     int dev;            /* ordinal, -1 before the set-up */
     hc_gdr_dev_t *gpu;  /* context, internal stream, flag, staging, kernels */
-    hc_intra_t *nccl;
+    hc_intra_t *nccl;   /* NCCL stages issued by the caller's thread */
+    hc_intra_t *wnccl;  /* ... by the worker (broadcast), made at the first one */
     int gdr;                  /* stage ② on device memory (GPUDirect ring) */
     hc_ring_devops_t devops;  /* the ring's device operations (ctx = gpu) */
 
@@ -84,6 +96,17 @@ static inline int plan_stages(int plan)
 /* The first device call's set-up on device dev (coll_dev.c): collective
  * over all ranks; a failure is sticky (d->setup_failed). */
 hcoll_status_t hc_coll_dev_setup(hc_coll_dev_t *d, int dev);
+
+/* The checks and the first call's set-up of every device call, on the
+ * caller's thread (coll_dev_enq.c); *dev_out is the buffers' GPU. */
+hcoll_status_t hc_dev_prepare(hc_coll_dev_t *d, const void *sendbuf, void *recvbuf,
+                              size_t count, hcoll_dtype_t dtype, hcoll_op_t op, void *stream);
+
+/* The stage ② of one segment or piece without its ready wait
+ * (coll_dev_host.c): src to dst through the ring (all-reduce) or dst
+ * along the chain (broadcast), staged or on device memory. */
+hcoll_status_t hc_dev_ring_stage(hc_coll_dev_t *d, const hc_dev_op_t *o, const void *src,
+                                 void *dst, size_t count, double *ring_us);
 
 /* Timing events (coll_dev.c): mark event i of o on stream (best effort),
  * free o's events, the microseconds between events a and b (or -1). */

@@ -129,6 +129,12 @@ struct hc_intra_ops {
      * every local rank's wait, and every later call, fails with
      * HCOLL_ERR_PEER_FAILED. Thread-safe, non-blocking. NULL: none. */
     void (*poison)(hc_intra_t *ctx);
+    /* Optional (NULL: the backend has none). Local rank root's sendbuf
+     * (count elements) into every local rank's recvbuf (root: sendbuf ==
+     * recvbuf allowed; the others' sendbuf is ignored). On stream, as the
+     * other operations. */
+    hcoll_status_t (*bcast)(hc_intra_t *ctx, const void *sendbuf, void *recvbuf, size_t count,
+                            hcoll_dtype_t dtype, int root, void *stream);
 };
 
 /* Every backend's object starts with this, so the generic helpers below can
