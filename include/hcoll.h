@@ -491,7 +491,8 @@ HCOLL_API hcoll_status_t hcoll_request_free(hcoll_request_t req);
  *   residence  where scalar lives, as above
  *   op_out     out: the op, a value above the built-in ones, valid with
  *              hcoll_allreduce / hcoll_allreduce_async on comm and dtype
- *              until hcoll_op_destroy; another dtype is
+ *              (and hcoll_reduce_scatter / _async) until
+ *              hcoll_op_destroy; another dtype is
  *              HCOLL_ERR_INVALID_ARG. Ranks may use different scalars.
  * Returns HCOLL_SUCCESS; HCOLL_ERR_INVALID_ARG for a NULL pointer, an
  * unknown dtype or residence, a device scalar that is not device memory;
@@ -580,6 +581,92 @@ HCOLL_API hcoll_status_t hcoll_broadcast_async(hcoll_comm_t comm, const void *se
 HCOLL_API hcoll_status_t hcoll_barrier(hcoll_comm_t comm);
 HCOLL_API hcoll_status_t hcoll_barrier_async(hcoll_comm_t comm, hcoll_request_t *req_out);
 
+/* ------------------------------------------------------------------------ */
+/* Reduce-scatter and all-gather                                              */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * hcoll_reduce_scatter: NCCL's ncclReduceScatter. sendbuf holds nranks x
+ * recvcount elements, block r being elements [r*recvcount, (r+1)*recvcount);
+ * afterwards recvbuf[0..recvcount) on rank r = op over all ranks of their
+ * block r.
+ *   comm       a ready communicator
+ *   sendbuf    in: nranks * recvcount elements of dtype (left unchanged
+ *              out of place)
+ *   recvbuf    out: recvcount elements. In place means recvbuf ==
+ *              sendbuf + rank * recvcount elements (then the other blocks
+ *              of sendbuf are left unchanged too); any other overlap is
+ *              HCOLL_ERR_INVALID_ARG.
+ *   recvcount  elements per rank, may be 0 (NULL buffers are then fine)
+ *   dtype, op  as hcoll_allreduce, with the same rounding (see the
+ *              semantics above hcoll_op_t): SUM, PROD, MAX, MIN; AVG of a
+ *              floating type multiplies each rank's input by 1/nranks and
+ *              sums, AVG of an integer type sums and divides once by
+ *              nranks, truncating; a PREMUL_SUM op of comm for dtype
+ *   stream     NULL (host buffers). Device buffers and streams are not
+ *              supported yet: HCOLL_ERR_UNSUPPORTED.
+ * Each element is reduced in one fixed order, so a block's result does not
+ * depend on timing; that order is not the all-reduce's, so for floats the
+ * result may differ in the last bits from the matching block of an
+ * hcoll_allreduce of the same inputs (it is equal where every order gives
+ * the same sum, e.g. integers, or floats whose sums are exact).
+ * recvcount, dtype and op must be the same on every rank. Before any data
+ * moves, the ranks compare the collective (reduce-scatter, all-gather),
+ * recvcount, dtype and op (a PREMUL_SUM op counts as one op, whatever its
+ * scalar): ranks that disagree fail alike with HCOLL_ERR_MISMATCH and the
+ * communicator stays usable. A rank that calls another collective
+ * (all-reduce, broadcast, barrier) at the same point fails, with the
+ * others, with HCOLL_ERR_MISMATCH or another error, which is then sticky.
+ * Collective; blocks until the result is in recvbuf; on a communicator still
+ * being set up returns HCOLL_IN_PROGRESS and does nothing. Thread-safe as
+ * hcoll_allreduce: calls on one communicator run one at a time, in the
+ * order they were issued.
+ * Returns HCOLL_SUCCESS, HCOLL_ERR_INVALID_ARG for a bad argument, or the
+ * error of the communicator (a peer failed, timeout, abort; sticky).
+ */
+HCOLL_API hcoll_status_t hcoll_reduce_scatter(hcoll_comm_t comm, const void *sendbuf,
+                                              void *recvbuf, size_t recvcount,
+                                              hcoll_dtype_t dtype, hcoll_op_t op,
+                                              void *stream);
+
+/*
+ * hcoll_reduce_scatter_async: as hcoll_reduce_scatter, but returns at once
+ * with a request in *req_out (hcoll_test, hcoll_wait, hcoll_request_free,
+ * hcoll_request_set_callback, hcoll_request_stage_times), queued behind
+ * the communicator's earlier requests of any kind. The buffers stay
+ * untouched by the caller until it completes.
+ */
+HCOLL_API hcoll_status_t hcoll_reduce_scatter_async(hcoll_comm_t comm, const void *sendbuf,
+                                                    void *recvbuf, size_t recvcount,
+                                                    hcoll_dtype_t dtype, hcoll_op_t op,
+                                                    void *stream, hcoll_request_t *req_out);
+
+/*
+ * hcoll_allgather: NCCL's ncclAllGather. Afterwards recvbuf block r
+ * (elements [r*sendcount, (r+1)*sendcount)) on every rank = sendbuf of
+ * rank r, bit for bit, whatever the dtype.
+ *   comm       a ready communicator
+ *   sendbuf    in: sendcount elements (unchanged)
+ *   recvbuf    out: nranks * sendcount elements. In place means sendbuf ==
+ *              recvbuf + rank * sendcount elements; any other overlap is
+ *              HCOLL_ERR_INVALID_ARG.
+ *   sendcount  elements per rank, may be 0 (NULL buffers are then fine)
+ *   dtype      a known dtype (it gives the element size)
+ *   stream     NULL, as hcoll_reduce_scatter
+ * sendcount and dtype must be the same on every rank: ranks that disagree
+ * fail alike with HCOLL_ERR_MISMATCH, as for hcoll_reduce_scatter (which
+ * also says what a rank calling another collective does). Collective;
+ * blocks; thread-safe and returns as hcoll_reduce_scatter.
+ * hcoll_allgather_async: the same as a request in *req_out, as
+ * hcoll_reduce_scatter_async.
+ */
+HCOLL_API hcoll_status_t hcoll_allgather(hcoll_comm_t comm, const void *sendbuf, void *recvbuf,
+                                         size_t sendcount, hcoll_dtype_t dtype, void *stream);
+HCOLL_API hcoll_status_t hcoll_allgather_async(hcoll_comm_t comm, const void *sendbuf,
+                                               void *recvbuf, size_t sendcount,
+                                               hcoll_dtype_t dtype, void *stream,
+                                               hcoll_request_t *req_out);
+
 /*
  * Completion callbacks. cb(req, status, arg) runs exactly once per request:
  *   - on hcoll's thread (the communicator's worker) when the request
@@ -635,6 +722,11 @@ HCOLL_API hcoll_status_t hcoll_request_set_callback(hcoll_request_t req, hcoll_r
  * node: everything is inter_us). Where the intra-node stage runs as one
  * fused step (one node; vectors up to HCOLL_SMALL_BYTES), its time is split
  * evenly between intra_rs_us and intra_ag_us.
+ * Reduce-scatter: intra_rs_us is the permuting copy and the intra-node
+ * reduce-scatter, inter_us the ring, intra_ag_us the copy into recvbuf;
+ * all-gather: inter_us the ring, intra_ag_us the intra-node all-gather and
+ * the copy back in rank order (intra_rs_us the copy of sendbuf). For both,
+ * total_us includes the exchange that checks the ranks' arguments.
  * Device buffers: the intra-node stages are timed with CUDA events on the
  * caller's stream (the GPU's clock; -1 where an event could not be made);
  * inter_us is the host stage (staging copies or the GPUDirect ring), and
@@ -652,7 +744,7 @@ typedef struct hcoll_stage_times {
  * hcoll_request_stage_times: the times of a finished request
  * (HCOLL_IN_PROGRESS while it runs). hcoll_comm_last_stage_times: the
  * times of the communicator's most recently finished collective (all-reduce,
- * broadcast or barrier), blocking or not (HCOLL_ERR_INVALID_ARG before the first). Non-blocking, local.
+ * broadcast, barrier, reduce-scatter or all-gather), blocking or not (HCOLL_ERR_INVALID_ARG before the first). Non-blocking, local.
  */
 HCOLL_API hcoll_status_t hcoll_request_stage_times(hcoll_request_t req,
                                                    hcoll_stage_times_t *times_out);

@@ -8,8 +8,10 @@
  *     same bits and the reference is a plain rank-order fold;
  *   - random floats, whose reference replays the ring's fixed chain order
  *     (block b: rank b, b+1, ..., b-1), and every rank's result must match.
- * Failures on purpose: a rank SIGKILLed or SIGSTOPped mid-operation, and a
- * corrupted frame. The schedule arithmetic (ring_sched.h) is checked on its
+ * Reduce-scatter and all-gather alone (position p ends with / starts from
+ * block p), on host and on "device" buffers, and a neighbour in another
+ * phase. Failures on purpose: a rank SIGKILLed or SIGSTOPped mid-operation,
+ * and a corrupted frame. The schedule arithmetic (ring_sched.h) is checked on its
  * own, without ranks.
  */
 #include <check.h>
@@ -971,6 +973,231 @@ START_TEST(test_device_refused_together)
 END_TEST
 
 /* ------------------------------------------------------------------------ */
+/* Reduce-scatter and all-gather alone                                        */
+/* ------------------------------------------------------------------------ */
+
+static hcoll_status_t ring_finish(hc_ring_t *ring, hcoll_status_t st)
+{
+    int done = 0;
+    while (st == HCOLL_SUCCESS && !done)
+        st = hc_ring_progress(ring, 1000, &done);
+    return st;
+}
+
+/* Block p of the phases' split (ring_sched.h). */
+static void phase_block(int n, size_t count, int p, size_t *off, size_t *cnt)
+{
+    hc_ring_sched_t g;
+    hc_ring_sched_plan(&g, n, count, 4, 4096, 0, 1);
+    *off = hc_ring_blk_off(&g, p);
+    *cnt = hc_ring_blk_cnt(&g, p);
+}
+
+/* The reduce-scatter's own order: block b starts at position b+1 and is
+ * folded by b+2, ..., b (one position later than the all-reduce's). */
+static void ref_rs_chain(float *ref, float *tmp, size_t count, int n, int b)
+{
+    size_t off, cnt;
+    phase_block(n, count, b, &off, &cnt);
+    for (int k = 0; k < n; k++) {
+        fill_random(tmp, count, (b + 1 + k) % n, HCOLL_FLOAT32);
+        if (k == 0)
+            memcpy(ref + off, tmp + off, cnt * 4);
+        else
+            hc_reduce(ref + off, ref + off, tmp + off, cnt, HCOLL_FLOAT32, HCOLL_SUM);
+    }
+}
+
+/*
+ * Position p ends the reduce-scatter with block p (exact inputs: the
+ * rank-order fold; random floats: the chain order above, bit for bit) and
+ * starts the all-gather from it; the phases interleave with all-reduces,
+ * whose sequence numbers must stay in step; small chunks and two slots
+ * pipeline even short vectors.
+ */
+static int rank_phases(int rank, int n, void *arg)
+{
+    shm_t *shm = arg;
+    ag_ctx_t ag = { shm, rank };
+    hc_ring_t *ring;
+    HCT_REQUIRE(ring_up(rank, n, &ag, 96, 2, 1, 20000, &ring) == HCOLL_SUCCESS, "create: %s",
+                eb.msg);
+    static const size_t counts[] = { 1, 7, 52, 1031, 20011 };
+    static const hcoll_op_t ops[] = { HCOLL_SUM, HCOLL_AVG, HCOLL_MAX };
+    static const hcoll_dtype_t dts[] = { HCOLL_FLOAT32, HCOLL_INT32, HCOLL_FLOAT16 };
+    const size_t maxc = 20011;
+    char *send = malloc(maxc * 4), *recv = malloc(maxc * 4 + 8), *ref = malloc(maxc * 4),
+         *tmp = malloc(maxc * 4);
+    HCT_REQUIRE(send && recv && ref && tmp, "malloc");
+    for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++) {
+        const size_t count = counts[ci];
+        size_t off, cnt;
+        phase_block(n, count, rank, &off, &cnt);
+        for (size_t k = 0; k < 9; k++) {
+            const hcoll_dtype_t dt = dts[k % 3];
+            const hcoll_op_t op = ops[k / 3];
+            const size_t es = hcoll_dtype_size(dt);
+            const int inplace = (int)(k % 2);
+            ref_verif(ref, tmp, count, n, dt, op);
+            memset(recv, 0xCD, count * es + 8);
+            fill_verif(inplace ? recv : send, count, rank, dt, op);
+            hcoll_status_t st = hc_ring_rs_start(ring, inplace ? recv : send, recv, count, dt,
+                                                 op, 0);
+            st = ring_finish(ring, st);
+            HCT_REQUIRE(st == HCOLL_SUCCESS, "rs %s %s count %zu: %s", hcoll_dtype_name(dt),
+                        hcoll_op_name(op), count, eb.msg);
+            HCT_REQUIRE(memcmp(recv + off * es, ref + off * es, cnt * es) == 0,
+                        "rs %s %s count %zu%s: block %d differs from the reference",
+                        hcoll_dtype_name(dt), hcoll_op_name(op), count,
+                        inplace ? " in place" : "", rank);
+            HCT_REQUIRE((unsigned char)recv[count * es] == 0xCD, "rs wrote past the end");
+        }
+        /* Random floats: the chain order, bit for bit. */
+        fill_random(send, count, rank, HCOLL_FLOAT32);
+        HCT_REQUIRE(ring_finish(ring, hc_ring_rs_start(ring, send, recv, count, HCOLL_FLOAT32,
+                                                       HCOLL_SUM, 0)) == HCOLL_SUCCESS,
+                    "rs random: %s", eb.msg);
+        ref_rs_chain((float *)ref, (float *)tmp, count, n, rank);
+        HCT_REQUIRE(memcmp(recv + off * 4, ref + off * 4, cnt * 4) == 0,
+                    "rs random count %zu: not the chain order's bits", count);
+        /* All-gather: my block in, everyone's out. */
+        uint32_t *b = (uint32_t *)recv;
+        for (size_t i = 0; i < count; i++)
+            b[i] = i >= off && i < off + cnt ? (uint32_t)(i * 2654435761u) ^ (uint32_t)count
+                                             : 0xdeadbeefu;
+        HCT_REQUIRE(ring_finish(ring, hc_ring_ag_start(ring, recv, count, HCOLL_INT32)) ==
+                        HCOLL_SUCCESS,
+                    "ag count %zu: %s", count, eb.msg);
+        for (size_t i = 0; i < count; i++)
+            HCT_REQUIRE(b[i] == ((uint32_t)(i * 2654435761u) ^ (uint32_t)count),
+                        "ag count %zu: element %zu is %08x", count, i, b[i]);
+        float x = 1.0f;
+        HCT_REQUIRE(hc_ring_allreduce(ring, &x, &x, 1, HCOLL_FLOAT32, HCOLL_SUM) ==
+                            HCOLL_SUCCESS && x == (float)n,
+                    "all-reduce between the phases: %s", eb.msg);
+    }
+    hc_ring_destroy(ring);
+    free(send), free(recv), free(ref), free(tmp);
+    return 0;
+}
+
+START_TEST(test_phases)
+{
+    const int n = 2 + _i;
+    shm_t *shm = shm_new(n);
+    hct_opts_t o = { .nranks = n, .ranks_per_node = 1, .timeout_ms = 60000 };
+    hct_result_t res[MAXR];
+    const double t0 = hct_now_ms();
+    ck_assert_int_eq(hct_run(&o, rank_phases, shm, res), 0);
+    fprintf(stderr, "[time] phases on %d ranks: %.1f s\n", n, (hct_now_ms() - t0) / 1e3);
+    hct_shared_free(shm, sizeof *shm);
+}
+END_TEST
+
+/* Rank 1 starts another phase (_i 0: all-gather against reduce-scatters;
+ * 1: the all-reduce): the descriptor's signature tells a neighbour, which
+ * fails with HCOLL_ERR_MISMATCH; nobody succeeds, nobody waits for the
+ * deadline. */
+static int rank_phase_mismatch(int rank, int n, void *arg)
+{
+    shm_t *shm = arg;
+    ag_ctx_t ag = { shm, rank };
+    hc_ring_t *ring;
+    HCT_REQUIRE(ring_up(rank, n, &ag, 4096, 0, 1, 5000, &ring) == HCOLL_SUCCESS, "create: %s",
+                eb.msg);
+    static float buf[30000];
+    hcoll_status_t st;
+    if (rank != 1)
+        st = hc_ring_rs_start(ring, buf, buf, 30000, HCOLL_FLOAT32, HCOLL_SUM, 0);
+    else if (shm->victim == 0)
+        st = hc_ring_ag_start(ring, buf, 30000, HCOLL_FLOAT32);
+    else
+        st = hc_ring_start(ring, buf, buf, 30000, HCOLL_FLOAT32, HCOLL_SUM, 0);
+    st = ring_finish(ring, st);
+    shm->hash[rank] = (uint64_t)st;
+    fprintf(stderr, "rank %d: %s (%s)\n", rank, hcoll_status_name(st), eb.msg);
+    HCT_REQUIRE(st != HCOLL_SUCCESS, "a mismatched phase succeeded");
+    HCT_REQUIRE(st != HCOLL_ERR_TIMEOUT, "waited for the deadline: %s", eb.msg);
+    hc_ring_destroy(ring);
+    return 0;
+}
+
+START_TEST(test_phase_mismatch)
+{
+    shm_t *shm = shm_new(3);
+    shm->victim = _i;
+    hct_opts_t o = { .nranks = 3, .ranks_per_node = 1, .timeout_ms = 60000 };
+    hct_result_t res[MAXR];
+    ck_assert_int_eq(hct_run(&o, rank_phase_mismatch, shm, res), 0);
+    int mismatch = 0;
+    for (int r = 0; r < 3; r++)
+        mismatch += shm->hash[r] == (uint64_t)HCOLL_ERR_MISMATCH;
+    ck_assert_msg(mismatch >= 1, "no rank reported HCOLL_ERR_MISMATCH");
+    hct_shared_free(shm, sizeof *shm);
+}
+END_TEST
+
+/* The phases on "device" buffers (host memory behind the device
+ * operations): the reduce-scatter reduces and divides through them. */
+static int rank_device_phases(int rank, int n, void *arg)
+{
+    shm_t *shm = arg;
+    ag_ctx_t ag = { shm, rank };
+    hc_ring_t *ring;
+    HCT_REQUIRE(ring_up(rank, n, &ag, 4096, 0, 1, 20000, &ring) == HCOLL_SUCCESS, "create: %s",
+                eb.msg);
+    fakedev_t f = { 0 };
+    const hc_ring_devops_t ops = { &f, fd_alloc, fd_free, fd_reduce, fd_avg, fd_copy };
+    HCT_REQUIRE(hc_ring_enable_device(ring, &ops) == HCOLL_SUCCESS, "enable: %s", eb.msg);
+    static const size_t counts[] = { 1, 7, 3001, 20011 };
+    for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
+        const size_t cnt = counts[k];
+        size_t off, bc;
+        phase_block(n, cnt, rank, &off, &bc);
+        int32_t *in = malloc(cnt * 4), *out = malloc(cnt * 4);
+        HCT_REQUIRE(in && out, "malloc");
+        for (size_t i = 0; i < cnt; i++)
+            in[i] = (int32_t)(i % 13) + rank * 4;
+        const int before = f.reduces, avgs = f.avgs;
+        HCT_REQUIRE(ring_finish(ring, hc_ring_rs_start_device(ring, in, out, cnt, HCOLL_INT32,
+                                                              HCOLL_AVG, 0)) == HCOLL_SUCCESS,
+                    "device rs %zu: %s", cnt, eb.msg);
+        HCT_REQUIRE(n == 1 || (f.reduces > before && f.avgs > avgs),
+                    "device rs %zu: %d reduces, %d divisions", cnt, f.reduces - before,
+                    f.avgs - avgs);
+        for (size_t i = off; i < off + bc; i++) {
+            int32_t want = (n * (int32_t)(i % 13) + 4 * n * (n - 1) / 2) / n;
+            HCT_REQUIRE(out[i] == want, "device rs %zu elem %zu: %d != %d", cnt, i, out[i], want);
+        }
+        for (size_t i = 0; i < cnt; i++)
+            in[i] = i >= off && i < off + bc ? (int32_t)(i * 3 + 1) : -1;
+        HCT_REQUIRE(ring_finish(ring, hc_ring_ag_start_device(ring, in, cnt, HCOLL_INT32)) ==
+                        HCOLL_SUCCESS,
+                    "device ag %zu: %s", cnt, eb.msg);
+        for (size_t i = 0; i < cnt; i++)
+            HCT_REQUIRE(in[i] == (int32_t)(i * 3 + 1), "device ag %zu elem %zu: %d", cnt, i,
+                        in[i]);
+        free(in);
+        free(out);
+    }
+    hc_ring_disable_device(ring);
+    hc_ring_destroy(ring);
+    return 0;
+}
+
+START_TEST(test_device_phases)
+{
+    shm_t *shm = shm_new(3);
+    hct_opts_t o = { .nranks = 3, .ranks_per_node = 1, .timeout_ms = 60000 };
+    hct_result_t res[MAXR];
+    const double t0 = hct_now_ms();
+    ck_assert_int_eq(hct_run(&o, rank_device_phases, shm, res), 0);
+    fprintf(stderr, "[time] device phases: %.1f s\n", (hct_now_ms() - t0) / 1e3);
+    hct_shared_free(shm, sizeof *shm);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------ */
 /* The schedule, on its own                                                   */
 /* ------------------------------------------------------------------------ */
 
@@ -1069,6 +1296,8 @@ static Suite *ring_suite(void)
     tcase_add_loop_test(tc, test_bcast_chain, 0, 3);
     tcase_add_test(tc, test_device_mode);
     tcase_add_test(tc, test_device_refused_together);
+    tcase_add_loop_test(tc, test_phases, 0, 4);
+    tcase_add_test(tc, test_device_phases);
     suite_add_tcase(s, tc);
     tc = tcase_create("faults");
     tcase_set_timeout(tc, TEST_TIMEOUT_S);
@@ -1078,6 +1307,7 @@ static Suite *ring_suite(void)
     tcase_add_test(tc, test_corrupt_frame);
     tcase_add_loop_test(tc, test_count_mismatch, 0, 2);
     tcase_add_test(tc, test_bcast_root_mismatch);
+    tcase_add_loop_test(tc, test_phase_mismatch, 0, 2);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -2,7 +2,8 @@
  * The executor: requests, the worker, the sticky failure, the data plane's
  * life. What one operation does is coll_run.c.
  *
- * Requests: a request is a kind (all-reduce, broadcast, barrier) and its
+ * Requests: a request is a kind (all-reduce, broadcast, barrier,
+ * reduce-scatter, all-gather) and its
  * arguments (hc_coll_args_t). Every _async call queues one for the
  * communicator's worker thread, which runs them one at a time in issue
  * order. A blocking call waits for earlier requests and then runs on the caller's
@@ -217,6 +218,21 @@ static hcoll_status_t submit_check(hc_coll_t *co, const hc_coll_args_t *a, void 
         return hc_coll_check_bcast(comm, a->sendbuf, a->recvbuf, a->count, a->dtype, a->root);
     case HC_COLL_BARRIER:
         return HCOLL_SUCCESS;
+    case HC_COLL_REDUCE_SCATTER:
+    case HC_COLL_ALLGATHER:
+        /* The device path (coll_dev_*.c) plugs in here. */
+        if (hc_coll_dev_wanted(a->sendbuf, a->recvbuf, stream))
+            return hc_err_set(&comm->err, HC_COLL, comm->rank, HCOLL_ERR_UNSUPPORTED,
+                              "%s: device buffers and streams are not supported yet; use host "
+                              "buffers and stream NULL",
+                              a->kind == HC_COLL_ALLGATHER ? "allgather" : "reduce_scatter");
+        if (a->kind == HC_COLL_REDUCE_SCATTER && a->ro.dev_scalar)
+            return hc_err_set(&comm->err, HC_COLL, comm->rank, HCOLL_ERR_INVALID_ARG,
+                              "reduce_scatter: op %d has a device scalar and serves device "
+                              "buffers only",
+                              (int)a->op);
+        return hc_coll_check_rsag(comm, a->kind, a->sendbuf, a->recvbuf, a->count, a->dtype,
+                                  a->kind == HC_COLL_REDUCE_SCATTER ? a->ro.op : HCOLL_SUM);
     }
     return hc_err_set(&comm->err, HC_COLL, comm->rank, HCOLL_ERR_INTERNAL,
                       "unknown collective %d", (int)a->kind);
@@ -235,8 +251,8 @@ hcoll_status_t hc_coll_submit(hc_coll_t *co, const hc_coll_args_t *args, void *s
         return hc_err_set(&comm->err, HC_COLL, comm->rank, HCOLL_ERR_INVALID_ARG,
                           "a blocking collective from a completion callback of the same "
                           "communicator would deadlock; use its _async form");
-    if (a.kind == HC_COLL_ALLREDUCE &&
-        (st = hc_redop_resolve(comm, a.op, a.dtype, &a.ro)) != HCOLL_SUCCESS)
+    const int reduces = a.kind == HC_COLL_ALLREDUCE || a.kind == HC_COLL_REDUCE_SCATTER;
+    if (reduces && (st = hc_redop_resolve(comm, a.op, a.dtype, &a.ro)) != HCOLL_SUCCESS)
         return st;
     st = submit_check(co, &a, stream, &dop);
     if (dop) {
@@ -255,7 +271,7 @@ hcoll_status_t hc_coll_submit(hc_coll_t *co, const hc_coll_args_t *args, void *s
                           "no memory for a request");
     hc_request_init(rq, co);
     rq->args = a;
-    if (a.kind == HC_COLL_ALLREDUCE)
+    if (reduces)
         rq->args.op = a.ro.op;
     rq->dev = dop;
     rq->detached = dop && !req_out;
@@ -418,6 +434,7 @@ void hc_coll_destroy(hc_coll_t *co, int aborting)
     hc_ringthr_stop(co->ringthr);
     hc_live_stop(co->live);
     hc_memreg_clear(&co->mems, co->ring); /* registrations left: freed, no leak */
+    hc_coll_rsag_free(co);
     /* Device path: the worker has released every stream it queued; free
      * the flag only once the streams are past it. Before the ring goes. */
     hc_coll_dev_destroy(co->dev, aborting);

@@ -1,7 +1,7 @@
 /*
  * The executor: plan selection, the data plane of a communicator
  * (intra-node backend, ring, threads) and requests of every kind
- * (all-reduce, broadcast, barrier).
+ * (all-reduce, broadcast, barrier, reduce-scatter, all-gather).
  *
  * Plans, chosen once per communicator from its topology:
  *   single  one rank: a copy
@@ -52,19 +52,29 @@ hcoll_status_t hc_coll_create(struct hcoll_comm *comm);
 void hc_coll_destroy(hc_coll_t *co, int aborting);
 
 /* The collectives a request can carry. */
-enum hc_coll_kind { HC_COLL_ALLREDUCE, HC_COLL_BROADCAST, HC_COLL_BARRIER };
+enum hc_coll_kind {
+    HC_COLL_ALLREDUCE,
+    HC_COLL_BROADCAST,
+    HC_COLL_BARRIER,
+    HC_COLL_REDUCE_SCATTER,
+    HC_COLL_ALLGATHER,
+};
 
 /* One call's arguments, whatever its kind (fields a kind does not use are
  * ignored): all-reduce sendbuf, recvbuf, count, dtype, op; broadcast
- * sendbuf (root only), recvbuf, count, dtype, root; barrier none. */
+ * sendbuf (root only), recvbuf, count, dtype, root; barrier none;
+ * reduce-scatter sendbuf (nranks x count), recvbuf, count (recvcount),
+ * dtype, op; all-gather sendbuf, recvbuf (nranks x count), count
+ * (sendcount), dtype. */
 typedef struct hc_coll_args {
     enum hc_coll_kind kind;
     const void *sendbuf;
     void *recvbuf;
     size_t count;
     hcoll_dtype_t dtype;
-    hcoll_op_t op;        /* all-reduce: the stages' op (SUM for a scaled one) */
-    hc_redop_t ro;        /* all-reduce: what the caller's op means (core/redop.h) */
+    hcoll_op_t op;        /* all-reduce, reduce-scatter: the stages' op (SUM for a scaled one) */
+    hc_redop_t ro;        /* all-reduce, reduce-scatter: what the caller's op means (redop.h) */
+    hcoll_op_t user_op;   /* reduce-scatter: the op as the caller passed it (argument check) */
     int root;
 } hc_coll_args_t;
 
@@ -76,6 +86,18 @@ typedef struct hc_coll_args {
 hcoll_status_t hc_coll_check_bcast(struct hcoll_comm *c, const void *sendbuf,
                                    const void *recvbuf, size_t count, hcoll_dtype_t dtype,
                                    int root);
+
+/*
+ * The arguments of a host reduce-scatter (kind HC_COLL_REDUCE_SCATTER; op
+ * checked) or all-gather (HC_COLL_ALLGATHER; op ignored): a known dtype
+ * (and op), buffers present when count > 0, nranks x count elements that
+ * fit memory, and no overlap other than the in-place one (reduce-scatter:
+ * recvbuf == sendbuf + rank x count; all-gather: sendbuf == recvbuf + rank
+ * x count). As hc_coll_check_args.
+ */
+hcoll_status_t hc_coll_check_rsag(struct hcoll_comm *c, enum hc_coll_kind kind,
+                                  const void *sendbuf, const void *recvbuf, size_t count,
+                                  hcoll_dtype_t dtype, hcoll_op_t op);
 
 /*
  * Every collective, blocking (req_out NULL) or not: the checks, the device

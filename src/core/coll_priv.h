@@ -1,7 +1,9 @@
 /*
  * The executor's objects, shared by coll.c (requests, the worker, the data
- * plane's life) and coll_run.c (what one operation of each kind does) and
- * by nothing else. Calls go one way: coll.c -> coll_run.c.
+ * plane's life) and coll_run.c (what one operation of each kind does), its
+ * part coll_rsag.c (reduce-scatter, all-gather), and by nothing else.
+ * Calls go one way: coll.c -> coll_run.c -> coll_rsag.c (and coll.c ->
+ * coll_rsag.c, which frees its buffers at destroy).
  */
 #ifndef HC_CORE_COLL_PRIV_H
 #define HC_CORE_COLL_PRIV_H
@@ -54,6 +56,10 @@ struct hc_coll {
     hc_ringthr_t *ringthr; /* the ring thread (three-stage plan only) */
     hc_live_t *live;       /* the liveness thread (core/live.h) */
     struct hcoll_mem *mems; /* registered ranges (memreg.c), under the executor role */
+    /* Reduce-scatter and all-gather (coll_rsag.c), under the executor role. */
+    int *rsag_map;          /* which rank's block goes where in the permuted vector */
+    unsigned char *rsag_buf; /* the permuted vector, kept between calls */
+    size_t rsag_cap;
 };
 
 /* Run one host-buffer operation of any kind as the executor (the caller
@@ -70,5 +76,12 @@ hcoll_status_t hc_coll_run(hc_coll_t *co, const hc_coll_args_t *a, hcoll_stage_t
  * differ. Its time adds to *times. */
 hcoll_status_t hc_coll_bcast_agree(hc_coll_t *co, const hc_coll_args_t *a,
                                    hcoll_stage_times_t *times, int *agreed_out);
+
+/* Run one host reduce-scatter or all-gather whose arguments every rank
+ * agreed on, as hc_coll_run (coll_rsag.c; coll_run.c -> coll_rsag.c). */
+hcoll_status_t hc_coll_run_rsag(hc_coll_t *co, const hc_coll_args_t *a, hcoll_stage_times_t *times);
+
+/* Free what reduce-scatter and all-gather keep in co (hc_coll_destroy). */
+void hc_coll_rsag_free(hc_coll_t *co);
 
 #endif

@@ -88,7 +88,8 @@ static hcoll_status_t ring_run_here(hc_coll_t *co, const void *send, void *recv,
                                     hcoll_dtype_t dtype, hcoll_op_t op)
 {
     struct hcoll_comm *c = co->comm;
-    const hc_ringdrv_op_t rop = { send, recv, count, dtype, op, c->nranks, 0, 0, 0 };
+    const hc_ringdrv_op_t rop = { send, recv, count, dtype, op, c->nranks, 0, 0, 0,
+                                  HC_RING_PHASE_ALLREDUCE };
     const hc_ringdrv_env_t env = { &c->aborted, &c->err, c->rank, "the all-reduce",
                                    co->intra };
     return hc_ringdrv_run(co->ring, &rop, &env);
@@ -151,7 +152,7 @@ static hcoll_status_t run_3stage(hc_coll_t *co, const hc_coll_args_t *rq, hcoll_
             hc_intra_shard(n, L, c->local_rank, &soff, &slen);
             unsigned char *shard = recv + (off + soff) * esize;
             const hc_ringdrv_op_t job = { shard, shard,     slen, rq->dtype, rq->op,
-                                          c->nranks, 0, 0, 0 };
+                                          c->nranks, 0, 0, 0, HC_RING_PHASE_ALLREDUCE };
             uint64_t id = hc_ringthr_post(co->ringthr, &job);
             if (have_pending) {
                 rst = hc_ringthr_wait(co->ringthr, pending_id, &tm->inter_us);
@@ -384,6 +385,55 @@ static hcoll_status_t run_barrier(hc_coll_t *co, hcoll_stage_times_t *tm)
     return st;
 }
 
+/* ------------------------------------------------------------------------ */
+/* Reduce-scatter and all-gather: the arguments, then coll_rsag.c             */
+/* ------------------------------------------------------------------------ */
+
+/* The op as ranks must agree on it: a built-in op, or "a PREMUL_SUM",
+ * whose scalar may differ by rank. */
+static int64_t rsag_opcode(const hc_coll_args_t *a)
+{
+    if (a->kind != HC_COLL_REDUCE_SCATTER)
+        return -1;
+    return (int)a->user_op < HC_REDOP_BASE ? (int64_t)a->user_op : HC_REDOP_BASE;
+}
+
+/* One all-reduce (MAX) of the collective, count, dtype and op and their
+ * negations, as the broadcast's check: unequal extremes mean that ranks
+ * were called differently, and every rank returns HCOLL_ERR_MISMATCH
+ * alike, before any data moved. */
+static hcoll_status_t run_rsag(hc_coll_t *co, const hc_coll_args_t *a, hcoll_stage_times_t *tm,
+                               int *agreed_out)
+{
+    struct hcoll_comm *c = co->comm;
+    const int64_t mine[4] = { a->kind, (int64_t)a->count, a->dtype, rsag_opcode(a) };
+    int64_t chk[8];
+    for (int i = 0; i < 4; i++) {
+        chk[2 * i] = mine[i];
+        chk[2 * i + 1] = -mine[i];
+    }
+    hcoll_status_t st = allreduce_in_place(co, chk, 8, HCOLL_INT64, HCOLL_MAX, tm);
+    if (st != HCOLL_SUCCESS)
+        return st;
+    for (int i = 0; i < 4; i++)
+        if (chk[2 * i] != -chk[2 * i + 1]) {
+            *agreed_out = 1;
+            return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_MISMATCH,
+                              "%s: ranks disagree on the arguments (collective %lld..%lld, "
+                              "count %lld..%lld, dtype %lld..%lld, op %lld..%lld; this rank: "
+                              "%lld, %zu, %s, %lld; collectives: %d reduce-scatter, %d "
+                              "all-gather)",
+                              a->kind == HC_COLL_REDUCE_SCATTER ? "reduce_scatter" : "allgather",
+                              (long long)-chk[1], (long long)chk[0], (long long)-chk[3],
+                              (long long)chk[2], (long long)-chk[5], (long long)chk[4],
+                              (long long)-chk[7], (long long)chk[6], (long long)a->kind,
+                              a->count, hcoll_dtype_name(a->dtype), (long long)mine[3],
+                              (int)HC_COLL_REDUCE_SCATTER, (int)HC_COLL_ALLGATHER);
+        }
+    memset(tm, 0, sizeof *tm); /* the check is not a stage */
+    return hc_coll_run_rsag(co, a, tm);
+}
+
 hcoll_status_t hc_coll_run(hc_coll_t *co, const hc_coll_args_t *a, hcoll_stage_times_t *tm,
                            int *agreed_out)
 {
@@ -392,8 +442,12 @@ hcoll_status_t hc_coll_run(hc_coll_t *co, const hc_coll_args_t *a, hcoll_stage_t
         return run_allreduce(co, a, tm);
     const double t0 = hc_now_us();
     memset(tm, 0, sizeof *tm);
-    hcoll_status_t st =
-        a->kind == HC_COLL_BROADCAST ? run_broadcast(co, a, tm, agreed_out) : run_barrier(co, tm);
+    hcoll_status_t st;
+    switch (a->kind) {
+    case HC_COLL_BROADCAST: st = run_broadcast(co, a, tm, agreed_out); break;
+    case HC_COLL_BARRIER: st = run_barrier(co, tm); break;
+    default: st = run_rsag(co, a, tm, agreed_out); break;
+    }
     tm->total_us = hc_now_us() - t0;
     return st;
 }

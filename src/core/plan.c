@@ -91,3 +91,40 @@ hcoll_status_t hc_coll_check_bcast(struct hcoll_comm *c, const void *sendbuf,
                           "sendbuf == recvbuf)");
     return HCOLL_SUCCESS;
 }
+
+hcoll_status_t hc_coll_check_rsag(struct hcoll_comm *c, enum hc_coll_kind kind,
+                                  const void *sendbuf, const void *recvbuf, size_t count,
+                                  hcoll_dtype_t dtype, hcoll_op_t op)
+{
+    const int rs = kind == HC_COLL_REDUCE_SCATTER;
+    const char *what = rs ? "reduce_scatter" : "allgather";
+    if (rs ? !hc_reduce_valid(dtype, op) : hcoll_dtype_size(dtype) == 0)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
+                          rs ? "%s: dtype %d / op %d is not a known type and operation"
+                             : "%s: dtype %d is not a known type",
+                          what, (int)dtype, (int)op);
+    if (count == 0)
+        return HCOLL_SUCCESS;
+    if (!sendbuf || !recvbuf)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
+                          "%s: %s is NULL with count %zu", what, !sendbuf ? "sendbuf" : "recvbuf",
+                          count);
+    const size_t esize = hcoll_dtype_size(dtype);
+    if (count > SIZE_MAX / esize / 2 / (size_t)c->nranks)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
+                          "%s: %d x %zu elements of %s are larger than memory", what, c->nranks,
+                          count, hcoll_dtype_name(dtype));
+    /* The big buffer holds nranks blocks; in place, the small one is block
+     * rank of it. */
+    const uintptr_t big = (uintptr_t)(rs ? sendbuf : recvbuf);
+    const uintptr_t small = (uintptr_t)(rs ? recvbuf : sendbuf);
+    const uintptr_t blk = count * esize, all = blk * (uintptr_t)c->nranks;
+    if (small == big + (uintptr_t)c->rank * blk)
+        return HCOLL_SUCCESS;
+    if (small < big + all && big < small + blk)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
+                          "%s: sendbuf and recvbuf overlap, but not in place (in place means "
+                          "%s == %s + rank * count elements)",
+                          what, rs ? "recvbuf" : "sendbuf", rs ? "sendbuf" : "recvbuf");
+    return HCOLL_SUCCESS;
+}

@@ -12,12 +12,22 @@ hcoll_status_t hc_ringdrv_run(struct hc_ring *ring, const hc_ringdrv_op_t *op,
                               const hc_ringdrv_env_t *env)
 {
     int done = 0;
-    hcoll_status_t st =
-        op->bcast    ? hc_ring_bcast_start(ring, op->dst, op->count, op->dtype, op->root)
-        : op->device ? hc_ring_start_device(ring, op->src, op->dst, op->count, op->dtype, op->op,
-                                          op->avg_div)
-                   : hc_ring_start(ring, op->src, op->dst, op->count, op->dtype, op->op,
-                                   op->avg_div);
+    hcoll_status_t st;
+    if (op->bcast)
+        st = hc_ring_bcast_start(ring, op->dst, op->count, op->dtype, op->root);
+    else if (op->phase == HC_RING_PHASE_RS)
+        st = op->device ? hc_ring_rs_start_device(ring, op->src, op->dst, op->count, op->dtype,
+                                                  op->op, op->avg_div)
+                        : hc_ring_rs_start(ring, op->src, op->dst, op->count, op->dtype, op->op,
+                                           op->avg_div);
+    else if (op->phase == HC_RING_PHASE_AG)
+        st = op->device ? hc_ring_ag_start_device(ring, op->dst, op->count, op->dtype)
+                        : hc_ring_ag_start(ring, op->dst, op->count, op->dtype);
+    else
+        st = op->device ? hc_ring_start_device(ring, op->src, op->dst, op->count, op->dtype,
+                                               op->op, op->avg_div)
+                        : hc_ring_start(ring, op->src, op->dst, op->count, op->dtype, op->op,
+                                        op->avg_div);
     while (st == HCOLL_SUCCESS && !done) {
         if (atomic_load(env->aborted))
             return hc_err_set(env->err, HC_COLL, env->rank, HCOLL_ERR_ABORTED,

@@ -22,7 +22,11 @@ struct hc_ring;
 /* One ring all-reduce: src into dst (equal: in place), the average divided
  * by avg_div; device: both are device memory (hc_ring_start_device).
  * bcast: instead a broadcast of dst from ring position root
- * (hc_ring_bcast_start; src, op and avg_div unused). */
+ * (hc_ring_bcast_start; src, op and avg_div unused). phase (enum
+ * hc_ring_phase, inter/ring.h): HC_RING_PHASE_RS a reduce-scatter alone
+ * (hc_ring_rs_start: src into dst, block p to position p), HC_RING_PHASE_AG
+ * an all-gather alone in dst (hc_ring_ag_start; src, op, avg_div unused);
+ * 0 the all-reduce. */
 typedef struct hc_ringdrv_op {
     const void *src;
     void *dst;
@@ -33,6 +37,7 @@ typedef struct hc_ringdrv_op {
     int device;
     int bcast;
     int root;
+    int phase;
 } hc_ringdrv_op_t;
 
 /* Where the driver reports an abort: the communicator's abort flag, its

@@ -40,6 +40,19 @@
  * k+1 has reached it, sent when that rank had finished k, its last use of
  * the half that k+2 writes. AVG divides once, after the fold.
  *
+ * One phase alone (hc_ring_rs_start, hc_ring_ag_start): the same chunked
+ * phase with every block index one lower (rot = -1), so that position r
+ * ends the reduce-scatter with block r, or starts the all-gather from it:
+ *
+ *   reduce-scatter alone, step s: send block (r-1-s), reduce block (r-2-s);
+ *     after N-1 steps rank r holds block r (chain r+1, r+2, ..., r)
+ *   all-gather alone, step s: send block (r-s), straight into next's buffer
+ *
+ * The phase is part of the descriptor's signature, and data of the phase
+ * an operation does not run is refused, so neighbours that started
+ * different phases fail instead of mixing data. No gather mode: a phase
+ * alone takes N-1 hops chunked as well.
+ *
  * Broadcast (hc_ring_bcast_start): a chain root, root+1, ..., root-1 of
  * all-gather-like puts straight into next's buffer, chunk by chunk, each
  * forwarded as soon as it landed (no staging slots, no credits):
@@ -114,7 +127,8 @@ hcoll_status_t hc_ring_send_ready(hc_ring_t *r)
         while (r->slot_busy[slot])
             slot++;
         size_t off, cnt;
-        hc_ring_chunk_of(&o->g, hc_ring_mod(r->n, (long)r->rank - (long)s), c, &off, &cnt);
+        hc_ring_chunk_of(&o->g, hc_ring_mod(r->n, (long)r->rank - (long)s + o->rot), c, &off,
+                         &cnt);
         /* Step 0 sends my own contribution, later steps what I reduced. */
         hc_mr_t *mr = s == 0 ? o->send_mr : o->recv_mr;
         st = hc_ring_put(r, r->ep_next, mr, off * o->esize,
@@ -152,10 +166,14 @@ hcoll_status_t hc_ring_send_ready(hc_ring_t *r)
     }
     while (!o->bcast && o->have_desc && o->ag_next < o->g.nmsg) {
         size_t m = o->ag_next, s = m / o->g.C, c = m % o->g.C;
-        if (s == 0 ? !o->rs_done[(size_t)(r->n - 2) * o->g.C + c] : !o->ag_done[m - o->g.C])
+        /* Step 0 sends the block my reduce-scatter finished (all-reduce),
+         * or my own (all-gather alone). */
+        if (s == 0 ? o->phase == HC_RING_PHASE_ALLREDUCE && !o->rs_done[(size_t)(r->n - 2) * o->g.C + c]
+                   : !o->ag_done[m - o->g.C])
             break;
         size_t off, cnt;
-        hc_ring_chunk_of(&o->g, hc_ring_mod(r->n, (long)r->rank + 1 - (long)s), c, &off, &cnt);
+        hc_ring_chunk_of(&o->g, hc_ring_mod(r->n, (long)r->rank + 1 - (long)s + o->rot), c, &off,
+                         &cnt);
         st = hc_ring_put(r, r->ep_next, o->recv_mr, off * o->esize, &o->next_recv,
                          off * o->esize, cnt * o->esize, IMM(IMM_AG, seq, 0, m));
         if (st != HCOLL_SUCCESS)
@@ -183,7 +201,7 @@ static hcoll_status_t on_gather(hc_ring_t *r, size_t s)
         return HCOLL_SUCCESS;
     /* Every vector was sent for this operation with these arguments. */
     const char *v = o->ghalf;
-    const gather_trailer_t want = { r->seq, ring_op_sig(o->count, o->dtype, o->op) };
+    const gather_trailer_t want = { r->seq, ring_op_sig(o->count, o->phase, o->dtype, o->op) };
     for (int q = 0; q < r->n; q++) {
         gather_trailer_t got;
         memcpy(&got, v + (size_t)q * r->gvec + o->count * o->esize, sizeof got);
@@ -212,13 +230,22 @@ hcoll_status_t hc_ring_on_rs(hc_ring_t *r, uint32_t imm)
     int slot = IMM_SLOT(imm);
     if (o->g.gather)
         return on_gather(r, m);
+    /* An all-gather alone takes no reduce-scatter data: prev started
+     * another phase (it may be here before next's descriptor says so). */
+    if (o->phase == HC_RING_PHASE_AG)
+        return ring_fail(r, hc_err_set(RING_ERRBUF(r), HC_NET, RING_LOGRANK(r), HCOLL_ERR_MISMATCH,
+                                       "ring: rank %d sent reduce-scatter data in operation %llu, "
+                                       "which this rank runs as an all-gather: every rank must "
+                                       "call the same",
+                                       hc_tp_rank(&r->p.tp, r->prev), (unsigned long long)r->seq));
     if (m >= o->g.nmsg || o->rs_done[m] || slot >= r->nslots)
         return ring_fail(r, hc_err_set(RING_ERRBUF(r), HC_NET, RING_LOGRANK(r), HCOLL_ERR_NETWORK,
                                        "ring: unexpected reduce-scatter message %zu slot %d "
                                        "from rank %d",
                                        m, slot, hc_tp_rank(&r->p.tp, r->prev)));
     size_t s = m / o->g.C, c = m % o->g.C, off, cnt;
-    hc_ring_chunk_of(&o->g, hc_ring_mod(r->n, (long)r->rank - 1 - (long)s), c, &off, &cnt);
+    hc_ring_chunk_of(&o->g, hc_ring_mod(r->n, (long)r->rank - 1 - (long)s + o->rot), c, &off,
+                     &cnt);
     /* One pass: partial from the chain ⊕ my own contribution → my output. */
     if (o->dev) {
         const hc_ring_devops_t *d = r->devops;
@@ -242,6 +269,16 @@ hcoll_status_t hc_ring_on_rs(hc_ring_t *r, uint32_t imm)
                        IMM(IMM_CREDIT, r->seq & 15, slot, m));
 }
 
+/* What an operation is, from its signature's phase and op (a broadcast's
+ * op field is 0x80 | root). */
+static const char *sig_name(int phase, int op)
+{
+    return phase == HC_RING_PHASE_RS   ? "reduce-scatter"
+           : phase == HC_RING_PHASE_AG ? "all-gather"
+           : (op & 0x80)               ? "broadcast"
+                                       : "all-reduce";
+}
+
 hcoll_status_t hc_ring_on_desc(hc_ring_t *r)
 {
     ring_op_t *o = &r->op;
@@ -253,16 +290,17 @@ hcoll_status_t hc_ring_on_desc(hc_ring_t *r)
                                        "expected %llu",
                                        hc_tp_rank(&r->p.tp, r->next), (unsigned long long)d.seq,
                                        (unsigned long long)r->seq));
-    uint64_t mine = ring_op_sig(o->count, o->dtype, o->op);
+    uint64_t mine = ring_op_sig(o->count, o->phase, o->dtype, o->op);
     if (d.sig != mine)
         return ring_fail(r, hc_err_set(RING_ERRBUF(r), HC_NET, RING_LOGRANK(r), HCOLL_ERR_MISMATCH,
-                                       "ring: rank %d called operation %llu with count %llu, "
-                                       "dtype %s, op %s; this rank with count %zu, dtype %s, "
-                                       "op %s: every rank must pass the same",
+                                       "ring: rank %d called operation %llu as %s with count "
+                                       "%llu, dtype %s, op %s; this rank as %s with count %zu, "
+                                       "dtype %s, op %s: every rank must pass the same",
                                        hc_tp_rank(&r->p.tp, r->next), (unsigned long long)r->seq,
-                                       (unsigned long long)(d.sig >> 16),
+                                       sig_name(RING_SIG_PHASE(d.sig), (int)(d.sig & 0xff)), RING_SIG_COUNT(d.sig),
                                        hcoll_dtype_name((hcoll_dtype_t)((d.sig >> 8) & 0xff)),
-                                       hcoll_op_name((hcoll_op_t)(d.sig & 0xff)), o->count,
+                                       hcoll_op_name((hcoll_op_t)(d.sig & 0xff)),
+                                       sig_name(o->phase, o->op), o->count,
                                        hcoll_dtype_name(o->dtype), hcoll_op_name(o->op)));
     o->next_recv = d.recv_rkey;
     o->have_desc = 1;
@@ -307,7 +345,8 @@ hcoll_status_t hc_ring_on_comp(hc_ring_t *r, const hc_comp_t *c)
             return hc_ring_on_rs(r, imm);
         case IMM_AG: {
             size_t m = IMM_MSG(imm);
-            if (m < r->op.g.nmsg && !r->op.ag_done[m]) {
+            /* A reduce-scatter alone takes no all-gather data. */
+            if (m < r->op.g.nmsg && !r->op.ag_done[m] && r->op.phase != HC_RING_PHASE_RS) {
                 r->op.ag_done[m] = 1;
                 r->op.ag_nrecv++;
                 return HCOLL_SUCCESS;

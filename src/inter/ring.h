@@ -107,6 +107,36 @@ hcoll_status_t hc_ring_start_device(hc_ring_t *ring, const void *sendbuf, void *
                                     int avg_divisor);
 
 /*
+ * Reduce-scatter and all-gather alone: one phase of the all-reduce's
+ * chunked ring, with the blocks rotated so that ring position p ends with
+ * (reduce-scatter) or starts from (all-gather) block p, where the N blocks
+ * are the all-reduce's split of count elements (ring_sched.h: count/N
+ * each, the first count%N one longer). No gather mode: either phase takes
+ * N-1 hops anyway.
+ *
+ * hc_ring_rs_start: afterwards block p of recvbuf (count elements, its
+ * other blocks overwritten with partial sums) = op over the ring of block
+ * p of sendbuf; recvbuf == sendbuf is in place, else no overlap; AVG
+ * divides block p once by avg_divisor (0: the ring's size).
+ * hc_ring_ag_start: afterwards every block of buf (count elements) =
+ * block q of position q's buf; position p must hold its block p there.
+ * Progress and finish as an all-reduce (hc_ring_progress). Every rank of
+ * the ring must start the same phase with the same count, dtype (and op):
+ * the descriptor's signature carries the phase, so a neighbour that
+ * started another fails with HCOLL_ERR_MISMATCH. The _device forms take
+ * device buffers (after hc_ring_enable_device), as hc_ring_start_device.
+ */
+enum hc_ring_phase { HC_RING_PHASE_ALLREDUCE = 0, HC_RING_PHASE_RS = 1, HC_RING_PHASE_AG = 2 };
+hcoll_status_t hc_ring_rs_start(hc_ring_t *ring, const void *sendbuf, void *recvbuf, size_t count,
+                                hcoll_dtype_t dtype, hcoll_op_t op, int avg_divisor);
+hcoll_status_t hc_ring_ag_start(hc_ring_t *ring, void *buf, size_t count, hcoll_dtype_t dtype);
+hcoll_status_t hc_ring_rs_start_device(hc_ring_t *ring, const void *sendbuf, void *recvbuf,
+                                       size_t count, hcoll_dtype_t dtype, hcoll_op_t op,
+                                       int avg_divisor);
+hcoll_status_t hc_ring_ag_start_device(hc_ring_t *ring, void *buf, size_t count,
+                                       hcoll_dtype_t dtype);
+
+/*
  * Start a broadcast of buf (count elements) from ring position root: a
  * chain root -> root+1 -> ... -> root-1 along the ring's direction, cut
  * into chunk_bytes messages, each forwarded as soon as it lands, straight

@@ -35,9 +35,11 @@ static int op_complete(const hc_ring_t *r)
     const ring_op_t *o = &r->op;
     /* Also wait for my credits and my puts: when an operation ends nothing
      * of it is still in flight towards or from this rank. */
+    /* The descriptor too (its signature check), which a phase alone or a
+     * broadcast's root may not otherwise wait for. */
     return o->rs_next == o->g.nmsg && o->rs_nrecv == o->g.nmsg && o->ag_next == o->g.nmsg &&
            o->ag_nrecv == o->g.nmsg && r->puts_out == 0 && r->nbusy == 0 &&
-           (!o->bcast || o->have_desc);
+           (o->g.gather || o->have_desc);
 }
 
 /* What a start may not be called with; not sticky, the ring stays usable. */
@@ -62,12 +64,15 @@ static hcoll_status_t start_check(hc_ring_t *r, const void *sendbuf, const void 
     return HCOLL_SUCCESS;
 }
 
-/* A 1-rank ring: the result is the input (divided, for AVG). */
+/* A 1-rank ring: the result is the input (divided, for AVG); an
+ * all-gather has nothing to do. */
 static hcoll_status_t start_alone(hc_ring_t *r, const void *sendbuf, void *recvbuf, size_t count,
-                                  hcoll_dtype_t dtype, hcoll_op_t op, int div, int dev)
+                                  hcoll_dtype_t dtype, hcoll_op_t op, int div, int dev, int phase)
 {
     hcoll_status_t st;
     const size_t es = hcoll_dtype_size(dtype);
+    if (phase == HC_RING_PHASE_AG)
+        return HCOLL_SUCCESS;
     if (dev) {
         const hc_ring_devops_t *d = r->devops;
         if (sendbuf != recvbuf && (st = d->copy(d->ctx, recvbuf, sendbuf, count * es)) != 0)
@@ -84,7 +89,7 @@ static hcoll_status_t start_alone(hc_ring_t *r, const void *sendbuf, void *recvb
  * is sent yet. Every rank decides alike: count, dtype, N and the chunk are
  * equal. */
 static hcoll_status_t op_init(hc_ring_t *r, const void *sendbuf, void *recvbuf, size_t count,
-                              hcoll_dtype_t dtype, hcoll_op_t op, int div, int dev)
+                              hcoll_dtype_t dtype, hcoll_op_t op, int div, int dev, int phase)
 {
     hc_errbuf_t *eb = RING_ERRBUF(r);
     ring_op_t *o = &r->op;
@@ -97,9 +102,13 @@ static hcoll_status_t op_init(hc_ring_t *r, const void *sendbuf, void *recvbuf, 
     o->op = op;
     o->avg_div = div;
     o->dev = dev;
+    o->phase = phase;
+    o->rot = phase == HC_RING_PHASE_ALLREDUCE ? 0 : -1;
     const size_t trailer = sizeof(gather_trailer_t);
+    /* A phase alone takes N-1 hops chunked too: no gather mode. */
     hc_ring_sched_plan(&o->g, r->n, count, o->esize, r->chunk_bytes,
-                       r->gvec >= trailer ? r->gvec - trailer : 0, dev);
+                       r->gvec >= trailer ? r->gvec - trailer : 0,
+                       dev || phase != HC_RING_PHASE_ALLREDUCE);
     if (o->g.nmsg >= IMM_MSG_MAX)
         return hc_err_set(eb, HC_NET, RING_LOGRANK(r), HCOLL_ERR_UNSUPPORTED,
                           "ring: %zu elements need %zu messages of %zu bytes per phase, more "
@@ -116,6 +125,11 @@ static hcoll_status_t op_init(hc_ring_t *r, const void *sendbuf, void *recvbuf, 
     memset(r->flags, 0, o->g.nmsg * 2);
     o->rs_done = r->flags;
     o->ag_done = r->flags + o->g.nmsg;
+    /* The phase that does not run counts as done. */
+    if (phase == HC_RING_PHASE_AG)
+        o->rs_next = o->rs_nrecv = o->g.nmsg;
+    if (phase == HC_RING_PHASE_RS)
+        o->ag_next = o->ag_nrecv = o->g.nmsg;
     return HCOLL_SUCCESS;
 }
 
@@ -139,7 +153,7 @@ static hcoll_status_t start_gather(hc_ring_t *r)
     o->ghalf = r->gbuf + (size_t)(r->seq & 1) * (size_t)r->n * r->gvec;
     char *mine = o->ghalf + (size_t)r->rank * r->gvec;
     memcpy(mine, o->send, o->count * o->esize);
-    const gather_trailer_t t = { r->seq, ring_op_sig(o->count, o->dtype, o->op) };
+    const gather_trailer_t t = { r->seq, ring_op_sig(o->count, o->phase, o->dtype, o->op) };
     memcpy(mine + o->count * o->esize, &t, sizeof t);
     o->ag_next = o->ag_nrecv = o->g.nmsg; /* no all-gather half */
     o->active = 1;
@@ -171,7 +185,7 @@ static hcoll_status_t start_chunked(hc_ring_t *r)
     o->active = 1;
 
     const size_t box = r->seq % DESC_SLOTS;
-    ring_desc_t d = { recv_rkey, r->seq, ring_op_sig(o->count, o->dtype, o->op) };
+    ring_desc_t d = { recv_rkey, r->seq, ring_op_sig(o->count, o->phase, o->dtype, o->op) };
     memcpy(r->ctrl + (DESC_SLOTS + box) * DESC_BYTES, &d, sizeof d);
     HC_CHECK(hc_ring_put(r, r->ep_prev, r->ctrl_mr, (DESC_SLOTS + box) * DESC_BYTES, &r->prev_ctrl,
                          box * DESC_BYTES, sizeof d, IMM(IMM_DESC, r->seq & 15, 0, 0)),
@@ -200,7 +214,8 @@ out:
 }
 
 static hcoll_status_t ring_start(hc_ring_t *r, const void *sendbuf, void *recvbuf, size_t count,
-                                 hcoll_dtype_t dtype, hcoll_op_t op, int avg_divisor, int dev)
+                                 hcoll_dtype_t dtype, hcoll_op_t op, int avg_divisor, int dev,
+                                 int phase)
 {
     hcoll_status_t st = start_check(r, sendbuf, recvbuf, count, dtype, op, dev);
     if (st != HCOLL_SUCCESS)
@@ -211,8 +226,8 @@ static hcoll_status_t ring_start(hc_ring_t *r, const void *sendbuf, void *recvbu
     if (count == 0)
         return HCOLL_SUCCESS;
     if (r->n == 1)
-        return start_alone(r, sendbuf, recvbuf, count, dtype, op, div, dev);
-    st = op_init(r, sendbuf, recvbuf, count, dtype, op, div, dev);
+        return start_alone(r, sendbuf, recvbuf, count, dtype, op, div, dev, phase);
+    st = op_init(r, sendbuf, recvbuf, count, dtype, op, div, dev, phase);
     if (st != HCOLL_SUCCESS)
         return st;
     return r->op.g.gather ? start_gather(r) : start_chunked(r);
@@ -221,14 +236,41 @@ static hcoll_status_t ring_start(hc_ring_t *r, const void *sendbuf, void *recvbu
 hcoll_status_t hc_ring_start(hc_ring_t *r, const void *sendbuf, void *recvbuf, size_t count,
                              hcoll_dtype_t dtype, hcoll_op_t op, int avg_divisor)
 {
-    return ring_start(r, sendbuf, recvbuf, count, dtype, op, avg_divisor, 0);
+    return ring_start(r, sendbuf, recvbuf, count, dtype, op, avg_divisor, 0,
+                      HC_RING_PHASE_ALLREDUCE);
 }
 
 hcoll_status_t hc_ring_start_device(hc_ring_t *r, const void *sendbuf, void *recvbuf,
                                     size_t count, hcoll_dtype_t dtype, hcoll_op_t op,
                                     int avg_divisor)
 {
-    return ring_start(r, sendbuf, recvbuf, count, dtype, op, avg_divisor, 1);
+    return ring_start(r, sendbuf, recvbuf, count, dtype, op, avg_divisor, 1,
+                      HC_RING_PHASE_ALLREDUCE);
+}
+
+hcoll_status_t hc_ring_rs_start(hc_ring_t *r, const void *sendbuf, void *recvbuf, size_t count,
+                                hcoll_dtype_t dtype, hcoll_op_t op, int avg_divisor)
+{
+    return ring_start(r, sendbuf, recvbuf, count, dtype, op, avg_divisor, 0, HC_RING_PHASE_RS);
+}
+
+hcoll_status_t hc_ring_rs_start_device(hc_ring_t *r, const void *sendbuf, void *recvbuf,
+                                       size_t count, hcoll_dtype_t dtype, hcoll_op_t op,
+                                       int avg_divisor)
+{
+    return ring_start(r, sendbuf, recvbuf, count, dtype, op, avg_divisor, 1, HC_RING_PHASE_RS);
+}
+
+/* The all-gather's data only moves: its signature says SUM whatever the
+ * caller reduces elsewhere. */
+hcoll_status_t hc_ring_ag_start(hc_ring_t *r, void *buf, size_t count, hcoll_dtype_t dtype)
+{
+    return ring_start(r, buf, buf, count, dtype, HCOLL_SUM, 0, 0, HC_RING_PHASE_AG);
+}
+
+hcoll_status_t hc_ring_ag_start_device(hc_ring_t *r, void *buf, size_t count, hcoll_dtype_t dtype)
+{
+    return ring_start(r, buf, buf, count, dtype, HCOLL_SUM, 0, 1, HC_RING_PHASE_AG);
 }
 
 /* No progress for the operation timeout: every neighbour is alive (the

@@ -58,13 +58,17 @@ typedef struct ring_desc {
     uint64_t sig; /* ring_op_sig(): what this operation was called with */
 } ring_desc_t;
 
-/* count, dtype and op of an operation in one word, so that neighbours
- * called with different arguments find out at the start of the operation
- * instead of through an out-of-bounds frame or a deadline. */
-static inline uint64_t ring_op_sig(size_t count, hcoll_dtype_t dtype, hcoll_op_t op)
+/* count, phase (enum hc_ring_phase), dtype and op of an operation in one
+ * word, so that neighbours called with different arguments, or for
+ * another phase, find out at the start of the operation instead of through
+ * an out-of-bounds frame, a deadline or mixed data. */
+static inline uint64_t ring_op_sig(size_t count, int phase, hcoll_dtype_t dtype, hcoll_op_t op)
 {
-    return ((uint64_t)count << 16) | ((uint64_t)(dtype & 0xff) << 8) | (uint64_t)(op & 0xff);
+    return ((uint64_t)count << 18) | ((uint64_t)(phase & 3) << 16) |
+           ((uint64_t)(dtype & 0xff) << 8) | (uint64_t)(op & 0xff);
 }
+#define RING_SIG_COUNT(sig) ((unsigned long long)((sig) >> 18))
+#define RING_SIG_PHASE(sig) ((int)(((sig) >> 16) & 3))
 
 /* Gather mode has no descriptor: each vector travels with this trailer
  * right behind its last byte. A receiver reads it at the offset its own
@@ -96,6 +100,8 @@ typedef struct ring_op {
     char *ghalf;         /* gather mode: this operation's half of gbuf */
     uint8_t *rs_done;    /* [nmsg] received and reduced */
     uint8_t *ag_done;    /* [nmsg] landed */
+    int phase;           /* enum hc_ring_phase: both phases, or one alone */
+    int rot;             /* block rotation: 0 (all-reduce), -1 (one phase: p ends/starts with p) */
     int bcast;           /* a broadcast chain (ring_op.c): root, ..., root-1 */
     int root;            /* the chain's first position */
 } ring_op_t;
