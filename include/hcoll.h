@@ -603,8 +603,12 @@ HCOLL_API hcoll_status_t hcoll_barrier_async(hcoll_comm_t comm, hcoll_request_t 
  *              floating type multiplies each rank's input by 1/nranks and
  *              sums, AVG of an integer type sums and divides once by
  *              nranks, truncating; a PREMUL_SUM op of comm for dtype
- *   stream     NULL (host buffers). Device buffers and streams are not
- *              supported yet: HCOLL_ERR_UNSUPPORTED.
+ *   stream     NULL for host buffers. With a CUDA stream the buffers are
+ *              device memory and the call is stream-ordered exactly as
+ *              hcoll_allreduce on device buffers (returns once enqueued;
+ *              NCCL within the node, the rail rings across nodes staged
+ *              or GPUDirect). There, as for the device all-reduce, the
+ *              ranks' arguments are not compared: they must agree.
  * Each element is reduced in one fixed order, so a block's result does not
  * depend on timing; that order is not the all-reduce's, so for floats the
  * result may differ in the last bits from the matching block of an

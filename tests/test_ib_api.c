@@ -269,6 +269,8 @@ static int api_device_scaled(hcoll_comm_t comm, const hc_cu_api_t *cu, void *str
                              int n);
 static int api_device_bcast(hcoll_comm_t comm, const hc_cu_api_t *cu, void *stream, int rank,
                             int n);
+static int api_device_rsag(hcoll_comm_t comm, const hc_cu_api_t *cu, void *stream, int rank,
+                           int n);
 
 static int rank_api_device(int rank, int n, void *argp)
 {
@@ -324,7 +326,8 @@ static int rank_api_device(int rank, int n, void *argp)
         free(want);
     }
     if (api_device_scaled(comm, cu, stream, rank, n) ||
-        api_device_bcast(comm, cu, stream, rank, n))
+        api_device_bcast(comm, cu, stream, rank, n) ||
+        api_device_rsag(comm, cu, stream, rank, n))
         return 1;
     char who[32];
     snprintf(who, sizeof who, "rank %d", rank);
@@ -419,6 +422,49 @@ static int api_device_bcast(hcoll_comm_t comm, const hc_cu_api_t *cu, void *stre
             GPU_OK(cu->mem_free(d));
             free(h);
         }
+    return 0;
+}
+
+/* Device reduce-scatter (SUM) and all-gather over the GPUDirect ring
+ * (with 2 per node: NCCL's reduce-scatter / all-gather of the permuted
+ * vector around it): 1 and 70001 floats per rank, bit for bit. */
+static int api_device_rsag(hcoll_comm_t comm, const hc_cu_api_t *cu, void *stream, int rank,
+                           int n)
+{
+    static const size_t counts[] = { 1, 70001 };
+    for (size_t k = 0; k < 2; k++) {
+        const size_t B = counts[k], all = (size_t)n * B;
+        float *h = malloc(all * 4);
+        HCT_REQUIRE(h, "no memory");
+        hc_cu_dptr_t ds, dr;
+        GPU_OK(cu->mem_alloc(&ds, all * 4));
+        GPU_OK(cu->mem_alloc(&dr, all * 4));
+        for (size_t i = 0; i < all; i++)
+            h[i] = (float)val(rank, i);
+        GPU_OK(cu->memcpy_htod_async(ds, h, all * 4, stream));
+        HCT_OK(comm, hcoll_reduce_scatter(comm, (void *)(uintptr_t)ds, (void *)(uintptr_t)dr, B,
+                                          HCOLL_FLOAT32, HCOLL_SUM, stream));
+        GPU_OK(cu->memcpy_dtoh_async(h, dr, B * 4, stream));
+        GPU_OK(cu->stream_synchronize(stream));
+        for (size_t i = 0; i < B; i++)
+            HCT_REQUIRE(h[i] == (float)ref(HCOLL_SUM, n, (size_t)rank * B + i),
+                        "rank %d: GPUDirect reduce_scatter of %zu: element %zu is %g", rank, B,
+                        i, h[i]);
+        for (size_t i = 0; i < B; i++)
+            h[i] = (float)val(rank, i);
+        GPU_OK(cu->memcpy_htod_async(ds, h, B * 4, stream));
+        HCT_OK(comm, hcoll_allgather(comm, (void *)(uintptr_t)ds, (void *)(uintptr_t)dr, B,
+                                     HCOLL_FLOAT32, stream));
+        GPU_OK(cu->memcpy_dtoh_async(h, dr, all * 4, stream));
+        GPU_OK(cu->stream_synchronize(stream));
+        for (size_t i = 0; i < all; i++)
+            HCT_REQUIRE(h[i] == (float)val((int)(i / B), i % B),
+                        "rank %d: GPUDirect allgather of %zu: element %zu is %g", rank, B, i,
+                        h[i]);
+        GPU_OK(cu->mem_free(ds));
+        GPU_OK(cu->mem_free(dr));
+        free(h);
+    }
     return 0;
 }
 

@@ -220,12 +220,10 @@ static hcoll_status_t submit_check(hc_coll_t *co, const hc_coll_args_t *a, void 
         return HCOLL_SUCCESS;
     case HC_COLL_REDUCE_SCATTER:
     case HC_COLL_ALLGATHER:
-        /* The device path (coll_dev_*.c) plugs in here. */
         if (hc_coll_dev_wanted(a->sendbuf, a->recvbuf, stream))
-            return hc_err_set(&comm->err, HC_COLL, comm->rank, HCOLL_ERR_UNSUPPORTED,
-                              "%s: device buffers and streams are not supported yet; use host "
-                              "buffers and stream NULL",
-                              a->kind == HC_COLL_ALLGATHER ? "allgather" : "reduce_scatter");
+            return hc_coll_dev_rsag_enqueue(co->dev, a->kind == HC_COLL_REDUCE_SCATTER,
+                                            a->sendbuf, a->recvbuf, a->count, a->dtype, a->op,
+                                            &a->ro, stream, dop_out);
         if (a->kind == HC_COLL_REDUCE_SCATTER && a->ro.dev_scalar)
             return hc_err_set(&comm->err, HC_COLL, comm->rank, HCOLL_ERR_INVALID_ARG,
                               "reduce_scatter: op %d has a device scalar and serves device "

@@ -44,8 +44,10 @@
  * communicator's life.
  *
  * Files: this one sets the path up and tears it down; coll_dev_enq.c puts
- * the GPU stages on the caller's stream; coll_dev_host.c is the host
- * stage; coll_dev_priv.h the state they share.
+ * the GPU stages on the caller's stream (all-reduce, broadcast);
+ * coll_dev_host.c is the host stage (and the broadcast's data flow);
+ * coll_dev_rsag.c reduce-scatter and all-gather; coll_dev_priv.h the
+ * state they share.
  */
 #include "core/coll_dev_priv.h"
 
@@ -312,6 +314,9 @@ void hc_coll_dev_destroy(hc_coll_dev_t *d, int aborting)
                     "allocated");
             hc_gdr_dev_leak_flag(d->gpu);
         }
+        if (d->v_buf && !stuck) /* else a stream may still use it */
+            hc_gdr_dev_free(d->gpu, d->v_buf);
+        hc_gdr_dev_event_free(d->gpu, d->v_free);
         if (d->gdr)
             hc_ring_disable_device(d->ring);
         hc_gdr_dev_pop(d->gpu);

@@ -74,7 +74,7 @@ static hcoll_status_t dev_validate(hc_coll_dev_t *d, const void *sendbuf, void *
 
 /* Issue the next flag number and make stream wait for it; on failure the
  * number is given back, so that numbers stay dense. */
-static hcoll_status_t seq_wait(hc_coll_dev_t *d, void *stream, uint32_t *seq_out)
+hcoll_status_t hc_dev_seq_wait(hc_coll_dev_t *d, void *stream, uint32_t *seq_out)
 {
     pthread_mutex_lock(&d->lock);
     uint32_t seq = hc_devseq_issue(&d->seq);
@@ -92,8 +92,8 @@ static hcoll_status_t seq_wait(hc_coll_dev_t *d, void *stream, uint32_t *seq_out
 
 /* Scaled ops without an NCCL stage (o->ro.dev_scale): recvbuf = scalar *
  * sendbuf on stream, which the next stage then reads in place. */
-static hcoll_status_t dev_prescale(hc_coll_dev_t *d, const hc_dev_op_t *o, const void *sendbuf,
-                                   void *recvbuf, size_t count, void *stream)
+hcoll_status_t hc_dev_prescale(hc_coll_dev_t *d, const hc_dev_op_t *o, const void *sendbuf,
+                               void *recvbuf, size_t count, void *stream)
 {
     uint64_t kbits = 0;
     memcpy(&kbits, &o->ro.scalar, sizeof o->ro.scalar < 8 ? sizeof o->ro.scalar : 8);
@@ -132,7 +132,7 @@ static hcoll_status_t staged_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, const voi
             hc_intra_shard(n, c->local_size, c->local_rank, &soff, &slen);
             g->src = (const unsigned char *)recvbuf + (off + soff) * es;
         } else if (o->ro.dev_scale) {
-            HC_CHECK(dev_prescale(d, o, sendbuf, recvbuf, count, stream), clean_ready);
+            HC_CHECK(hc_dev_prescale(d, o, sendbuf, recvbuf, count, stream), clean_ready);
             g->src = recvbuf;
         } else {
             g->src = sendbuf;
@@ -145,7 +145,7 @@ static hcoll_status_t staged_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, const voi
         hc_dev_tev_mark(d, o, 1, stream);
     for (size_t k = 0; k < nseg; k++) {
         uint32_t seq;
-        st = seq_wait(d, stream, &seq);
+        st = hc_dev_seq_wait(d, stream, &seq);
         if (st != HCOLL_SUCCESS) {
             if (k == 0)
                 goto clean_ready;
@@ -191,7 +191,7 @@ static hcoll_status_t plan_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, const void 
     switch (d->plan) {
     case HC_PLAN_SINGLE:
         if (o->ro.dev_scale)
-            st = dev_prescale(d, o, sendbuf, recvbuf, count, stream);
+            st = hc_dev_prescale(d, o, sendbuf, recvbuf, count, stream);
         else if (sendbuf != recvbuf)
             st = hc_gdr_dev_copy_async(d->gpu, recvbuf, sendbuf, count * es, stream);
         break;
@@ -379,7 +379,7 @@ hcoll_status_t hc_coll_dev_bcast_enqueue(hc_coll_dev_t *d, const void *sendbuf, 
     void *ev_done = NULL;
     HC_CHECK(hc_gdr_dev_event_new(d->gpu, &ev_done), clean_ctx);
     HC_CHECK(hc_gdr_dev_event_mark(d->gpu, stream, &o->seg[0].ev_ready), clean_ev);
-    st = seq_wait(d, stream, &o->seg[0].seq);
+    st = hc_dev_seq_wait(d, stream, &o->seg[0].seq);
     if (st != HCOLL_SUCCESS) {
         hc_gdr_dev_event_free(d->gpu, o->seg[0].ev_ready);
         goto clean_ev;

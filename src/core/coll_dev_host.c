@@ -32,7 +32,7 @@ static hcoll_status_t ring_run(hc_coll_dev_t *d, const void *src, void *buf, siz
     struct hcoll_comm *c = d->c;
     const int bcast = o->kind == HC_DEV_BCAST;
     const hc_ringdrv_op_t rop = { dev ? src : buf, buf, n, o->dtype, o->op, c->nranks, dev,
-                                  bcast, bcast ? o->chain_root : 0 };
+                                  bcast, bcast ? o->chain_root : 0, HC_RING_PHASE_ALLREDUCE };
     const hc_ringdrv_env_t env = { &c->aborted, &c->err, c->rank,
                                    bcast ? "the broadcast chain" : "the inter-node stage",
                                    NULL /* NCCL: its own failures */ };
@@ -218,8 +218,9 @@ hcoll_status_t hc_coll_dev_execute(hc_coll_dev_t *d, hc_dev_op_t *o, hcoll_statu
         hc_gdr_dev_push(d->gpu);
     for (int k = 0; k < o->nseg; k++) {
         if (st == HCOLL_SUCCESS)
-            st = o->kind == HC_DEV_BCAST ? bcast_stage(d, o, &o->seg[k], &ring_us)
-                                         : host_stage(d, o, &o->seg[k], &ring_us);
+            st = o->kind == HC_DEV_BCAST      ? bcast_stage(d, o, &o->seg[k], &ring_us)
+                 : o->kind == HC_DEV_ALLREDUCE ? host_stage(d, o, &o->seg[k], &ring_us)
+                                               : hc_dev_rsag_stage(d, o, &o->seg[k], &ring_us);
         /* Always, and in order: the caller's stream waits for it. */
         hcoll_status_t rst = release(d, o->seg[k].seq, 0);
         if (st == HCOLL_SUCCESS)

@@ -4,6 +4,7 @@
  *   coll_dev.c       set-up, timing events, teardown
  *   coll_dev_enq.c   validation and the GPU stages on the caller's stream
  *   coll_dev_host.c  the host stage on the executor's worker
+ *   coll_dev_rsag.c  reduce-scatter and all-gather, both sides
  */
 #ifndef HC_CORE_COLL_DEV_PRIV_H
 #define HC_CORE_COLL_DEV_PRIV_H
@@ -37,7 +38,7 @@ typedef struct hc_dev_seg {
 #define DEV_TEV (2 + 2 * HC_DEVSCHED_SEGMENTS)
 
 /* What a device operation is. */
-enum hc_dev_kind { HC_DEV_ALLREDUCE, HC_DEV_BCAST };
+enum hc_dev_kind { HC_DEV_ALLREDUCE, HC_DEV_BCAST, HC_DEV_RS, HC_DEV_AG };
 
 struct hc_dev_op {
     enum hc_dev_kind kind;
@@ -56,6 +57,13 @@ struct hc_dev_op {
     void *recvbuf;
     size_t count;
     int chain_root;
+    /* Reduce-scatter / all-gather (count: elements per block): the ring's
+     * N blocks of count elements, read from rsrc and written to rdst
+     * (equal but for a GPUDirect reduce-scatter from sendbuf), at ring
+     * position pos; NULL: no ring stage. */
+    const unsigned char *rsrc;
+    unsigned char *rdst;
+    int nblk, pos;
     hc_dev_seg_t seg[];    /* [nseg] (room for every segment of the call) */
 };
 
@@ -77,6 +85,13 @@ struct hc_coll_dev {
     hc_intra_t *wnccl;  /* ... by the worker (broadcast), made at the first one */
     int gdr;                  /* stage ② on device memory (GPUDirect ring) */
     hc_ring_devops_t devops;  /* the ring's device operations (ctx = gpu) */
+
+    /* Reduce-scatter / all-gather: the permuted vector (device memory),
+     * reused; v_free is recorded behind a call's last use of it, and the
+     * next call's stream waits for it (the caller's thread only). */
+    void *v_buf;
+    size_t v_cap;
+    void *v_free;
 
     pthread_mutex_t lock; /* seq */
     hc_devseq_t seq;
@@ -101,6 +116,18 @@ hcoll_status_t hc_coll_dev_setup(hc_coll_dev_t *d, int dev);
  * caller's thread (coll_dev_enq.c); *dev_out is the buffers' GPU. */
 hcoll_status_t hc_dev_prepare(hc_coll_dev_t *d, const void *sendbuf, void *recvbuf,
                               size_t count, hcoll_dtype_t dtype, hcoll_op_t op, void *stream);
+
+/* Issue the next flag number and make stream wait for it
+ * (coll_dev_enq.c); on failure the number is given back. */
+hcoll_status_t hc_dev_seq_wait(hc_coll_dev_t *d, void *stream, uint32_t *seq_out);
+
+/* recvbuf = scalar * sendbuf on stream, for o->ro.dev_scale (coll_dev_enq.c). */
+hcoll_status_t hc_dev_prescale(hc_coll_dev_t *d, const hc_dev_op_t *o, const void *sendbuf,
+                               void *recvbuf, size_t count, void *stream);
+
+/* The host stage of a reduce-scatter or all-gather (coll_dev_rsag.c). */
+hcoll_status_t hc_dev_rsag_stage(hc_coll_dev_t *d, hc_dev_op_t *o, const hc_dev_seg_t *g,
+                                 double *ring_us);
 
 /* The stage ② of one segment or piece without its ready wait
  * (coll_dev_host.c): src to dst through the ring (all-reduce) or dst

@@ -134,6 +134,7 @@ typedef struct hc_cu_api {
     hc_cu_res_t (*stream_is_capturing)(void *s, int *status);
     hc_cu_res_t (*stream_wait_value32)(void *s, hc_cu_dptr_t addr, uint32_t v, unsigned flags);
     hc_cu_res_t (*stream_write_value32)(void *s, hc_cu_dptr_t addr, uint32_t v, unsigned flags);
+    hc_cu_res_t (*stream_wait_event)(void *s, void *e, unsigned flags);
     hc_cu_res_t (*event_create)(void **e, unsigned flags);
     hc_cu_res_t (*event_record)(void *e, void *s);
     hc_cu_res_t (*event_query)(void *e);
