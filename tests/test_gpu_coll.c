@@ -11,6 +11,7 @@
  *     sizes that take each integer width, bit for bit (the byte past the
  *     vector untouched); roots that disagree: HCOLL_ERR_MISMATCH from the
  *     request, nothing moved, the stream goes on, the communicator works;
+ *     with the blocking call (returned already) the async error says so;
  *   - reduce-scatter (SUM, AVG, PREMUL_SUM) and all-gather, every dtype,
  *     in place and not, against the reference, bit for bit;
  *   each on 1 x 1 (single), 2 x 1 (ring), nodes of 2 and 1 (flat), and,
@@ -418,6 +419,37 @@ static int rank_rsag(int rank, int nranks, void *arg)
     return 0;
 }
 
+/* A blocking device broadcast has returned before the ranks compare their
+ * arguments: a mismatch cannot come back from the call, so it becomes the
+ * communicator's async error; the stream is released all the same. */
+static int rank_bcast_mismatch_blocking(int rank, int nranks, void *arg)
+{
+    job_t *j = arg;
+    const hc_cu_api_t *cu = gpu_open(0);
+    HCT_REQUIRE(cu, "no GPU");
+    hcoll_comm_t comm = rank_init(j, rank, nranks);
+    HCT_REQUIRE(comm, "init failed");
+    void *stream;
+    GPU_OK(cu->stream_create(&stream, HC_CU_STREAM_NON_BLOCKING));
+    hc_cu_dptr_t d;
+    GPU_OK(cu->mem_alloc(&d, 4096));
+    void *p = (void *)(uintptr_t)d;
+    HCT_OK(comm, hcoll_broadcast(comm, p, p, 1024, HCOLL_FLOAT32, rank, stream));
+    GPU_OK(cu->stream_synchronize(stream));
+    hcoll_status_t async = HCOLL_SUCCESS;
+    for (double t0 = hct_now_ms(); hct_now_ms() - t0 < 20000;) {
+        HCT_OK(comm, hcoll_comm_get_async_error(comm, &async));
+        if (async != HCOLL_SUCCESS)
+            break;
+    }
+    HCT_REQUIRE(async == HCOLL_ERR_MISMATCH, "rank %d: async error %s", rank,
+                hcoll_status_name(async));
+    hcoll_comm_destroy(comm); /* may report the failure */
+    GPU_OK(cu->mem_free(d));
+    cu->stream_destroy(stream);
+    return 0;
+}
+
 static void run(hct_rank_fn fn, int nranks, int rpn)
 {
     shared_t *sh = hct_shared_alloc(sizeof *sh);
@@ -444,6 +476,8 @@ END_TEST
 START_TEST(bcast_single) { run(rank_bcast, 1, 1); }
 END_TEST
 START_TEST(bcast_ring_2x1) { run(rank_bcast, 2, 1); }
+END_TEST
+START_TEST(bcast_mismatch_blocking) { run(rank_bcast_mismatch_blocking, 2, 1); }
 END_TEST
 START_TEST(bcast_flat_2_1)
 {
@@ -514,6 +548,7 @@ int main(void)
     tcase_add_test(tc, bcast_single);
     tcase_add_test(tc, bcast_ring_2x1);
     tcase_add_test(tc, bcast_flat_2_1);
+    tcase_add_test(tc, bcast_mismatch_blocking);
     tcase_add_test(tc, bcast_intra_1x2);
     tcase_add_test(tc, bcast_3stage_2x2);
     suite_add_tcase(s, tc);
