@@ -309,7 +309,7 @@ static hcoll_status_t rsag_staged(hc_coll_dev_t *d, const hc_dev_op_t *o, double
     if (P == 0)
         return hc_err_set(&d->c->err, HC_COLL, d->c->rank, HCOLL_ERR_UNSUPPORTED,
                           "%d ring positions do not fit one staging buffer of %zu bytes; raise "
-                          "the piece size",
+                          "HCOLL_CHUNK_BYTES (the buffers are a multiple of it)",
                           N, d->stage_bytes);
     hcoll_status_t st = HCOLL_SUCCESS;
     unsigned char *rsrc = (unsigned char *)o->rsrc;
