@@ -748,7 +748,8 @@ typedef struct hcoll_stage_times {
  * hcoll_request_stage_times: the times of a finished request
  * (HCOLL_IN_PROGRESS while it runs). hcoll_comm_last_stage_times: the
  * times of the communicator's most recently finished collective (all-reduce,
- * broadcast, barrier, reduce-scatter or all-gather), blocking or not (HCOLL_ERR_INVALID_ARG before the first). Non-blocking, local.
+ * broadcast, barrier, reduce-scatter or all-gather), blocking or not
+ * (HCOLL_ERR_INVALID_ARG before the first). Non-blocking, local.
  */
 HCOLL_API hcoll_status_t hcoll_request_stage_times(hcoll_request_t req,
                                                    hcoll_stage_times_t *times_out);

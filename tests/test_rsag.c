@@ -22,10 +22,12 @@
  * communicators (one rank per node on each rail, one node); mismatched
  * arguments (count, dtype, op, collective) fail on every rank with
  * HCOLL_ERR_MISMATCH and leave the communicator usable; a rank calling the
- * all-reduce against reduce-scatters fails everywhere instead of hanging.
+ * all-reduce against reduce-scatters fails everywhere instead of hanging;
+ * a killed rank makes the others fail promptly.
  */
 #include <check.h>
 #include <math.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -260,12 +262,13 @@ static int rank_layout(int rank, int nranks, void *argp)
     int rc = 0;
     for (int ci = 0; ci < NCOUNTS && !rc; ci++) {
         const size_t count = counts[ci];
-        /* The big vector (many pieces): fp32 sum out of place, int32 avg
-         * (the ring divides) in place, one all-gather; the rest all. */
-        const int bigc = count == BIG_COUNT;
+        /* The big vector (many pieces), once each way: by layout, fp32
+         * sum out of place or int32 avg (the ring divides) in place; an
+         * all-gather in place. Every case at the other counts. */
+        const int bigc = count == BIG_COUNT, odd = w->node_of[nranks - 1] % 2;
         for (int cs = 0; cs < RS_NCASES && !rc; cs++)
             for (int ip = 0; ip < 2 && !rc; ip++) {
-                if (bigc && !(cs == RS_SUM && !ip) && !(cs == RS_IAVG && ip))
+                if (bigc && !(cs == RS_SUM && !ip && !odd) && !(cs == RS_IAVG && ip && odd))
                     continue;
                 rc = rs_case(w, comm, rank, cs, count, ip, big, small);
             }
@@ -602,6 +605,94 @@ static int rank_args(int rank, int nranks, void *argp)
     return 0;
 }
 
+/* ------------------------------------------------------------------------ */
+/* A killed rank                                                              */
+/* ------------------------------------------------------------------------ */
+
+#define FAIL_TIMEOUT_MS 3000
+
+typedef struct kill_world {
+    world_t w;
+    volatile double kill_ms;
+} kill_world_t;
+
+/* Reduce-scatters and all-gathers of many pieces in turn; the last rank
+ * SIGKILLs itself in its 6th call. The others must fail, promptly (within
+ * the liveness and set-up deadlines), never hang, and stay failed. */
+static int rank_kill(int rank, int nranks, void *argp)
+{
+    kill_world_t *kw = argp;
+    world_t *w = &kw->w;
+    hcoll_comm_t comm;
+    char hostid[96];
+    snprintf(hostid, sizeof hostid, "hct-rsag-%d-%s-node%d", (int)getppid(), w->name,
+             w->node_of[rank]);
+    setenv("HCOLL_HOSTID", hostid, 1);
+    hcoll_unique_id_t id;
+    hcoll_config_t cfg = HCOLL_CONFIG_INITIALIZER;
+    cfg.timeout_ms = FAIL_TIMEOUT_MS;
+    cfg.chunk_bytes = 4096;
+    HCT_REQUIRE(hct_share_unique_id(&w->slot, rank, TIMEOUT_MS, &id) == 0, "no unique id");
+    HCT_OK(NULL, hcoll_comm_init(&comm, nranks, rank, &id, &cfg));
+    const size_t n = 1 << 18;
+    float *big = calloc(n * (size_t)nranks, 4), *small = calloc(n, 4);
+    HCT_REQUIRE(big && small, "no memory");
+    for (int it = 0; it < 10000; it++) {
+        if (rank == nranks - 1 && it == 5) {
+            kw->kill_ms = hct_now_ms();
+            raise(SIGKILL);
+        }
+        hcoll_status_t st = it % 2 ? hcoll_allgather(comm, small, big, n, HCOLL_FLOAT32, NULL)
+                                   : hcoll_reduce_scatter(comm, big, small, n, HCOLL_FLOAT32,
+                                                          HCOLL_SUM, NULL);
+        if (st == HCOLL_SUCCESS)
+            continue;
+        const double late = hct_now_ms() - kw->kill_ms;
+        HCT_REQUIRE(kw->kill_ms > 0, "%s rank %d: call %d -> %s (%s) before the kill", w->name,
+                    rank, it, hcoll_status_name(st), hcoll_comm_last_error(comm));
+        HCT_REQUIRE(st == HCOLL_ERR_PEER_FAILED || st == HCOLL_ERR_TIMEOUT ||
+                        st == HCOLL_ERR_ABORTED,
+                    "%s rank %d: -> %s (%s)", w->name, rank, hcoll_status_name(st),
+                    hcoll_comm_last_error(comm));
+        HCT_REQUIRE(late <= FAIL_TIMEOUT_MS + 1000, "%s rank %d: failed %.0f ms after the kill",
+                    w->name, rank, late);
+        HCT_REQUIRE(hcoll_reduce_scatter(comm, big, small, n, HCOLL_FLOAT32, HCOLL_SUM, NULL) ==
+                        st,
+                    "%s rank %d: not sticky", w->name, rank);
+        HCT_OK(comm, hcoll_comm_destroy(comm));
+        return 0;
+    }
+    HCT_REQUIRE(0, "%s rank %d: no failure", w->name, rank);
+}
+
+static void run_kill(const char *name, const int *node_of, int nranks)
+{
+    kill_world_t *kw = hct_shared_alloc(sizeof *kw);
+    ck_assert_ptr_nonnull(kw);
+    snprintf(kw->w.name, sizeof kw->w.name, "%s", name);
+    kw->w.nranks = nranks;
+    memcpy(kw->w.node_of, node_of, (size_t)nranks * sizeof *node_of);
+    hct_opts_t o = { .nranks = nranks, .timeout_ms = 60000 };
+    hct_result_t res[MAX_RANKS];
+    hct_run(&o, rank_kill, kw, res);
+    for (int r = 0; r < nranks; r++) {
+        if (r == nranks - 1)
+            ck_assert_msg(res[r].signaled && res[r].sig == SIGKILL,
+                          "kill on %s: the victim did not die of SIGKILL", name);
+        else
+            ck_assert_msg(res[r].exited && res[r].code == 0,
+                          "kill on %s: survivor %d failed (see stderr)", name, r);
+    }
+    hct_shared_free(kw, sizeof *kw);
+}
+
+START_TEST(kill_rank)
+{
+    run_kill("k2x2", (int[]){ 0, 0, 1, 1 }, 4);
+    run_kill("k3x1", (int[]){ 0, 1, 2 }, 3);
+}
+END_TEST
+
 START_TEST(argument_errors)
 {
     RUN("e2x2", rank_args, 0, 0, 1, 1);
@@ -631,6 +722,7 @@ int main(void)
     tcase_add_test(tc, split_children);
     tcase_add_test(tc, mismatch);
     tcase_add_test(tc, argument_errors);
+    tcase_add_test(tc, kill_rank);
     suite_add_tcase(s, tc);
 
     SRunner *sr = srunner_create(s);

@@ -46,6 +46,10 @@
  *               order, but the map does not assume it), intra stage, copy
  *   single      a copy (times the scalar)
  * and one piece (the ring, or the shared memory steps, pipeline within).
+ * Where V's order is rank order and there is one piece (those plans, and a
+ * three-stage plan whose ranks are interleaved so), the copies into or out
+ * of V are skipped: reduce-scatter's first stage reads sendbuf, all-gather
+ * works in recvbuf itself.
  *
  * AVG: floats are pre-multiplied by 1/nranks in the permuting copy and
  * summed; integers are summed and divided once, by nranks, truncating: by
@@ -78,6 +82,10 @@ typedef struct rsag {
     int n, l;        /* this rank's position and local rank */
     const int *map;  /* [L*N]: map[l*N + m] = the rank whose block is V's (l, m) */
     int use_intra, use_ring, threaded;
+    /* V's order is rank order (one piece, map the identity: the ring over
+     * all ranks, one node): reduce-scatter's first stage reads sendbuf
+     * itself, all-gather works in recvbuf itself; a copy of S saved. */
+    int direct;
     size_t es;       /* element size */
     size_t B;        /* elements per block (recvcount / sendcount) */
     size_t P;        /* elements per block in one piece */
@@ -176,6 +184,13 @@ static hcoll_status_t rsag_setup(rsag_t *x, hc_coll_t *co, const hc_coll_args_t 
         st = rsag_scratch(co, a->count * x->es * (size_t)c->nranks);
     x->map = co->rsag_map;
     x->V = co->rsag_buf;
+    if (st != HCOLL_SUCCESS || x->P < x->B || !(x->use_intra || x->use_ring))
+        return st;
+    x->direct = x->rs ? !a->ro.scaled : 1;
+    for (int j = 0; j < x->N * x->L; j++)
+        x->direct &= x->map[j] == j;
+    if (x->direct && !x->rs)
+        x->V = a->recvbuf;
     return st;
 }
 
@@ -196,7 +211,11 @@ static hc_ringdrv_op_t ring_job(const rsag_t *x, size_t k)
 {
     const size_t pk = piece_len(x, k);
     unsigned char *shard = piece_v(x, k) + (size_t)x->l * (size_t)x->N * pk * x->es;
-    const hc_ringdrv_op_t job = { .src = shard, .dst = shard, .count = (size_t)x->N * pk,
+    /* Direct reduce-scatter without an intra stage (L = 1: the shard is
+     * the whole piece): the ring reads sendbuf; after an intra stage it
+     * works on that stage's result in V. */
+    const void *src = x->direct && x->rs && !x->use_intra ? x->a->sendbuf : shard;
+    const hc_ringdrv_op_t job = { .src = src, .dst = shard, .count = (size_t)x->N * pk,
                                   .dtype = x->a->dtype, .op = x->a->op,
                                   .avg_div = x->co->comm->nranks,
                                   .phase = x->rs ? HC_RING_PHASE_RS : HC_RING_PHASE_AG };
@@ -228,7 +247,8 @@ static hcoll_status_t rs_first(const rsag_t *x, size_t k)
     const size_t pk = piece_len(x, k), k0 = k * x->P, nb = (size_t)x->N * (size_t)x->L;
     unsigned char *v = piece_v(x, k);
     double t = hc_now_us();
-    for (size_t j = 0; j < nb; j++) {
+    const void *in = x->direct ? a->sendbuf : v;
+    for (size_t j = 0; j < nb && !x->direct; j++) {
         const unsigned char *src =
             (const unsigned char *)a->sendbuf + ((size_t)x->map[j] * x->B + k0) * x->es;
         if (a->ro.scaled)
@@ -238,7 +258,7 @@ static hcoll_status_t rs_first(const rsag_t *x, size_t k)
     }
     hcoll_status_t st = HCOLL_SUCCESS;
     if (x->use_intra)
-        st = x->co->intra->ops->reduce_scatter(x->co->intra, v, v, nb * pk, a->dtype, a->op,
+        st = x->co->intra->ops->reduce_scatter(x->co->intra, in, v, nb * pk, a->dtype, a->op,
                                                NULL);
     x->tm->intra_rs_us += hc_now_us() - t;
     return st;
@@ -266,8 +286,10 @@ static void ag_first(const rsag_t *x, size_t k)
 {
     const size_t pk = piece_len(x, k);
     double t = hc_now_us();
-    memcpy(piece_v(x, k) + ((size_t)x->l * (size_t)x->N + (size_t)x->n) * pk * x->es,
-           (const unsigned char *)x->a->sendbuf + k * x->P * x->es, pk * x->es);
+    unsigned char *mine = piece_v(x, k) + ((size_t)x->l * (size_t)x->N + (size_t)x->n) * pk * x->es;
+    const unsigned char *src = (const unsigned char *)x->a->sendbuf + k * x->P * x->es;
+    if (mine != src) /* direct and in place: already there */
+        memcpy(mine, src, pk * x->es);
     x->tm->intra_rs_us += hc_now_us() - t;
 }
 
@@ -282,7 +304,7 @@ static hcoll_status_t ag_last(const rsag_t *x, size_t k)
     hcoll_status_t st = HCOLL_SUCCESS;
     if (x->use_intra)
         st = x->co->intra->ops->all_gather(x->co->intra, v, nb * pk, a->dtype, NULL);
-    if (st == HCOLL_SUCCESS)
+    if (st == HCOLL_SUCCESS && !x->direct)
         for (size_t j = 0; j < nb; j++)
             memcpy((unsigned char *)a->recvbuf + ((size_t)x->map[j] * x->B + k0) * x->es,
                    v + j * pk * x->es, pk * x->es);

@@ -168,8 +168,10 @@ hcoll_status_t hc_ring_send_ready(hc_ring_t *r)
         size_t m = o->ag_next, s = m / o->g.C, c = m % o->g.C;
         /* Step 0 sends the block my reduce-scatter finished (all-reduce),
          * or my own (all-gather alone). */
-        if (s == 0 ? o->phase == HC_RING_PHASE_ALLREDUCE && !o->rs_done[(size_t)(r->n - 2) * o->g.C + c]
-                   : !o->ag_done[m - o->g.C])
+        const int ready = s > 0 ? o->ag_done[m - o->g.C]
+                          : o->phase != HC_RING_PHASE_ALLREDUCE ||
+                                o->rs_done[(size_t)(r->n - 2) * o->g.C + c];
+        if (!ready)
             break;
         size_t off, cnt;
         hc_ring_chunk_of(&o->g, hc_ring_mod(r->n, (long)r->rank + 1 - (long)s + o->rot), c, &off,
@@ -297,7 +299,8 @@ hcoll_status_t hc_ring_on_desc(hc_ring_t *r)
                                        "%llu, dtype %s, op %s; this rank as %s with count %zu, "
                                        "dtype %s, op %s: every rank must pass the same",
                                        hc_tp_rank(&r->p.tp, r->next), (unsigned long long)r->seq,
-                                       sig_name(RING_SIG_PHASE(d.sig), (int)(d.sig & 0xff)), RING_SIG_COUNT(d.sig),
+                                       sig_name(RING_SIG_PHASE(d.sig), (int)(d.sig & 0xff)),
+                                       RING_SIG_COUNT(d.sig),
                                        hcoll_dtype_name((hcoll_dtype_t)((d.sig >> 8) & 0xff)),
                                        hcoll_op_name((hcoll_op_t)(d.sig & 0xff)),
                                        sig_name(o->phase, o->op), o->count,
