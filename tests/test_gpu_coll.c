@@ -251,7 +251,11 @@ static int check_bcast_mismatch(hcoll_comm_t comm, const hc_cu_api_t *cu, void *
     const size_t n = 1000;
     hc_cu_dptr_t d;
     GPU_OK(cu->mem_alloc(&d, n * 4));
-    GPU_OK(cu->memset_d32(d, 0x11223344u, n));
+    uint32_t *h = malloc(n * 4);
+    HCT_REQUIRE(h, "no memory");
+    for (size_t i = 0; i < n; i++)
+        h[i] = 0x11223344u;
+    GPU_OK(cu->memcpy_htod_async(d, h, n * 4, stream));
     hcoll_request_t req;
     void *p = (void *)(uintptr_t)d;
     HCT_OK(comm, hcoll_broadcast_async(comm, p, p, n, HCOLL_FLOAT32, rank, stream, &req));
@@ -260,8 +264,7 @@ static int check_bcast_mismatch(hcoll_comm_t comm, const hc_cu_api_t *cu, void *
                 hcoll_status_name(st));
     HCT_OK(comm, hcoll_request_free(req));
     GPU_OK(cu->stream_synchronize(stream));
-    uint32_t *h = malloc(n * 4);
-    HCT_REQUIRE(h, "no memory");
+    memset(h, 0, n * 4);
     GPU_OK(cu->memcpy_dtoh_async(h, d, n * 4, stream));
     GPU_OK(cu->stream_synchronize(stream));
     for (size_t i = 0; i < n; i++)

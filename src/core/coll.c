@@ -129,9 +129,19 @@ static hcoll_status_t execute(hc_coll_t *co, struct hcoll_request *rq)
      * exchange: nothing is in flight, the communicator stays usable. A
      * blocking device call has already returned, and no request reports
      * to anybody: its mismatch is recorded as a failure, as any error of a
-     * device call's host stage is, so that the async error shows it. */
-    if (agreed && !unseen)
+     * device call's host stage is, so that the async error shows it (but
+     * without resetting the ring: every rank agreed, and a peer may still
+     * be receiving the check's last message). */
+    if (agreed) {
+        if (unseen) {
+            pthread_mutex_lock(&co->lock);
+            if (co->failed == HCOLL_SUCCESS)
+                co->failed = st;
+            pthread_mutex_unlock(&co->lock);
+            hc_comm_set_async_error(c, st);
+        }
         return st;
+    }
 
     /* Whatever failed (this rank's intra stage, a peer, an abort), the ring
      * neighbours may be blocked on this rank: reset the connections now so
