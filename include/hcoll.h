@@ -136,10 +136,12 @@ typedef enum hcoll_dtype {
  *     NCCL takes the scalar in the type, so for FLOAT16/BFLOAT16 AVG's 1/n
  *     is rounded to the type first: exact when n is a power of two); with
  *     one rank per node the staged copy is scaled on the host as above.
- *     There, with a GPUDirect ring, AVG sums and then divides once, and a
- *     PREMUL_SUM op is HCOLL_ERR_UNSUPPORTED, as it is on a single-rank
- *     communicator and, with a device-resident scalar, wherever there is
- *     no NCCL stage (one rank per node).
+ *     With a GPUDirect ring, on a single-rank communicator, and for a
+ *     device-resident scalar where there is no NCCL stage (one rank per
+ *     node), hcoll's scaling kernel multiplies the input on the stream,
+ *     exactly as the host does (same multiplier and rounding; a single
+ *     rank's AVG is a copy). A library built without its CUDA kernels
+ *     refuses those cases with HCOLL_ERR_UNSUPPORTED.
  *     AVG of the integer types is SUM over all ranks, then one division by
  *     the number of ranks, truncating toward zero (C's '/').
  *   - A PREMUL_SUM op (hcoll_op_create_premul_sum) is SUM over ranks of
@@ -534,8 +536,19 @@ HCOLL_API hcoll_status_t hcoll_op_destroy(hcoll_comm_t comm, hcoll_op_t op);
  * vector is in recvbuf; on a communicator still being set up returns
  * HCOLL_IN_PROGRESS and does nothing. Thread-safe as hcoll_allreduce: calls
  * on one communicator run one at a time, in the order they were issued.
- * stream: NULL. Device buffers and streams are not supported yet:
- * HCOLL_ERR_UNSUPPORTED.
+ * stream: NULL for host buffers. With a CUDA stream, the buffers are
+ * device memory of the communicator's GPU (as hcoll_allreduce's) and the
+ * call is stream-ordered like hcoll_allreduce on device buffers: it
+ * returns once the broadcast is enqueued (the root's sendbuf is read and
+ * every recvbuf written after the stream's earlier work, and later work
+ * on the stream sees the result); the host stage runs on hcoll's worker,
+ * and a failure never leaves the stream waiting. Within a node the data
+ * moves with ncclBroadcast / ncclAllGather, across nodes along each
+ * rail's chain (staged through host memory, or GPUDirect). The argument
+ * check then runs before anything moves: with hcoll_broadcast_async the
+ * request reports HCOLL_ERR_MISMATCH (the communicator stays usable);
+ * the blocking call has returned by then, so its mismatch fails the
+ * communicator (hcoll_comm_get_async_error).
  * Returns HCOLL_SUCCESS, HCOLL_ERR_INVALID_ARG for a bad argument (root
  * not a rank, NULL buffer with count > 0, unknown dtype), or the error of
  * the communicator (a peer failed, timeout, abort; sticky).
@@ -593,8 +606,12 @@ HCOLL_API hcoll_status_t hcoll_barrier_async(hcoll_comm_t comm, hcoll_request_t 
  *              floating type multiplies each rank's input by 1/nranks and
  *              sums, AVG of an integer type sums and divides once by
  *              nranks, truncating; a PREMUL_SUM op of comm for dtype
- *   stream     NULL (host buffers). Device buffers and streams are not
- *              supported yet: HCOLL_ERR_UNSUPPORTED.
+ *   stream     NULL for host buffers. With a CUDA stream the buffers are
+ *              device memory and the call is stream-ordered exactly as
+ *              hcoll_allreduce on device buffers (returns once enqueued;
+ *              NCCL within the node, the rail rings across nodes staged
+ *              or GPUDirect). There, as for the device all-reduce, the
+ *              ranks' arguments are not compared: they must agree.
  * Each element is reduced in one fixed order, so a block's result does not
  * depend on timing; that order is not the all-reduce's, so for floats the
  * result may differ in the last bits from the matching block of an

@@ -222,6 +222,50 @@ START_TEST(avg_division)
 }
 END_TEST
 
+/* The scaling kernel (PREMUL_SUM, AVG's 1/n without NCCL) against
+ * hc_reduce_scale: a scalar passed by value, and one element of the dtype
+ * read from device memory (widened as hc_scalar_load does), out of place
+ * and in place. */
+START_TEST(scale)
+{
+    static const size_t n = 100003;
+    for (size_t d = 0; d < sizeof dtypes / sizeof dtypes[0]; d++)
+        for (int from_dev = 0; from_dev < 2; from_dev++) {
+            hcoll_dtype_t dt = dtypes[d];
+            size_t bytes = n * hcoll_dtype_size(dt);
+            unsigned char *h = malloc(bytes), *got = malloc(bytes), k[8];
+            fill(h, n, dt);
+            fill(k, 1, dt); /* a random scalar of the dtype */
+            hc_scalar_t s = hc_scalar_load(k, dt);
+            if (!from_dev && hc_dtype_is_float(dt) && dt != HCOLL_FLOAT64)
+                s.f32 = 1.0f / 3.0f; /* AVG's: not a value of the half types */
+            uint64_t kbits = 0;
+            memcpy(&kbits, &s, sizeof s);
+            hc_cu_dptr_t src, dst, kp;
+            ck_assert_int_eq(cu->mem_alloc(&src, bytes), 0);
+            ck_assert_int_eq(cu->mem_alloc(&dst, bytes), 0);
+            ck_assert_int_eq(cu->mem_alloc(&kp, 8), 0);
+            cu->memcpy_htod_async(src, h, bytes, NULL);
+            cu->memcpy_htod_async(kp, k, 8, NULL);
+            hc_cu_dptr_t out = from_dev ? src : dst; /* in place with a device scalar */
+            ck_assert_int_eq(hc_gdr_kern_scale(kern, out, src, n, dt, from_dev ? kp : 0, kbits,
+                                               NULL),
+                             0);
+            cu->memcpy_dtoh_async(got, out, bytes, NULL);
+            ck_assert_int_eq(cu->stream_synchronize(NULL), 0);
+            hc_reduce_scale(h, h, n, dt, s);
+            long i = compare(got, h, n, dt);
+            ck_assert_msg(i < 0, "scale %s (%s scalar): element %ld differs", hcoll_dtype_name(dt),
+                          from_dev ? "device" : "host", i);
+            cu->mem_free(src);
+            cu->mem_free(dst);
+            cu->mem_free(kp);
+            free(h);
+            free(got);
+        }
+}
+END_TEST
+
 START_TEST(bandwidth)
 {
     const size_t bytes = mock ? 16u << 20 : 256u << 20;
@@ -295,6 +339,7 @@ int main(void)
     tcase_add_test(tc, every_dtype_and_op);
     tcase_add_test(tc, large_256mib);
     tcase_add_test(tc, avg_division);
+    tcase_add_test(tc, scale);
     tcase_add_test(tc, bandwidth);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

@@ -270,6 +270,13 @@ END_TEST
  * nvidia-peermem is there, so stage 2 runs on device memory (GPUDirect):
  * the NIC writes device staging slots and the reduction kernels reduce
  * there. sm_80, so every landing also takes a flush read. */
+static int api_device_scaled(hcoll_comm_t comm, const hc_cu_api_t *cu, void *stream, int rank,
+                             int n);
+static int api_device_bcast(hcoll_comm_t comm, const hc_cu_api_t *cu, void *stream, int rank,
+                            int n);
+static int api_device_rsag(hcoll_comm_t comm, const hc_cu_api_t *cu, void *stream, int rank,
+                           int n);
+
 static int rank_api_device(int rank, int n, void *argp)
 {
     api_arg_t *a = argp;
@@ -323,6 +330,10 @@ static int rank_api_device(int rank, int n, void *argp)
         free(out);
         free(want);
     }
+    if (api_device_scaled(comm, cu, stream, rank, n) ||
+        api_device_bcast(comm, cu, stream, rank, n) ||
+        api_device_rsag(comm, cu, stream, rank, n))
+        return 1;
     char who[32];
     snprintf(who, sizeof who, "rank %d", rank);
     if (hct_mock_clean(who, 1))
@@ -330,6 +341,136 @@ static int rank_api_device(int rank, int n, void *argp)
     HCT_OK(comm, hcoll_comm_destroy(comm));
     GPU_OK(cu->stream_destroy(stream));
     return hct_mock_released(who);
+}
+
+/* Scaled ops on the GPUDirect ring (hcoll's scaling kernel on the stream,
+ * then the ring sums device memory): fp16 AVG of 40000 (the sum of two is
+ * past fp16's 65504, the pre-multiplied one is not), and PREMUL_SUM of
+ * float32 with a host and a device scalar, (rank + 1) / 4, exact. */
+static int api_device_scaled(hcoll_comm_t comm, const hc_cu_api_t *cu, void *stream, int rank,
+                             int n)
+{
+    const size_t count = 70001;
+    uint16_t *h = malloc(count * 2);
+    float *f = malloc(count * 4);
+    HCT_REQUIRE(h && f, "no memory");
+    hc_cu_dptr_t db, df, dk;
+    GPU_OK(cu->mem_alloc(&db, count * 2));
+    GPU_OK(cu->mem_alloc(&df, count * 4));
+    GPU_OK(cu->mem_alloc(&dk, 4));
+    for (size_t i = 0; i < count; i++)
+        h[i] = 0x78e2; /* 40000 */
+    GPU_OK(cu->memcpy_htod_async(db, h, count * 2, stream));
+    HCT_OK(comm, hcoll_allreduce(comm, (void *)(uintptr_t)db, (void *)(uintptr_t)db, count,
+                                 HCOLL_FLOAT16, HCOLL_AVG, stream));
+    GPU_OK(cu->memcpy_dtoh_async(h, db, count * 2, stream));
+    GPU_OK(cu->stream_synchronize(stream));
+    for (size_t i = 0; i < count; i++)
+        HCT_REQUIRE(h[i] == 0x78e2, "rank %d: GPUDirect fp16 AVG of 40000: element %zu is 0x%04x",
+                    rank, i, h[i]);
+    float s = (float)(rank + 1) / 4.0f;
+    GPU_OK(cu->memcpy_htod_async(dk, &s, 4, stream));
+    for (int how = 0; how < 2; how++) {
+        hcoll_op_t op;
+        HCT_OK(comm, hcoll_op_create_premul_sum(
+                         comm, how ? (void *)(uintptr_t)dk : (void *)&s, HCOLL_FLOAT32,
+                         how ? HCOLL_SCALAR_DEVICE : HCOLL_SCALAR_HOST_IMMEDIATE, &op));
+        for (size_t i = 0; i < count; i++)
+            f[i] = (float)val(rank, i);
+        GPU_OK(cu->memcpy_htod_async(df, f, count * 4, stream));
+        HCT_OK(comm, hcoll_allreduce(comm, (void *)(uintptr_t)df, (void *)(uintptr_t)df, count,
+                                     HCOLL_FLOAT32, op, stream));
+        GPU_OK(cu->memcpy_dtoh_async(f, df, count * 4, stream));
+        GPU_OK(cu->stream_synchronize(stream));
+        HCT_OK(comm, hcoll_op_destroy(comm, op));
+        for (size_t i = 0; i < count; i++) {
+            float want = 0;
+            for (int r = 0; r < n; r++)
+                want += (float)(r + 1) / 4.0f * (float)val(r, i);
+            HCT_REQUIRE(f[i] == want, "rank %d: GPUDirect PREMUL_SUM (%s scalar): element %zu "
+                        "is %g, want %g", rank, how ? "device" : "host", i, f[i], want);
+        }
+    }
+    GPU_OK(cu->mem_free(db));
+    GPU_OK(cu->mem_free(df));
+    GPU_OK(cu->mem_free(dk));
+    free(h);
+    free(f);
+    return 0;
+}
+
+/* Device broadcasts from every root over the GPUDirect ring (the chain
+ * on device memory; with 2 per node, NCCL's broadcast on the root's node
+ * and all-gather on the others): 1, 7 and 300007 floats, bit for bit. */
+static int api_device_bcast(hcoll_comm_t comm, const hc_cu_api_t *cu, void *stream, int rank,
+                            int n)
+{
+    static const size_t counts[] = { 1, 7, 300007 };
+    for (int root = 0; root < n; root++)
+        for (size_t k = 0; k < 3; k++) {
+            const size_t bytes = counts[k] * 4;
+            unsigned char *h = malloc(bytes);
+            HCT_REQUIRE(h, "no memory");
+            for (size_t i = 0; i < bytes; i++)
+                h[i] = rank == root ? (unsigned char)(i * 29 + (size_t)root) : 0xee;
+            hc_cu_dptr_t d;
+            GPU_OK(cu->mem_alloc(&d, bytes));
+            GPU_OK(cu->memcpy_htod_async(d, h, bytes, stream));
+            void *p = (void *)(uintptr_t)d;
+            HCT_OK(comm, hcoll_broadcast(comm, p, p, counts[k], HCOLL_FLOAT32, root, stream));
+            GPU_OK(cu->memcpy_dtoh_async(h, d, bytes, stream));
+            GPU_OK(cu->stream_synchronize(stream));
+            for (size_t i = 0; i < bytes; i++)
+                HCT_REQUIRE(h[i] == (unsigned char)(i * 29 + (size_t)root),
+                            "rank %d: GPUDirect broadcast of %zu floats from %d: byte %zu is "
+                            "0x%02x", rank, counts[k], root, i, h[i]);
+            GPU_OK(cu->mem_free(d));
+            free(h);
+        }
+    return 0;
+}
+
+/* Device reduce-scatter (SUM) and all-gather over the GPUDirect ring
+ * (with 2 per node: NCCL's reduce-scatter / all-gather of the permuted
+ * vector around it): 1 and 70001 floats per rank, bit for bit. */
+static int api_device_rsag(hcoll_comm_t comm, const hc_cu_api_t *cu, void *stream, int rank,
+                           int n)
+{
+    static const size_t counts[] = { 1, 70001 };
+    for (size_t k = 0; k < 2; k++) {
+        const size_t B = counts[k], all = (size_t)n * B;
+        float *h = malloc(all * 4);
+        HCT_REQUIRE(h, "no memory");
+        hc_cu_dptr_t ds, dr;
+        GPU_OK(cu->mem_alloc(&ds, all * 4));
+        GPU_OK(cu->mem_alloc(&dr, all * 4));
+        for (size_t i = 0; i < all; i++)
+            h[i] = (float)val(rank, i);
+        GPU_OK(cu->memcpy_htod_async(ds, h, all * 4, stream));
+        HCT_OK(comm, hcoll_reduce_scatter(comm, (void *)(uintptr_t)ds, (void *)(uintptr_t)dr, B,
+                                          HCOLL_FLOAT32, HCOLL_SUM, stream));
+        GPU_OK(cu->memcpy_dtoh_async(h, dr, B * 4, stream));
+        GPU_OK(cu->stream_synchronize(stream));
+        for (size_t i = 0; i < B; i++)
+            HCT_REQUIRE(h[i] == (float)ref(HCOLL_SUM, n, (size_t)rank * B + i),
+                        "rank %d: GPUDirect reduce_scatter of %zu: element %zu is %g", rank, B,
+                        i, h[i]);
+        for (size_t i = 0; i < B; i++)
+            h[i] = (float)val(rank, i);
+        GPU_OK(cu->memcpy_htod_async(ds, h, B * 4, stream));
+        HCT_OK(comm, hcoll_allgather(comm, (void *)(uintptr_t)ds, (void *)(uintptr_t)dr, B,
+                                     HCOLL_FLOAT32, stream));
+        GPU_OK(cu->memcpy_dtoh_async(h, dr, all * 4, stream));
+        GPU_OK(cu->stream_synchronize(stream));
+        for (size_t i = 0; i < all; i++)
+            HCT_REQUIRE(h[i] == (float)val((int)(i / B), i % B),
+                        "rank %d: GPUDirect allgather of %zu: element %zu is %g", rank, B, i,
+                        h[i]);
+        GPU_OK(cu->mem_free(ds));
+        GPU_OK(cu->mem_free(dr));
+        free(h);
+    }
+    return 0;
 }
 
 static void run_api_device(int n, int per_node, int dmabuf)

@@ -118,16 +118,34 @@ static hcoll_status_t execute(hc_coll_t *co, struct hcoll_request *rq)
     /* Every rank executes the same operations in the same order: the
      * count names a call alike everywhere (the barrier's signals). */
     co->opseq++;
+    const int unseen = rq->dev && rq->detached; /* a blocking device call */
     if (rq->dev) {
-        st = hc_coll_dev_execute(co->dev, rq->dev, HCOLL_SUCCESS, &rq->times);
+        /* A device broadcast moves nothing until every rank agreed. */
+        hcoll_status_t in = HCOLL_SUCCESS;
+        if (rq->args.kind == HC_COLL_BROADCAST)
+            in = hc_coll_bcast_agree(co, &rq->args, &rq->times, &agreed);
+        st = hc_coll_dev_execute(co->dev, rq->dev, in, &rq->times);
         rq->dev = NULL;
     } else {
         st = hc_coll_run(co, &rq->args, &rq->times, &agreed);
     }
     /* Every rank found the same argument mismatch after a complete
-     * exchange: nothing is in flight, the communicator stays usable. */
-    if (agreed)
+     * exchange: nothing is in flight, the communicator stays usable. A
+     * blocking device call has already returned, and no request reports
+     * to anybody: its mismatch is recorded as a failure, as any error of a
+     * device call's host stage is, so that the async error shows it (but
+     * without resetting the ring: every rank agreed, and a peer may still
+     * be receiving the check's last message). */
+    if (agreed) {
+        if (unseen) {
+            pthread_mutex_lock(&co->lock);
+            if (co->failed == HCOLL_SUCCESS)
+                co->failed = st;
+            pthread_mutex_unlock(&co->lock);
+            hc_comm_set_async_error(c, st);
+        }
         return st;
+    }
 
     /* Whatever failed (this rank's intra stage, a peer, an abort), the ring
      * neighbours may be blocked on this rank: reset the connections now so
@@ -189,7 +207,7 @@ static void *worker_main(void *arg)
 }
 
 /* The checks of a host call of any kind, and the device stages of a device
- * all-reduce (*dop_out then set, as hc_coll_dev_enqueue says). */
+ * all-reduce or broadcast (*dop_out then set, as hc_coll_dev_enqueue says). */
 static hcoll_status_t submit_check(hc_coll_t *co, const hc_coll_args_t *a, void *stream,
                                    hc_dev_op_t **dop_out)
 {
@@ -211,20 +229,17 @@ static hcoll_status_t submit_check(hc_coll_t *co, const hc_coll_args_t *a, void 
                                   0);
     case HC_COLL_BROADCAST:
         if (hc_coll_dev_wanted(comm->rank == a->root ? a->sendbuf : NULL, a->recvbuf, stream))
-            return hc_err_set(&comm->err, HC_COLL, comm->rank, HCOLL_ERR_UNSUPPORTED,
-                              "broadcast: device buffers and streams are not supported yet; "
-                              "use host buffers and stream NULL");
+            return hc_coll_dev_bcast_enqueue(co->dev, a->sendbuf, a->recvbuf, a->count, a->dtype,
+                                             a->root, stream, dop_out);
         return hc_coll_check_bcast(comm, a->sendbuf, a->recvbuf, a->count, a->dtype, a->root);
     case HC_COLL_BARRIER:
         return HCOLL_SUCCESS;
     case HC_COLL_REDUCE_SCATTER:
     case HC_COLL_ALLGATHER:
-        /* The device path (coll_dev_*.c) plugs in here. */
         if (hc_coll_dev_wanted(a->sendbuf, a->recvbuf, stream))
-            return hc_err_set(&comm->err, HC_COLL, comm->rank, HCOLL_ERR_UNSUPPORTED,
-                              "%s: device buffers and streams are not supported yet; use host "
-                              "buffers and stream NULL",
-                              a->kind == HC_COLL_ALLGATHER ? "allgather" : "reduce_scatter");
+            return hc_coll_dev_rsag_enqueue(co->dev, a->kind == HC_COLL_REDUCE_SCATTER,
+                                            a->sendbuf, a->recvbuf, a->count, a->dtype, a->op,
+                                            &a->ro, stream, dop_out);
         if (a->kind == HC_COLL_REDUCE_SCATTER && a->ro.dev_scalar)
             return hc_err_set(&comm->err, HC_COLL, comm->rank, HCOLL_ERR_INVALID_ARG,
                               "reduce_scatter: op %d has a device scalar and serves device "

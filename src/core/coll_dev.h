@@ -61,6 +61,31 @@ hcoll_status_t hc_coll_dev_enqueue(hc_coll_dev_t *d, const void *sendbuf, void *
                                    hc_dev_op_t **op_out);
 
 /*
+ * A broadcast on device buffers (recvbuf everywhere, sendbuf on the root;
+ * equal: in place): checks as hc_coll_check_bcast, then what
+ * hc_coll_dev_enqueue says; the first device broadcast of a communicator
+ * with several ranks per node also creates the worker's NCCL
+ * communicator (collective). The stream gets a ready event and a flag
+ * wait; the data moves in hc_coll_dev_execute, which the executor calls
+ * with HCOLL_ERR_MISMATCH (nothing moves, the stream is released) when
+ * the ranks disagree on the root or the size.
+ */
+hcoll_status_t hc_coll_dev_bcast_enqueue(hc_coll_dev_t *d, const void *sendbuf, void *recvbuf,
+                                         size_t count, hcoll_dtype_t dtype, int root,
+                                         void *stream, hc_dev_op_t **op_out);
+
+/*
+ * A reduce-scatter (rs; count = recvcount, op as hc_coll_dev_enqueue) or
+ * all-gather (count = sendcount) on device buffers: checks as
+ * hc_coll_check_rsag, then what hc_coll_dev_enqueue says
+ * (coll_dev_rsag.c).
+ */
+hcoll_status_t hc_coll_dev_rsag_enqueue(hc_coll_dev_t *d, int rs, const void *sendbuf,
+                                        void *recvbuf, size_t count, hcoll_dtype_t dtype,
+                                        hcoll_op_t op, const struct hc_redop *ro, void *stream,
+                                        hc_dev_op_t **op_out);
+
+/*
  * The host stage of op, on the executor (worker thread), in issue order.
  * status_in != HCOLL_SUCCESS (the communicator failed or was aborted):
  * skip the work and only release the stream. Always consumes op; returns

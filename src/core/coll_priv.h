@@ -72,6 +72,13 @@ struct hc_coll {
 hcoll_status_t hc_coll_run(hc_coll_t *co, const hc_coll_args_t *a, hcoll_stage_times_t *times,
                            int *agreed_out);
 
+/* The broadcast's argument check alone (coll_run.c), which the device
+ * broadcast runs before any data moves: one host all-reduce over every
+ * rank; HCOLL_ERR_MISMATCH with *agreed_out = 1 when roots or sizes
+ * differ. Its time adds to *times. */
+hcoll_status_t hc_coll_bcast_agree(hc_coll_t *co, const hc_coll_args_t *a,
+                                   hcoll_stage_times_t *times, int *agreed_out);
+
 /* Run one host reduce-scatter or all-gather whose arguments every rank
  * agreed on, as hc_coll_run (coll_rsag.c; coll_run.c -> coll_rsag.c). */
 hcoll_status_t hc_coll_run_rsag(hc_coll_t *co, const hc_coll_args_t *a, hcoll_stage_times_t *times);

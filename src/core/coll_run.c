@@ -324,12 +324,11 @@ static hcoll_status_t bcast_3stage(hc_coll_t *co, const hc_coll_args_t *a, size_
     return st;
 }
 
-static hcoll_status_t run_broadcast(hc_coll_t *co, const hc_coll_args_t *a,
-                                    hcoll_stage_times_t *tm, int *agreed_out)
+hcoll_status_t hc_coll_bcast_agree(hc_coll_t *co, const hc_coll_args_t *a,
+                                   hcoll_stage_times_t *tm, int *agreed_out)
 {
     struct hcoll_comm *c = co->comm;
     const size_t bytes = a->count * hcoll_dtype_size(a->dtype);
-    const int is_root = c->rank == a->root;
     /* Every rank learns the extremes of everyone's root and size: equal
      * extremes mean equal arguments, so every rank decides alike. */
     int64_t chk[4] = { a->root, -(int64_t)a->root, (int64_t)bytes, -(int64_t)bytes };
@@ -344,6 +343,18 @@ static hcoll_status_t run_broadcast(hc_coll_t *co, const hc_coll_args_t *a,
                           (long long)-chk[1], (long long)chk[0], (long long)-chk[3],
                           (long long)chk[2], a->root, bytes);
     }
+    return HCOLL_SUCCESS;
+}
+
+static hcoll_status_t run_broadcast(hc_coll_t *co, const hc_coll_args_t *a,
+                                    hcoll_stage_times_t *tm, int *agreed_out)
+{
+    struct hcoll_comm *c = co->comm;
+    const size_t bytes = a->count * hcoll_dtype_size(a->dtype);
+    const int is_root = c->rank == a->root;
+    hcoll_status_t st = hc_coll_bcast_agree(co, a, tm, agreed_out);
+    if (st != HCOLL_SUCCESS)
+        return st;
     if (bytes == 0)
         return HCOLL_SUCCESS;
     if (is_root && a->sendbuf != a->recvbuf)

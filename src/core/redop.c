@@ -202,29 +202,32 @@ void hc_redop_scale_host(const hc_redop_t *r, void *dst, const void *src, size_t
 }
 
 hcoll_status_t hc_redop_dev_plan(struct hcoll_comm *c, hc_redop_t *r, hcoll_op_t *op,
-                                 hcoll_op_t user_op, int nccl, int single, int gdr)
+                                 hcoll_op_t user_op, int nccl, int single, int gdr, int kern,
+                                 const char *why_kern)
 {
-    const char *why = NULL;
-    r->host_scale = 0;
+    r->host_scale = r->dev_scale = 0;
     if (!r->scaled || nccl)
         return HCOLL_SUCCESS;
-    if (user_op == HCOLL_AVG && (single || gdr)) {
-        r->scaled = 0; /* one rank: times 1/1; GPUDirect: sum, then divide */
-        *op = single ? HCOLL_SUM : HCOLL_AVG;
+    if (user_op == HCOLL_AVG && single) {
+        r->scaled = 0; /* times 1/1 */
+        *op = HCOLL_SUM;
         return HCOLL_SUCCESS;
     }
-    if (single)
-        why = "a single-rank communicator has no stage that scales device buffers";
-    else if (gdr)
-        why = "the GPUDirect ring (one rank per node) has no scaling kernel";
-    else if (r->dev_scalar)
-        why = "a device-resident scalar needs an NCCL stage (several ranks per node)";
-    if (!why) {
-        r->host_scale = 1;
+    if (!single && !gdr && !r->dev_scalar) {
+        r->host_scale = 1; /* free: the host copy is there anyway */
+        return HCOLL_SUCCESS;
+    }
+    if (kern) {
+        r->dev_scale = 1;
         return HCOLL_SUCCESS;
     }
     return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_UNSUPPORTED,
-                      "PREMUL_SUM on device buffers: %s", why);
+                      "%s on device buffers: %s scales with hcoll's kernel, which is absent (%s)",
+                      user_op == HCOLL_AVG ? "AVG" : "PREMUL_SUM",
+                      single ? "a single-rank communicator"
+                      : r->dev_scalar ? "a device-resident scalar without an NCCL stage"
+                                      : "the GPUDirect ring",
+                      why_kern ? why_kern : "not loaded");
 }
 
 hcoll_status_t hc_redop_intra_scale(struct hc_intra *intra, const hc_redop_t *r,

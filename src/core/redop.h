@@ -34,6 +34,7 @@ typedef struct hc_redop {
     hc_scalar_t scalar;     /* the multiplier, when it lives on the host */
     const void *dev_scalar; /* else: one element of device memory, read at run time */
     int host_scale;         /* device buffers: the staged ring scales its host copy */
+    int dev_scale;          /* device buffers: hcoll's kernel scales on the stream */
 } hc_redop_t;
 
 /* The op table of a new / freed communicator (comm.c). */
@@ -59,13 +60,15 @@ void hc_redop_scale_host(const hc_redop_t *r, void *dst, const void *src, size_t
 
 /* Device buffers: where a scaled op scales, given the plan. nccl: an NCCL
  * stage reads the input (it scales: hc_redop_intra_scale). single: one
- * rank (AVG is then a copy; PREMUL_SUM is refused). Else the ring over all
- * ranks: staged through host memory, r->host_scale = 1 (the host copy is
- * scaled, host scalars only); GPUDirect (gdr): AVG falls back to the sum
- * and one division at the end (*op = HCOLL_AVG), PREMUL_SUM is refused.
- * Refusals are HCOLL_ERR_UNSUPPORTED, recorded in c. */
+ * rank (AVG is then a copy, *op = HCOLL_SUM). A ring staged through host
+ * memory with a host scalar: r->host_scale = 1 (the host copy is scaled).
+ * Else (one rank, the GPUDirect ring, a device scalar without NCCL):
+ * r->dev_scale = 1, hcoll's scaling kernel scales the input on the stream
+ * (kern: the kernels are loaded; without them this is refused with
+ * HCOLL_ERR_UNSUPPORTED, recorded in c; why_kern says why they are not). */
 hcoll_status_t hc_redop_dev_plan(struct hcoll_comm *c, hc_redop_t *r, hcoll_op_t *op,
-                                 hcoll_op_t user_op, int nccl, int single, int gdr);
+                                 hcoll_op_t user_op, int nccl, int single, int gdr, int kern,
+                                 const char *why_kern);
 
 /* Around intra-node calls on device buffers: on = 1 hands r's scalar to
  * the backend (set_scale) when r is scaled, on = 0 clears it. intra NULL

@@ -264,6 +264,18 @@ out:
     return st;
 }
 
+hcoll_status_t hc_gdr_dev_scale_async(hc_gdr_dev_t *g, void *dst, const void *src, size_t count,
+                                      hcoll_dtype_t dtype, const void *dev_scalar, uint64_t kbits,
+                                      void *stream)
+{
+    hcoll_status_t st = HCOLL_SUCCESS;
+    CU_TRY(g, hc_gdr_kern_scale(g->kern, dptr(dst), dptr(src), count, dtype, dptr(dev_scalar),
+                                kbits, stream),
+           "launching the scaling kernel", out);
+out:
+    return st;
+}
+
 hcoll_status_t hc_gdr_dev_stage_in(hc_gdr_dev_t *g, int buf, const void *src, size_t bytes)
 {
     hcoll_status_t st = HCOLL_SUCCESS;
@@ -285,6 +297,49 @@ hcoll_status_t hc_gdr_dev_stage_out(hc_gdr_dev_t *g, int buf, void *dst, size_t 
     hcoll_status_t st = HCOLL_SUCCESS;
     CU_TRY(g, g->cu->memcpy_htod_async(dptr(dst), g->stage[buf], bytes, g->istream),
            "cuMemcpyHtoDAsync (staging)", out);
+out:
+    return st;
+}
+
+hcoll_status_t hc_gdr_dev_stage_copy(hc_gdr_dev_t *g, int buf, size_t off, void *dev,
+                                     size_t bytes, int to_host)
+{
+    hcoll_status_t st = HCOLL_SUCCESS;
+    unsigned char *h = (unsigned char *)g->stage[buf] + off;
+    if (to_host) {
+        CU_TRY(g, g->cu->memcpy_dtoh_async(h, dptr(dev), bytes, g->istream),
+               "cuMemcpyDtoHAsync (staging)", out);
+        CU_TRY(g, g->cu->event_record(g->ev_d2h[buf], g->istream), "cuEventRecord", out);
+    } else {
+        CU_TRY(g, g->cu->memcpy_htod_async(dptr(dev), h, bytes, g->istream),
+               "cuMemcpyHtoDAsync (staging)", out);
+    }
+out:
+    return st;
+}
+
+void hc_gdr_dev_free_async(hc_gdr_dev_t *g, void *p, void *stream)
+{
+    hc_cu_res_t r = g->cu->mem_free_async(dptr(p), stream);
+    if (r != HC_CU_SUCCESS) {
+        char eb[160];
+        HC_WARN(HC_GDR, g->rp.rank, "cuMemFreeAsync: %s (the memory leaks)",
+                hc_gdr_cu_errstr(r, eb, sizeof eb));
+    }
+}
+
+hcoll_status_t hc_gdr_dev_stream_wait_event(hc_gdr_dev_t *g, void *stream, void *ev)
+{
+    hcoll_status_t st = HCOLL_SUCCESS;
+    CU_TRY(g, g->cu->stream_wait_event(stream, ev, 0), "cuStreamWaitEvent", out);
+out:
+    return st;
+}
+
+hcoll_status_t hc_gdr_dev_event_record(hc_gdr_dev_t *g, void *ev, void *stream)
+{
+    hcoll_status_t st = HCOLL_SUCCESS;
+    CU_TRY(g, g->cu->event_record(ev, stream), "cuEventRecord", out);
 out:
     return st;
 }

@@ -98,6 +98,11 @@ hcoll_status_t hc_gdr_dev_copy_async(hc_gdr_dev_t *g, void *dst, const void *src
                                      void *stream);
 hcoll_status_t hc_gdr_dev_avg_async(hc_gdr_dev_t *g, void *buf, size_t count,
                                     hcoll_dtype_t dtype, int div, void *stream);
+/* dst = scalar * src on stream (hc_gdr_kern_scale): dev_scalar, one
+ * element of dtype in device memory, or else kbits. Needs the kernels. */
+hcoll_status_t hc_gdr_dev_scale_async(hc_gdr_dev_t *g, void *dst, const void *src, size_t count,
+                                      hcoll_dtype_t dtype, const void *dev_scalar, uint64_t kbits,
+                                      void *stream);
 
 /* ---- Staging (context pushed by the caller) ---- */
 
@@ -108,6 +113,16 @@ hcoll_status_t hc_gdr_dev_stage_in(hc_gdr_dev_t *g, int buf, const void *src, si
 hcoll_status_t hc_gdr_dev_stage_wait(hc_gdr_dev_t *g, int buf, int timeout_ms);
 /* Copy bytes from staging buffer buf to device dst on the internal stream. */
 hcoll_status_t hc_gdr_dev_stage_out(hc_gdr_dev_t *g, int buf, void *dst, size_t bytes);
+/* As stage_in (to_host; buf's copy event recorded after it) or stage_out,
+ * at byte offset off of the staging buffer. */
+hcoll_status_t hc_gdr_dev_stage_copy(hc_gdr_dev_t *g, int buf, size_t off, void *dev,
+                                     size_t bytes, int to_host);
+/* Free device memory of hc_gdr_dev_alloc behind stream's work. */
+void hc_gdr_dev_free_async(hc_gdr_dev_t *g, void *p, void *stream);
+/* Make stream wait for ev's latest record (cuStreamWaitEvent). */
+hcoll_status_t hc_gdr_dev_stream_wait_event(hc_gdr_dev_t *g, void *stream, void *ev);
+/* Record ev on stream now (an event of hc_gdr_dev_event_new). */
+hcoll_status_t hc_gdr_dev_event_record(hc_gdr_dev_t *g, void *ev, void *stream);
 
 /* ---- Device memory operations for a GPUDirect ring ----
  * On the internal stream, each complete on return, pushing the context

@@ -81,6 +81,7 @@ static void cuda_load_api(void *h)
         E(stream_is_capturing, "cuStreamIsCapturing"),
         E(stream_wait_value32, "cuStreamWaitValue32_v2"),
         E(stream_write_value32, "cuStreamWriteValue32_v2"),
+        E(stream_wait_event, "cuStreamWaitEvent"),
         E(event_create, "cuEventCreate"),
         E(event_record, "cuEventRecord"),
         E(event_query, "cuEventQuery"),

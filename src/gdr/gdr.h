@@ -134,6 +134,7 @@ typedef struct hc_cu_api {
     hc_cu_res_t (*stream_is_capturing)(void *s, int *status);
     hc_cu_res_t (*stream_wait_value32)(void *s, hc_cu_dptr_t addr, uint32_t v, unsigned flags);
     hc_cu_res_t (*stream_write_value32)(void *s, hc_cu_dptr_t addr, uint32_t v, unsigned flags);
+    hc_cu_res_t (*stream_wait_event)(void *s, void *e, unsigned flags);
     hc_cu_res_t (*event_create)(void **e, unsigned flags);
     hc_cu_res_t (*event_record)(void *e, void *s);
     hc_cu_res_t (*event_query)(void *e);
@@ -197,5 +198,11 @@ hc_cu_res_t hc_gdr_kern_reduce(hc_gdr_kern_t *k, hc_cu_dptr_t dst, hc_cu_dptr_t 
                                hc_cu_dptr_t b, size_t count, int dtype, int op, void *stream);
 hc_cu_res_t hc_gdr_kern_avg(hc_gdr_kern_t *k, hc_cu_dptr_t buf, size_t count, int dtype,
                             int nranks, void *stream);
+/* dst = scalar * src (dst may be src), as hc_reduce_scale: the scalar is
+ * one element of dtype at device address kp, or, with kp 0, kbits (an
+ * hc_scalar_t's 8 bytes, base/reduce.h). */
+hc_cu_res_t hc_gdr_kern_scale(hc_gdr_kern_t *k, hc_cu_dptr_t dst, hc_cu_dptr_t src,
+                              size_t count, int dtype, hc_cu_dptr_t kp, uint64_t kbits,
+                              void *stream);
 
 #endif

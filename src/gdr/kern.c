@@ -3,7 +3,7 @@
  * library to a launch on a stream:
  *
  *   build:  kernels.cu ──nvcc -fatbin──► hc_kernels.fatbin ──.incbin──► libhcoll
- *   run:    cuModuleLoadData(fatbin) ──cuModuleGetFunction × 40──► hc_gdr_kern_t
+ *   run:    cuModuleLoadData(fatbin) ──cuModuleGetFunction × 48──► hc_gdr_kern_t
  *           hc_gdr_kern_reduce ──cuLaunchKernel──► caller's stream
  *
  * Built without nvcc, the fatbin is absent and loading says so; nothing
@@ -50,6 +50,7 @@ struct hc_gdr_kern {
     void *module;
     void *reduce[HCOLL_DTYPE_COUNT_][KERN_NOPS];
     void *avg[HCOLL_DTYPE_COUNT_];
+    void *scale[HCOLL_DTYPE_COUNT_];
     unsigned max_blocks;
 };
 
@@ -95,6 +96,10 @@ hcoll_status_t hc_gdr_kern_load(hc_gdr_kern_t **out, char *why, size_t whylen)
         }
         snprintf(name, sizeof name, "hc_k_avg_%s", dt_names[d]);
         r = cu->module_get_function(&k->avg[d], k->module, name);
+        if (r != HC_CU_SUCCESS)
+            goto clean_module;
+        snprintf(name, sizeof name, "hc_k_scale_%s", dt_names[d]);
+        r = cu->module_get_function(&k->scale[d], k->module, name);
         if (r != HC_CU_SUCCESS)
             goto clean_module;
     }
@@ -172,6 +177,25 @@ hc_cu_res_t hc_gdr_kern_avg(hc_gdr_kern_t *k, hc_cu_dptr_t buf, size_t count, in
                                 KERN_THREADS, 1, 1, 0, stream, args, NULL);
 #else
     (void)k, (void)buf, (void)count, (void)dtype, (void)nranks, (void)stream;
+    return 1;
+#endif
+}
+
+hc_cu_res_t hc_gdr_kern_scale(hc_gdr_kern_t *k, hc_cu_dptr_t dst, hc_cu_dptr_t src,
+                              size_t count, int dtype, hc_cu_dptr_t kp, uint64_t kbits,
+                              void *stream)
+{
+#if HCOLL_BUILD_KERNELS
+    if (count == 0)
+        return HC_CU_SUCCESS;
+    if (dtype < 0 || dtype >= HCOLL_DTYPE_COUNT_)
+        return 1;
+    unsigned long long n = count, kb = kbits;
+    void *args[] = { &dst, &src, &n, &kp, &kb };
+    return k->cu->launch_kernel(k->scale[dtype], kern_grid(k, count, hcoll_dtype_size(dtype)), 1,
+                                1, KERN_THREADS, 1, 1, 0, stream, args, NULL);
+#else
+    (void)k, (void)dst, (void)src, (void)count, (void)dtype, (void)kp, (void)kbits, (void)stream;
     return 1;
 #endif
 }

@@ -15,6 +15,11 @@
  *                result is NaN on both sides (payloads may differ: the GPU
  *                returns the canonical NaN)
  *   AVG finish   a true division (not a reciprocal), integers truncate
+ *   scale        dst = k * src (PREMUL_SUM, AVG's 1/n): one product in the
+ *                scalar's precision (base/reduce.h hc_reduce_scale): f32
+ *                for f32 and the half types, f64, integers wrap; k is kbits
+ *                (hc_scalar_t's bits) or, with kp, one element of the dtype
+ *                in device memory (half types widened exactly)
  *
  * Built without --use_fast_math: denormals are kept and division is IEEE,
  * as on the host. Every name is extern "C" so kern.c finds it by name.
@@ -134,7 +139,41 @@ __device__ void avg_int(S *buf, unsigned long long n, int nranks)
         buf[i] = (S)((D)buf[i] / (D)nranks);
 }
 
+template <typename T>
+__device__ void scale_float(typename T::S *dst, const typename T::S *src, unsigned long long n,
+                            const typename T::S *kp, typename T::A kv)
+{
+    const typename T::A k = kp ? T::ld(*kp) : kv;
+    const unsigned long long nthreads = (unsigned long long)gridDim.x * blockDim.x;
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
+         i += nthreads)
+        dst[i] = T::st(T::ld(src[i]) * k);
+}
+
+template <typename U>
+__device__ void scale_int(U *dst, const U *src, unsigned long long n, const U *kp,
+                          unsigned long long kbits)
+{
+    const U k = kp ? *kp : (U)kbits;
+    const unsigned long long nthreads = (unsigned long long)gridDim.x * blockDim.x;
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
+         i += nthreads)
+        dst[i] = (U)(src[i] * k);
+}
+
+__device__ float bits_f32(unsigned long long b) { return __uint_as_float((unsigned)b); }
+__device__ double bits_f64(unsigned long long b) { return __longlong_as_double((long long)b); }
+
 } // namespace
+
+#define HC_K_SCALE_FLOAT(name, T, conv)                                                      \
+    extern "C" __global__ void hc_k_scale_##name(void *d, const void *s, unsigned long long n, \
+                                                 const void *kp, unsigned long long kbits)    \
+    { scale_float<T>((T::S *)d, (const T::S *)s, n, (const T::S *)kp, conv(kbits)); }
+#define HC_K_SCALE_INT(name, U)                                                              \
+    extern "C" __global__ void hc_k_scale_##name(void *d, const void *s, unsigned long long n, \
+                                                 const void *kp, unsigned long long kbits)    \
+    { scale_int<U>((U *)d, (const U *)s, n, (const U *)kp, kbits); }
 
 #define HC_K_FLOAT(name, T)                                                                  \
     extern "C" __global__ void hc_k_reduce_##name##_sum(void *d, const void *a, const void *b, \
@@ -176,3 +215,11 @@ HC_K_INT(i8, uint8_t, int8_t, int)
 HC_K_INT(u8, uint8_t, uint8_t, int)
 HC_K_INT(i32, uint32_t, int32_t, int32_t)
 HC_K_INT(i64, unsigned long long, long long, long long)
+HC_K_SCALE_FLOAT(f32, F32, bits_f32)
+HC_K_SCALE_FLOAT(f16, F16, bits_f32)
+HC_K_SCALE_FLOAT(bf16, BF16, bits_f32)
+HC_K_SCALE_FLOAT(f64, F64, bits_f64)
+HC_K_SCALE_INT(i8, uint8_t)
+HC_K_SCALE_INT(u8, uint8_t)
+HC_K_SCALE_INT(i32, uint32_t)
+HC_K_SCALE_INT(i64, unsigned long long)

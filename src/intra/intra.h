@@ -136,6 +136,12 @@ struct hc_intra_ops {
      * for liveness_ms, and health's failure. Not thread-safe with the
      * backend's own calls (the executor's thread). NULL: health only. */
     hcoll_status_t (*alive)(hc_intra_t *ctx, const char *what);
+    /* Optional (NULL: the backend has none). Local rank root's sendbuf
+     * (count elements) into every local rank's recvbuf (root: sendbuf ==
+     * recvbuf allowed; the others' sendbuf is ignored). On stream, as the
+     * other operations. */
+    hcoll_status_t (*bcast)(hc_intra_t *ctx, const void *sendbuf, void *recvbuf, size_t count,
+                            hcoll_dtype_t dtype, int root, void *stream);
 };
 
 /* Every backend's object starts with this, so the generic helpers below can

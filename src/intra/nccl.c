@@ -12,6 +12,7 @@
  *     r == 0   ncclAllGather(recv + shard_i, recv, q)            in place
  *     r != 0   group { ncclBroadcast(recv + shard_j, len_j, root j) : j < L }
  *   allreduce: ncclAllReduce
+ *   bcast:     ncclBroadcast (device broadcast: the root's node)
  *
  * Uneven counts cannot use NCCL's equal-block reduce-scatter without
  * changing the shard split that the ring and the executor share, so they
@@ -462,6 +463,23 @@ static hcoll_status_t nccl_allreduce(hc_intra_t *ctx, const void *sendbuf, void 
     return nccl_scaled_done(x, nop, made, st);
 }
 
+static hcoll_status_t nccl_bcast(hc_intra_t *ctx, const void *sendbuf, void *recvbuf,
+                                 size_t count, hcoll_dtype_t dtype, int root, void *stream)
+{
+    nccl_ctx_t *x = (nccl_ctx_t *)ctx;
+    int ndt, nop;
+    hcoll_status_t st = nccl_check_args(x, dtype, HCOLL_SUM, stream, &ndt, &nop);
+    if (st != HCOLL_SUCCESS || count == 0)
+        return st;
+    if (root < 0 || root >= x->local_size)
+        return hc_err_set(x->eb, HC_COLL, x->rank, HCOLL_ERR_INVALID_ARG,
+                          "ncclBroadcast: root %d of %d local ranks", root, x->local_size);
+    /* NCCL reads sendbuf on the root only; the others pass a valid one. */
+    const void *src = x->local_rank == root ? sendbuf : recvbuf;
+    return nccl_settle(x, x->nc->broadcast(src, recvbuf, count, ndt, root, x->comm, stream),
+                       "ncclBroadcast");
+}
+
 static hcoll_status_t nccl_barrier(hc_intra_t *ctx)
 {
     nccl_ctx_t *x = (nccl_ctx_t *)ctx;
@@ -508,4 +526,5 @@ const hc_intra_ops_t hc_intra_nccl_ops = {
     .set_scale = nccl_set_scale,
     .abort = nccl_abort_op,
     .destroy = nccl_destroy,
+    .bcast = nccl_bcast,
 };

@@ -28,7 +28,7 @@
  *   kernels: cuModuleLoadData checks the fatbin (magic, SASS or PTX for the
  *   device's compute capability, kernel names from its ELF sections); a
  *   launch reads the parameters with kernels.cu's layout and runs
- *   hc_reduce / hc_reduce_avg_finish on the backing memory (NaN results
+ *   hc_reduce / hc_reduce_avg_finish / hc_reduce_scale on the backing memory (NaN results
  *   canonical, as the GPU returns them).
  *
  * Environment (read at cuInit):
@@ -232,7 +232,7 @@ typedef struct mop {
     uint64_t target;
     struct mstream *after;
     struct mfunc *fn;
-    uint64_t karg[4]; /* kernel parameters, copied at launch as the driver does */
+    uint64_t karg[5]; /* kernel parameters, copied at launch as the driver does */
     unsigned reps;    /* gridDim.y*z x blockDim.y*z */
     hcmock_fn hfn;
     void *harg;
@@ -255,11 +255,16 @@ typedef struct mstream {
     char cur[200]; /* what the worker is doing, for "stuck" messages */
 } mstream_t;
 
+enum { K_REDUCE, K_AVG, K_SCALE };
+
+/* A kernel's element count, from its parameters (kernels.cu's layouts). */
+#define KARG_N(f, karg) ((f)->avg == K_AVG ? (karg)[1] : (f)->avg == K_SCALE ? (karg)[2] : (karg)[3])
+
 typedef struct mfunc {
     uint32_t magic;
     struct mmodule *mod;
     char name[64];
-    int avg;
+    int avg; /* K_REDUCE, K_AVG or K_SCALE: which kernels.cu family */
     hcoll_dtype_t dt;
     hcoll_op_t op;
 } mfunc_t;
@@ -1981,10 +1986,13 @@ static int kernel_parse(const char *name, mfunc_t *f)
     const char *t;
     if (strncmp(name, "hc_k_reduce_", 12) == 0) {
         t = name + 12;
-        f->avg = 0;
+        f->avg = K_REDUCE;
     } else if (strncmp(name, "hc_k_avg_", 9) == 0) {
         t = name + 9;
-        f->avg = 1;
+        f->avg = K_AVG;
+    } else if (strncmp(name, "hc_k_scale_", 11) == 0) {
+        t = name + 11;
+        f->avg = K_SCALE;
     } else {
         return -1;
     }
@@ -1993,7 +2001,7 @@ static int kernel_parse(const char *name, mfunc_t *f)
         if (strncmp(t, k_types[i].name, l) != 0)
             continue;
         f->dt = k_types[i].dt;
-        if (f->avg)
+        if (f->avg != K_REDUCE)
             return t[l] == 0 ? 0 : -1;
         if (t[l] != '_')
             return -1;
@@ -2246,12 +2254,14 @@ CUAPI int cuLaunchKernel(void *hf, unsigned gx, unsigned gy, unsigned gz, unsign
     }
     /* Parameters, with kernels.cu's layout: reduce (void *, const void *,
      * const void *, unsigned long long), avg (void *, unsigned long long,
-     * int). Copied now, as the driver copies them. */
-    uint64_t karg[4] = { 0, 0, 0, 0 };
+     * int), scale (void *, const void *, unsigned long long, const void *,
+     * unsigned long long). Copied now, as the driver copies them. */
+    uint64_t karg[5] = { 0, 0, 0, 0, 0 };
     if (r == CUDA_SUCCESS) {
-        static const size_t reduce_sz[] = { 8, 8, 8, 8 }, avg_sz[] = { 8, 8, 4 };
-        const size_t *sz = f->avg ? avg_sz : reduce_sz;
-        size_t np = f->avg ? 3 : 4;
+        static const size_t reduce_sz[] = { 8, 8, 8, 8 }, avg_sz[] = { 8, 8, 4 },
+                            scale_sz[] = { 8, 8, 8, 8, 8 };
+        const size_t *sz = f->avg == K_AVG ? avg_sz : f->avg == K_SCALE ? scale_sz : reduce_sz;
+        size_t np = f->avg == K_AVG ? 3 : f->avg == K_SCALE ? 5 : 4;
         if ((params && extra) || (!params && !extra)) {
             r = CUDA_ERROR_INVALID_VALUE;
         } else if (params) {
@@ -2275,7 +2285,7 @@ CUAPI int cuLaunchKernel(void *hf, unsigned gx, unsigned gy, unsigned gz, unsign
                     break;
                 }
             }
-            size_t need = f->avg ? 20 : 32;
+            size_t need = f->avg == K_AVG ? 20 : f->avg == K_SCALE ? 40 : 32;
             if (r == CUDA_SUCCESS && (!buf || blen < need))
                 r = CUDA_ERROR_INVALID_VALUE;
             for (size_t i = 0, o = 0; r == CUDA_SUCCESS && i < np; o += 8, i++)
@@ -2359,7 +2369,7 @@ static int run_kernel(mstream_t *s, mop_t *op)
 {
     mfunc_t *f = op->fn;
     size_t es = dt_size(f->dt);
-    uint64_t n = f->avg ? op->karg[1] : op->karg[3];
+    uint64_t n = KARG_N(f, op->karg);
     if (n == 0)
         return CUDA_SUCCESS;
     if (n > ((uint64_t)1 << 62) / es) {
@@ -2370,15 +2380,36 @@ static int run_kernel(mstream_t *s, mop_t *op)
     mmem_t *m[3] = { NULL, NULL, NULL };
     int r = CUDA_SUCCESS;
     pthread_mutex_lock(&g.lock);
-    if (f->avg) {
+    if (f->avg == K_AVG) {
         r = kernel_arg(s, op, op->karg[0], n, "buf", &h[0], &m[0]);
+    } else if (f->avg == K_SCALE) {
+        r = kernel_arg(s, op, op->karg[0], n, "dst", &h[0], &m[0]);
+        if (r == CUDA_SUCCESS)
+            r = kernel_arg(s, op, op->karg[1], n, "src", &h[1], &m[1]);
+        if (r == CUDA_SUCCESS && op->karg[3])
+            r = kernel_arg(s, op, op->karg[3], 1, "kp", &h[2], &m[2]);
     } else {
         static const char *const names[3] = { "dst", "a", "b" };
         for (int i = 0; i < 3 && r == CUDA_SUCCESS; i++)
             r = kernel_arg(s, op, op->karg[i], n, names[i], &h[i], &m[i]);
     }
     pthread_mutex_unlock(&g.lock);
-    if (r == CUDA_SUCCESS) {
+    if (r == CUDA_SUCCESS && f->avg == K_SCALE) {
+        hc_scalar_t k;
+        if (h[2]) {
+            k = hc_scalar_load(h[2], f->dt);
+        } else {
+            memset(&k, 0, sizeof k);
+            memcpy(&k, &op->karg[4], sizeof k < 8 ? sizeof k : 8);
+        }
+        uintptr_t d = (uintptr_t)h[0], x = (uintptr_t)h[1];
+        size_t bytes = (size_t)n * es;
+        if (d != x && d < x + bytes && x < d + bytes)
+            mock_say("kernel %s: dst and src overlap without being equal (the GPU's result is "
+                     "undefined)", f->name);
+        hc_reduce_scale(h[0], h[1], (size_t)n, f->dt, k);
+        nan_canonical(h[0], (size_t)n, f->dt);
+    } else if (r == CUDA_SUCCESS) {
         if (f->avg) {
             int nranks;
             memcpy(&nranks, &op->karg[2], sizeof nranks);
@@ -2556,7 +2587,7 @@ static void op_describe(const mstream_t *s, const mop_t *op, char *buf, size_t l
         break;
     case OP_KERNEL:
         snprintf(buf, len, "kernel %s n=%llu", op->fn->name,
-                 (unsigned long long)(op->fn->avg ? op->karg[1] : op->karg[3]));
+                 (unsigned long long)KARG_N(op->fn, op->karg));
         break;
     default:
         snprintf(buf, len, "%s (%zu)", op_name(op), op->n);
@@ -2599,11 +2630,16 @@ static int op_accesses(const mop_t *op, acc_t out[3])
     case OP_WRITE32: out[n++] = (acc_t){ op->d0, op->d0 + 4, ACC_WRITE | ACC_SYNC }; break;
     case OP_KERNEL: {
         size_t es = dt_size(op->fn->dt);
-        uint64_t cnt = op->fn->avg ? op->karg[1] : op->karg[3];
+        uint64_t cnt = KARG_N(op->fn, op->karg);
         if (cnt == 0 || cnt > ((uint64_t)1 << 40))
             break;
         uint64_t bytes = cnt * es;
-        if (op->fn->avg) {
+        if (op->fn->avg == K_SCALE) {
+            out[n++] = (acc_t){ op->karg[0], op->karg[0] + bytes, ACC_WRITE };
+            out[n++] = (acc_t){ op->karg[1], op->karg[1] + bytes, ACC_READ };
+            if (op->karg[3])
+                out[n++] = (acc_t){ op->karg[3], op->karg[3] + es, ACC_READ };
+        } else if (op->fn->avg) {
             out[n++] = (acc_t){ op->karg[0], op->karg[0] + bytes, ACC_READ | ACC_WRITE };
         } else {
             out[n++] = (acc_t){ op->karg[0], op->karg[0] + bytes, ACC_WRITE };

@@ -1,0 +1,401 @@
+/*
+ * The device path's caller side (design: coll_dev.c): validation, the
+ * first call's set-up, and the GPU stages of each plan on the caller's
+ * stream, with the flag waits that join them to the host stage.
+ */
+#include "core/coll_dev_priv.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/clock.h"
+#include "base/err.h"
+#include "base/log.h"
+#include "base/reduce.h"
+#include "core/comm.h"
+#include "core/ringdrv.h"
+#include "gdr/gdr.h"
+
+/* ------------------------------------------------------------------------ */
+/* Enqueue (caller's thread)                                                  */
+/* ------------------------------------------------------------------------ */
+
+static hcoll_status_t dev_validate(hc_coll_dev_t *d, const void *sendbuf, void *recvbuf,
+                                   size_t count, hcoll_dtype_t dtype, hcoll_op_t op,
+                                   void *stream, int *dev_out)
+{
+    struct hcoll_comm *c = d->c;
+    /* Device buffers must be given even for count 0: their GPU is checked. */
+    hcoll_status_t ast = hc_coll_check_args(c, sendbuf, recvbuf, count, dtype, op, 1);
+    if (ast != HCOLL_SUCCESS)
+        return ast;
+    char why[200];
+    if (!hc_gdr_cu(why, sizeof why))
+        return hc_err_set(&c->err, HC_GDR, c->rank,
+                          stream ? HCOLL_ERR_UNSUPPORTED : HCOLL_ERR_INVALID_ARG,
+                          "a CUDA stream was given, but device buffers cannot be used here: %s",
+                          why);
+    int sdev = -1, rdev = -1;
+    int sk = hc_gdr_ptr_kind(sendbuf, &sdev), rk = hc_gdr_ptr_kind(recvbuf, &rdev);
+    if (!stream)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
+                          "%s is device memory but stream is NULL: pass the CUDA stream to "
+                          "order the call on (NULL is for host buffers)",
+                          sk == HC_MEM_DEVICE ? "sendbuf" : "recvbuf");
+    if (sk == HC_MEM_HOST || rk == HC_MEM_HOST)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
+                          "a CUDA stream was given but %s is host memory: with a stream both "
+                          "buffers must be device (or managed) memory; pass stream = NULL for "
+                          "host buffers",
+                          sk == HC_MEM_HOST ? "sendbuf" : "recvbuf");
+    if (sdev != rdev)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
+                          "sendbuf is on GPU %d but recvbuf on GPU %d", sdev, rdev);
+    if (c->gpu >= 0 && sdev != c->gpu)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
+                          "the buffers are on GPU %d, but this communicator's GPU is %d (the "
+                          "current device at hcoll_comm_init)",
+                          sdev, c->gpu);
+    if (d->ready && sdev != d->dev)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
+                          "the buffers are on GPU %d, but this communicator uses GPU %d (the "
+                          "device of its first device-buffer call; no device was current at "
+                          "hcoll_comm_init)",
+                          sdev, d->dev);
+    if (d->plan == HC_PLAN_INTRA && op == HCOLL_AVG && d->ready && !d->gpu->kern)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_UNSUPPORTED,
+                          "AVG on device buffers within one node needs the division kernel: %s",
+                          d->gpu->kern_why);
+    *dev_out = sdev;
+    return HCOLL_SUCCESS;
+}
+
+
+/* Issue the next flag number and make stream wait for it; on failure the
+ * number is given back, so that numbers stay dense. */
+hcoll_status_t hc_dev_seq_wait(hc_coll_dev_t *d, void *stream, uint32_t *seq_out)
+{
+    pthread_mutex_lock(&d->lock);
+    uint32_t seq = hc_devseq_issue(&d->seq);
+    pthread_mutex_unlock(&d->lock);
+    hcoll_status_t st = hc_gdr_dev_stream_wait(d->gpu, stream, seq);
+    if (st != HCOLL_SUCCESS) {
+        pthread_mutex_lock(&d->lock);
+        d->seq.issued--;
+        pthread_mutex_unlock(&d->lock);
+        return st;
+    }
+    *seq_out = seq;
+    return HCOLL_SUCCESS;
+}
+
+/* Scaled ops without an NCCL stage (o->ro.dev_scale): recvbuf = scalar *
+ * sendbuf on stream, which the next stage then reads in place. */
+hcoll_status_t hc_dev_prescale(hc_coll_dev_t *d, const hc_dev_op_t *o, const void *sendbuf,
+                               void *recvbuf, size_t count, void *stream)
+{
+    uint64_t kbits = 0;
+    memcpy(&kbits, &o->ro.scalar, sizeof o->ro.scalar < 8 ? sizeof o->ro.scalar : 8);
+    return hc_gdr_dev_scale_async(d->gpu, recvbuf, sendbuf, count, o->dtype, o->ro.dev_scalar,
+                                  kbits, stream);
+}
+
+/*
+ * The stream side of the ring plans: every segment's RS and ready event
+ * first (three stages only), then per segment the wait for its flag number
+ * and its AG. Once a wait is enqueued the stream depends on the executor
+ * releasing that number, so o->nseg counts them and a later failure is
+ * kept in o->status instead of returned: the operation still goes to the
+ * executor, which releases every number in order.
+ */
+static hcoll_status_t staged_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, const void *sendbuf,
+                                     void *recvbuf, size_t count, size_t segc, size_t nseg,
+                                     void *stream)
+{
+    struct hcoll_comm *c = d->c;
+    const size_t es = hcoll_dtype_size(o->dtype);
+    const int three = d->plan == HC_PLAN_3STAGE;
+    hcoll_status_t st = HCOLL_SUCCESS;
+    size_t made = 0; /* segments with a recorded ready event */
+    if (three)
+        hc_dev_tev_mark(d, o, 0, stream);
+    for (; made < nseg; made++) {
+        hc_dev_seg_t *g = &o->seg[made];
+        size_t off = made * segc, n = count - off < segc ? count - off : segc;
+        size_t soff = 0, slen = n;
+        if (three) {
+            HC_CHECK(d->nccl->ops->reduce_scatter(d->nccl, (const char *)sendbuf + off * es,
+                                                  (char *)recvbuf + off * es, n, o->dtype, o->op,
+                                                  stream),
+                     clean_ready);
+            hc_intra_shard(n, c->local_size, c->local_rank, &soff, &slen);
+            g->src = (const unsigned char *)recvbuf + (off + soff) * es;
+        } else if (o->ro.dev_scale) {
+            HC_CHECK(hc_dev_prescale(d, o, sendbuf, recvbuf, count, stream), clean_ready);
+            g->src = recvbuf;
+        } else {
+            g->src = sendbuf;
+        }
+        g->dst = (unsigned char *)recvbuf + (off + soff) * es;
+        g->count = slen;
+        HC_CHECK(hc_gdr_dev_event_mark(d->gpu, stream, &g->ev_ready), clean_ready);
+    }
+    if (three)
+        hc_dev_tev_mark(d, o, 1, stream);
+    for (size_t k = 0; k < nseg; k++) {
+        uint32_t seq;
+        st = hc_dev_seq_wait(d, stream, &seq);
+        if (st != HCOLL_SUCCESS) {
+            if (k == 0)
+                goto clean_ready;
+            o->status = st;
+            break;
+        }
+        o->seg[k].seq = seq;
+        o->nseg = (int)k + 1;
+        if (three) {
+            size_t off = k * segc, n = count - off < segc ? count - off : segc;
+            hc_dev_tev_mark(d, o, 2 + 2 * (int)k, stream);
+            st = d->nccl->ops->all_gather(d->nccl, (char *)recvbuf + off * es, n, o->dtype,
+                                          stream);
+            if (st != HCOLL_SUCCESS) {
+                o->status = st;
+                break;
+            }
+            hc_dev_tev_mark(d, o, 3 + 2 * (int)k, stream);
+        }
+    }
+    /* Ready events of segments that will not run. */
+    for (size_t k = (size_t)o->nseg; k < made; k++)
+        hc_gdr_dev_event_free(d->gpu, o->seg[k].ev_ready);
+    return HCOLL_SUCCESS;
+
+clean_ready:
+    for (size_t k = 0; k < made; k++)
+        hc_gdr_dev_event_free(d->gpu, o->seg[k].ev_ready);
+    hc_dev_tev_free(d, o);
+    return st;
+}
+
+/* Put the plan's GPU stages on stream (context pushed). */
+static hcoll_status_t plan_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, const void *sendbuf,
+                                   void *recvbuf, size_t count, size_t segc, size_t nseg,
+                                   void *stream)
+{
+    struct hcoll_comm *c = d->c;
+    const size_t es = hcoll_dtype_size(o->dtype);
+    hcoll_status_t st = HCOLL_SUCCESS;
+    hc_intra_t *scaler = plan_needs_nccl(d->plan) ? d->nccl : NULL; /* PreMulSum, redop.h */
+    HC_CHECK(hc_redop_intra_scale(scaler, &o->ro, o->dtype, 1), out);
+    switch (d->plan) {
+    case HC_PLAN_SINGLE:
+        if (o->ro.dev_scale)
+            st = hc_dev_prescale(d, o, sendbuf, recvbuf, count, stream);
+        else if (sendbuf != recvbuf)
+            st = hc_gdr_dev_copy_async(d->gpu, recvbuf, sendbuf, count * es, stream);
+        break;
+    case HC_PLAN_INTRA: {
+        const hc_intra_ops_t *iops = d->nccl->ops;
+        hc_dev_tev_mark(d, o, 0, stream);
+        o->fused = 1;
+        HC_CHECK(iops->allreduce(d->nccl, sendbuf, recvbuf, count, o->dtype, o->op, stream),
+                 out);
+        if (o->op == HCOLL_AVG)
+            HC_CHECK(hc_gdr_dev_avg_async(d->gpu, recvbuf, count, o->dtype, c->nranks, stream),
+                     out);
+        hc_dev_tev_mark(d, o, 1, stream);
+        break;
+    }
+    case HC_PLAN_RING:
+    case HC_PLAN_FLAT:
+    case HC_PLAN_3STAGE:
+        st = staged_enqueue(d, o, sendbuf, recvbuf, count, segc, nseg, stream);
+        break;
+    }
+    hc_redop_intra_scale(scaler, &o->ro, o->dtype, 0); /* clearing cannot fail */
+out:
+    return st;
+}
+
+/* The first device call sets the path up (collective). Asked before the
+ * set-up as well (with the caller's context, which owns the stream), so
+ * that a capture is refused as such and not turned into a set-up failure,
+ * which would be sticky. */
+static hcoll_status_t dev_first_call(hc_coll_dev_t *d, const void *sendbuf, void *recvbuf,
+                                     size_t count, hcoll_dtype_t dtype, hcoll_op_t op,
+                                     void *stream, int dev)
+{
+    hcoll_status_t st;
+    HC_CHECK(hc_gdr_stream_refuse_capture(hc_gdr_cu(NULL, 0), stream, &d->rp), out);
+    HC_CHECK(hc_coll_dev_setup(d, dev), out);
+    st = dev_validate(d, sendbuf, recvbuf, count, dtype, op, stream, &dev);
+out:
+    return st;
+}
+
+hcoll_status_t hc_dev_prepare(hc_coll_dev_t *d, const void *sendbuf, void *recvbuf,
+                              size_t count, hcoll_dtype_t dtype, hcoll_op_t op, void *stream)
+{
+    struct hcoll_comm *c = d->c;
+    int dev = -1;
+    hcoll_status_t st = dev_validate(d, sendbuf, recvbuf, count, dtype, op, stream, &dev);
+    if (st != HCOLL_SUCCESS)
+        return st;
+    if (d->setup_failed != HCOLL_SUCCESS)
+        return hc_err_set(&c->err, HC_COLL, c->rank, d->setup_failed,
+                          "the device path could not be set up earlier (%s)",
+                          hcoll_strerror(d->setup_failed));
+    if (!d->ready)
+        return dev_first_call(d, sendbuf, recvbuf, count, dtype, op, stream, dev);
+    return HCOLL_SUCCESS;
+}
+
+hcoll_status_t hc_coll_dev_enqueue(hc_coll_dev_t *d, const void *sendbuf, void *recvbuf,
+                                   size_t count, hcoll_dtype_t dtype, hcoll_op_t op,
+                                   const hc_redop_t *ro, void *stream, hc_dev_op_t **op_out)
+{
+    struct hcoll_comm *c = d->c;
+    hcoll_status_t st;
+    *op_out = NULL;
+    const size_t es = hcoll_dtype_size(dtype);
+    size_t segc = count, nseg = 1;
+    if (d->plan == HC_PLAN_3STAGE && es) {
+        segc = hc_devsched_segment_count(count, es, d->stage_bytes, c->local_size);
+        nseg = (count + segc - 1) / segc;
+    }
+    hc_dev_op_t *o = calloc(1, sizeof *o + nseg * sizeof o->seg[0]);
+    if (!o)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_NO_MEMORY,
+                          "no memory for a device operation");
+    o->dtype = dtype;
+    o->op = ro->op;
+    o->ro = *ro;
+    if (count == 0) {
+        /* Nothing moves; the request still completes in order. */
+        if ((st = hc_coll_check_args(c, sendbuf, recvbuf, 0, dtype, o->op, 0)) != HCOLL_SUCCESS) {
+            free(o);
+            return st;
+        }
+        *op_out = o;
+        return HCOLL_SUCCESS;
+    }
+    HC_CHECK(hc_dev_prepare(d, sendbuf, recvbuf, count, dtype, o->op, stream), clean_op);
+    HC_CHECK(hc_redop_dev_plan(c, &o->ro, &o->op, op, plan_needs_nccl(d->plan),
+                               d->plan == HC_PLAN_SINGLE, d->gdr, d->gpu->kern != NULL,
+                               d->gpu->kern_why),
+             clean_op);
+
+    HC_CHECK(hc_gdr_dev_enter(d->gpu), clean_op);
+    HC_CHECK(hc_gdr_dev_stream_check(d->gpu, stream), clean_ctx);
+    void *ev_done = NULL;
+    HC_CHECK(hc_gdr_dev_event_new(d->gpu, &ev_done), clean_ctx);
+    HC_CHECK(plan_enqueue(d, o, sendbuf, recvbuf, count, segc, nseg, stream), clean_ev);
+    hc_gdr_dev_event_track(d->gpu, ev_done, stream, &d->done, (int)c->params.timeout_ms);
+    hc_gdr_dev_pop(d->gpu);
+    *op_out = o;
+    return o->status;
+
+clean_ev:
+    hc_gdr_dev_event_free(d->gpu, ev_done);
+    hc_dev_tev_free(d, o);
+clean_ctx:
+    hc_gdr_dev_pop(d->gpu);
+clean_op:
+    free(o);
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Broadcast                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* The worker's NCCL communicator, made by the first device broadcast of a
+ * plan with NCCL stages (collective over the node: every rank makes that
+ * call). Its calls are issued by the worker in request order, which is
+ * the same on every rank; the caller's-thread communicator (d->nccl) is
+ * issued in call order. Sharing one would let the two orders interleave
+ * differently on different ranks. */
+static hcoll_status_t bcast_wnccl(hc_coll_dev_t *d)
+{
+    struct hcoll_comm *c = d->c;
+    if (d->wnccl || !plan_needs_nccl(d->plan))
+        return HCOLL_SUCCESS;
+    hc_intra_params_t ip = {
+        .local_rank = c->local_rank,
+        .local_size = c->local_size,
+        .name = "nccl-worker",
+        .chunk_bytes = c->params.chunk_bytes,
+        .timeout_ms = (int)c->params.timeout_ms,
+        .errbuf = &c->err,
+        .rank = c->rank,
+        .allgather = d->node_ag,
+        .allgather_ctx = d->node_ag_ctx,
+    };
+    hc_gdr_dev_push(d->gpu);
+    hcoll_status_t st = hc_intra_nccl_ops.create(&ip, &d->wnccl);
+    hc_gdr_dev_pop(d->gpu);
+    if (st != HCOLL_SUCCESS)
+        d->setup_failed = st; /* the node's ranks failed alike; the others time out */
+    return st;
+}
+
+/*
+ * The stream side of a device broadcast: a ready event (the root's
+ * sendbuf and everyone's recvbuf are then free to use) and a wait for the
+ * flag. Everything else runs on the worker, after the ranks agreed on the
+ * arguments (coll.c): a mismatch releases the flag without moving data.
+ */
+hcoll_status_t hc_coll_dev_bcast_enqueue(hc_coll_dev_t *d, const void *sendbuf, void *recvbuf,
+                                         size_t count, hcoll_dtype_t dtype, int root,
+                                         void *stream, hc_dev_op_t **op_out)
+{
+    struct hcoll_comm *c = d->c;
+    hcoll_status_t st;
+    *op_out = NULL;
+    const int is_root = c->rank == root;
+    HC_CHECK(hc_coll_check_bcast(c, sendbuf, recvbuf, count, dtype, root), out);
+    hc_dev_op_t *o = calloc(1, sizeof *o + sizeof o->seg[0]);
+    if (!o)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_NO_MEMORY,
+                          "no memory for a device operation");
+    /* As the host broadcast: the widest integer that divides the size. */
+    const size_t bytes = count * hcoll_dtype_size(dtype);
+    o->kind = HC_DEV_BCAST;
+    o->dtype = bytes % 8 == 0 ? HCOLL_INT64 : bytes % 4 == 0 ? HCOLL_INT32 : HCOLL_UINT8;
+    o->op = HCOLL_SUM;
+    o->count = bytes / hcoll_dtype_size(o->dtype);
+    o->root = root;
+    o->sendbuf = is_root ? sendbuf : recvbuf;
+    o->recvbuf = recvbuf;
+    if (count == 0) { /* the worker still checks that every rank agrees */
+        *op_out = o;
+        return HCOLL_SUCCESS;
+    }
+    HC_CHECK(hc_dev_prepare(d, o->sendbuf, recvbuf, count, dtype, HCOLL_SUM, stream), clean_op);
+    HC_CHECK(bcast_wnccl(d), clean_op);
+    HC_CHECK(hc_gdr_dev_enter(d->gpu), clean_op);
+    HC_CHECK(hc_gdr_dev_stream_check(d->gpu, stream), clean_ctx);
+    void *ev_done = NULL;
+    HC_CHECK(hc_gdr_dev_event_new(d->gpu, &ev_done), clean_ctx);
+    HC_CHECK(hc_gdr_dev_event_mark(d->gpu, stream, &o->seg[0].ev_ready), clean_ev);
+    st = hc_dev_seq_wait(d, stream, &o->seg[0].seq);
+    if (st != HCOLL_SUCCESS) {
+        hc_gdr_dev_event_free(d->gpu, o->seg[0].ev_ready);
+        goto clean_ev;
+    }
+    o->nseg = 1;
+    hc_gdr_dev_event_track(d->gpu, ev_done, stream, &d->done, (int)c->params.timeout_ms);
+    hc_gdr_dev_pop(d->gpu);
+    *op_out = o;
+    return HCOLL_SUCCESS;
+
+clean_ev:
+    hc_gdr_dev_event_free(d->gpu, ev_done);
+clean_ctx:
+    hc_gdr_dev_pop(d->gpu);
+clean_op:
+    free(o);
+out:
+    return st;
+}

@@ -1,0 +1,150 @@
+/*
+ * The device path's state, shared by its files (coll_dev.h is the
+ * interface; the design is at the top of coll_dev.c):
+ *   coll_dev.c       set-up, timing events, teardown
+ *   coll_dev_enq.c   validation and the GPU stages on the caller's stream
+ *   coll_dev_host.c  the host stage on the executor's worker
+ *   coll_dev_rsag.c  reduce-scatter and all-gather, both sides
+ */
+#ifndef HC_CORE_COLL_DEV_PRIV_H
+#define HC_CORE_COLL_DEV_PRIV_H
+
+#include <pthread.h>
+
+#include "core/coll.h"
+#include "core/coll_dev.h"
+#include "core/redop.h"
+#include "gdr/devctx.h"
+#include "gdr/event.h"
+#include "inter/ring.h"
+#include "intra/intra.h"
+
+/* ------------------------------------------------------------------------ */
+/* State                                                                      */
+/* ------------------------------------------------------------------------ */
+
+/* One segment's host stage. */
+typedef struct hc_dev_seg {
+    void *ev_ready;           /* its stage ① done on the caller's stream */
+    uint32_t seq;             /* the flag number the stream waits for */
+    const unsigned char *src; /* device range the host stage reads ... */
+    unsigned char *dst;       /* ... and writes back */
+    size_t count;
+} hc_dev_seg_t;
+
+/* Timing events on the caller's stream: [0] before the first RS, [1]
+ * after the last; [2+2k], [3+2k] around segment k's AG. One node: [0], [1]
+ * around the all-reduce (fused). NULL where one could not be made. */
+#define DEV_TEV (2 + 2 * HC_DEVSCHED_SEGMENTS)
+
+/* What a device operation is. */
+enum hc_dev_kind { HC_DEV_ALLREDUCE, HC_DEV_BCAST, HC_DEV_RS, HC_DEV_AG };
+
+struct hc_dev_op {
+    enum hc_dev_kind kind;
+    hcoll_status_t status; /* an enqueue failure after the first stream wait */
+    int nseg;              /* segments with a host stage and a flag number */
+    hcoll_dtype_t dtype;
+    hcoll_op_t op;
+    hc_redop_t ro;         /* scaled ops: where and by what (redop.h) */
+    void *tev[DEV_TEV];
+    int ntev;              /* slots used */
+    int fused;             /* one NCCL all-reduce: its time is split RS/AG */
+    /* Broadcast: the whole call (dtype is then an integer type that divides
+     * the size, count its elements), and the ring chain's first position. */
+    int root;
+    const void *sendbuf; /* the root's */
+    void *recvbuf;
+    size_t count;
+    int chain_root;
+    /* Reduce-scatter / all-gather (count: elements per block): the ring's
+     * N blocks of count elements, read from rsrc and written to rdst
+     * (equal but for a GPUDirect reduce-scatter from sendbuf), at ring
+     * position pos; NULL: no ring stage. */
+    const unsigned char *rsrc;
+    unsigned char *rdst;
+    int nblk, pos;
+    hc_dev_seg_t seg[];    /* [nseg] (room for every segment of the call) */
+};
+
+struct hc_coll_dev {
+    struct hcoll_comm *c;
+    hc_gdr_report_t rp; /* the communicator's errbuf, rank and abort flag */
+    int plan;
+    hc_ring_t *ring;
+    hc_allgather_fn node_ag;
+    void *node_ag_ctx;
+    size_t stage_bytes; /* each of the two buffers */
+
+    /* Set up by the first device call. */
+    int ready;
+    hcoll_status_t setup_failed; /* sticky */
+    int dev;            /* ordinal, -1 before the set-up */
+    hc_gdr_dev_t *gpu;  /* context, internal stream, flag, staging, kernels */
+    hc_intra_t *nccl;   /* NCCL stages issued by the caller's thread */
+    hc_intra_t *wnccl;  /* ... by the worker (broadcast), made at the first one */
+    int gdr;                  /* stage ② on device memory (GPUDirect ring) */
+    hc_ring_devops_t devops;  /* the ring's device operations (ctx = gpu) */
+
+    /* Reduce-scatter / all-gather: the permuted vector (device memory),
+     * reused; v_free is recorded behind a call's last use of it, and the
+     * next call's stream waits for it (the caller's thread only). */
+    void *v_buf;
+    size_t v_cap;
+    void *v_free;
+
+    pthread_mutex_t lock; /* seq */
+    hc_devseq_t seq;
+    hc_gdr_evlist_t done; /* recorded after each call's last stream work */
+};
+
+static inline int plan_needs_nccl(int plan)
+{
+    return plan == HC_PLAN_INTRA || plan == HC_PLAN_3STAGE;
+}
+
+static inline int plan_stages(int plan)
+{
+    return plan == HC_PLAN_RING || plan == HC_PLAN_FLAT || plan == HC_PLAN_3STAGE;
+}
+
+/* The first device call's set-up on device dev (coll_dev.c): collective
+ * over all ranks; a failure is sticky (d->setup_failed). */
+hcoll_status_t hc_coll_dev_setup(hc_coll_dev_t *d, int dev);
+
+/* The checks and the first call's set-up of every device call, on the
+ * caller's thread (coll_dev_enq.c); *dev_out is the buffers' GPU. */
+hcoll_status_t hc_dev_prepare(hc_coll_dev_t *d, const void *sendbuf, void *recvbuf,
+                              size_t count, hcoll_dtype_t dtype, hcoll_op_t op, void *stream);
+
+/* Issue the next flag number and make stream wait for it
+ * (coll_dev_enq.c); on failure the number is given back. */
+hcoll_status_t hc_dev_seq_wait(hc_coll_dev_t *d, void *stream, uint32_t *seq_out);
+
+/* recvbuf = scalar * sendbuf on stream, for o->ro.dev_scale (coll_dev_enq.c). */
+hcoll_status_t hc_dev_prescale(hc_coll_dev_t *d, const hc_dev_op_t *o, const void *sendbuf,
+                               void *recvbuf, size_t count, void *stream);
+
+/* The host stage of a reduce-scatter or all-gather (coll_dev_rsag.c). */
+hcoll_status_t hc_dev_rsag_stage(hc_coll_dev_t *d, hc_dev_op_t *o, const hc_dev_seg_t *g,
+                                 double *ring_us);
+
+/* Wait for ev, recorded on the caller's stream behind work that other
+ * ranks hold up (a collective's NCCL stage, a flag wait): no deadline
+ * while every local rank is alive, up to HCOLL_OP_TIMEOUT_MS, with the
+ * abort check; a dead or stopped local rank ends it (coll_dev_host.c). */
+hcoll_status_t hc_dev_wait_stream(hc_coll_dev_t *d, void *ev, const char *what);
+
+/* The stage ② of one segment or piece without its ready wait
+ * (coll_dev_host.c): src to dst through the ring (all-reduce) or dst
+ * along the chain (broadcast), staged or on device memory. */
+hcoll_status_t hc_dev_ring_stage(hc_coll_dev_t *d, const hc_dev_op_t *o, const void *src,
+                                 void *dst, size_t count, double *ring_us);
+
+/* Timing events (coll_dev.c): mark event i of o on stream (best effort),
+ * free o's events, the microseconds between events a and b (or -1). */
+void hc_dev_tev_mark(hc_coll_dev_t *d, hc_dev_op_t *o, int i, void *stream);
+void hc_dev_tev_free(hc_coll_dev_t *d, hc_dev_op_t *o);
+double hc_dev_tev_us(hc_coll_dev_t *d, const hc_dev_op_t *o, int a, int b);
+
+#endif
