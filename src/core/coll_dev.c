@@ -327,3 +327,17 @@ void hc_coll_dev_destroy(hc_coll_dev_t *d, int aborting)
     pthread_mutex_destroy(&d->lock);
     free(d);
 }
+
+/* Between slices of a wait for the caller's stream: a late local peer is
+ * waited for, a dead or stopped one ends the call. */
+static hcoll_status_t stream_watch(void *arg)
+{
+    hc_coll_dev_t *d = arg;
+    return hc_coll_peers_alive(d->c->coll, "(seen from the device stage)");
+}
+
+hcoll_status_t hc_dev_wait_stream(hc_coll_dev_t *d, void *ev, const char *what)
+{
+    const int op_tmo = d->c->params.op_timeout_ms > 0 ? (int)d->c->params.op_timeout_ms : -1;
+    return hc_gdr_event_wait_watched(d->gpu->cu, ev, op_tmo, &d->rp, what, stream_watch, d);
+}

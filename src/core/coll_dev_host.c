@@ -33,10 +33,11 @@ static hcoll_status_t ring_run(hc_coll_dev_t *d, const void *src, void *buf, siz
     struct hcoll_comm *c = d->c;
     const int bcast = o->kind == HC_DEV_BCAST;
     const hc_ringdrv_op_t rop = { dev ? src : buf, buf, n, o->dtype, o->op, c->nranks, dev,
-                                  bcast, bcast ? o->chain_root : 0, HC_RING_PHASE_ALLREDUCE };
+                                  bcast, bcast ? o->chain_root : 0, HC_RING_PHASE_ALLREDUCE,
+                                  0 /* no barrier signals looked at */ };
     const hc_ringdrv_env_t env = { &c->aborted, &c->err, c->rank,
                                    bcast ? "the broadcast chain" : "the inter-node stage",
-                                   NULL /* NCCL: its own failures */ };
+                                   NULL /* NCCL: its own failures */, NULL };
     const double t0 = hc_now_us();
     hcoll_status_t st = hc_ringdrv_run(d->ring, &rop, &env);
     *ring_us += hc_now_us() - t0;
@@ -88,20 +89,6 @@ hcoll_status_t hc_dev_ring_stage(hc_coll_dev_t *d, const hc_dev_op_t *o, const v
     st = HCOLL_SUCCESS;
 out:
     return st;
-}
-
-/* Between slices of a wait for the caller's stream: a late local peer is
- * waited for, a dead or stopped one ends the call. */
-static hcoll_status_t stream_watch(void *arg)
-{
-    hc_coll_dev_t *d = arg;
-    return hc_coll_peers_alive(d->c->coll, "(seen from the device stage)");
-}
-
-hcoll_status_t hc_dev_wait_stream(hc_coll_dev_t *d, void *ev, const char *what)
-{
-    const int op_tmo = d->c->params.op_timeout_ms > 0 ? (int)d->c->params.op_timeout_ms : -1;
-    return hc_gdr_event_wait_watched(d->gpu->cu, ev, op_tmo, &d->rp, what, stream_watch, d);
 }
 
 static hcoll_status_t host_stage(hc_coll_dev_t *d, const hc_dev_op_t *o, const hc_dev_seg_t *g,

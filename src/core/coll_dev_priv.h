@@ -132,7 +132,7 @@ hcoll_status_t hc_dev_rsag_stage(hc_coll_dev_t *d, hc_dev_op_t *o, const hc_dev_
 /* Wait for ev, recorded on the caller's stream behind work that other
  * ranks hold up (a collective's NCCL stage, a flag wait): no deadline
  * while every local rank is alive, up to HCOLL_OP_TIMEOUT_MS, with the
- * abort check; a dead or stopped local rank ends it (coll_dev_host.c). */
+ * abort check; a dead or stopped local rank ends it (coll_dev.c). */
 hcoll_status_t hc_dev_wait_stream(hc_coll_dev_t *d, void *ev, const char *what);
 
 /* The stage ② of one segment or piece without its ready wait

@@ -288,11 +288,11 @@ static hcoll_status_t rsag_ring(hc_coll_dev_t *d, const hc_dev_op_t *o, const vo
     struct hcoll_comm *c = d->c;
     const hc_ringdrv_op_t rop = { src, dst, cnt * (size_t)o->nblk, o->dtype, o->op, c->nranks,
                                   dev, 0, 0,
-                                  o->kind == HC_DEV_RS ? HC_RING_PHASE_RS : HC_RING_PHASE_AG };
+                                  o->kind == HC_DEV_RS ? HC_RING_PHASE_RS : HC_RING_PHASE_AG, 0 };
     const hc_ringdrv_env_t env = { &c->aborted, &c->err, c->rank,
                                    o->kind == HC_DEV_RS ? "the reduce-scatter's ring"
                                                         : "the all-gather's ring",
-                                   NULL };
+                                   NULL, NULL };
     const double t0 = hc_now_us();
     hcoll_status_t st = hc_ringdrv_run(d->ring, &rop, &env);
     *ring_us += hc_now_us() - t0;
