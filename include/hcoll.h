@@ -149,7 +149,14 @@ typedef enum hcoll_dtype {
  *     with the rank's scalar instead of 1/n; for integers the product
  *     wraps modulo 2^width as SUM does.
  *   - Results are bit-identical on every rank: each element is reduced in
- *     one fixed order, whatever the rank.
+ *     one fixed order, whatever the rank or the timing. On host buffers
+ *     that order is: each node folds its local ranks in local-rank order
+ *     0..L-1, then the node sums are folded along the rail's ring (with
+ *     unequal nodes, or one rank per node, the ring folds all ranks). A
+ *     reduce-scatter's ring starts one position later than an all-reduce's,
+ *     so a float block of a reduce-scatter may differ in its last bits from
+ *     that block of an all-reduce of the same inputs. docs/design.md draws
+ *     the orders; tests/test_sweep.c checks them bit for bit.
  */
 typedef enum hcoll_op {
     HCOLL_SUM  = 0,
