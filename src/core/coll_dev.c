@@ -186,6 +186,29 @@ static void dev_enable_gdr(hc_coll_dev_t *d)
                 "memory", hc_errbuf_get(&d->c->err));
 }
 
+/* An NCCL communicator over the node's local ranks, on the device's
+ * context: collective over the node (every local rank makes the same
+ * call). name tells the set-up exchanges of several apart. */
+hcoll_status_t hc_dev_nccl_open(hc_coll_dev_t *d, const char *name, hc_intra_t **out)
+{
+    struct hcoll_comm *c = d->c;
+    const hc_intra_params_t ip = {
+        .local_rank = c->local_rank,
+        .local_size = c->local_size,
+        .name = name,
+        .chunk_bytes = c->params.chunk_bytes,
+        .timeout_ms = (int)c->params.timeout_ms,
+        .errbuf = &c->err,
+        .rank = c->rank,
+        .allgather = d->node_ag,
+        .allgather_ctx = d->node_ag_ctx,
+    };
+    hc_gdr_dev_push(d->gpu);
+    hcoll_status_t st = hc_intra_nccl_ops.create(&ip, out);
+    hc_gdr_dev_pop(d->gpu);
+    return st;
+}
+
 /* Collective over all ranks: every rank reports whether its half worked,
  * so that one rank's missing GPU fails the call everywhere at once instead
  * of leaving the others in the ring until the timeout. */
@@ -204,24 +227,9 @@ hcoll_status_t hc_coll_dev_setup(hc_coll_dev_t *d, int dev)
     int all_gdr = 0;
     HC_CHECK(dev_hello(d, local, dev, &all_gdr), clean_gpu);
     d->dev = dev;
-    if (plan_needs_nccl(d->plan)) {
-        hc_intra_params_t ip = {
-            .local_rank = c->local_rank,
-            .local_size = c->local_size,
-            .name = "nccl",
-            .chunk_bytes = c->params.chunk_bytes,
-            .timeout_ms = (int)c->params.timeout_ms,
-            .errbuf = &c->err,
-            .rank = c->rank,
-            .allgather = d->node_ag,
-            .allgather_ctx = d->node_ag_ctx,
-        };
-        hc_gdr_dev_push(d->gpu);
-        st = hc_intra_nccl_ops.create(&ip, &d->nccl);
-        hc_gdr_dev_pop(d->gpu);
-        if (st != HCOLL_SUCCESS)
-            goto clean_gpu;
-    }
+    if (plan_needs_nccl(d->plan) &&
+        (st = hc_dev_nccl_open(d, "nccl", &d->nccl)) != HCOLL_SUCCESS)
+        goto clean_gpu;
     if (all_gdr)
         dev_enable_gdr(d);
     char bdf[32] = "?";

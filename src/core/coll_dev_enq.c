@@ -318,23 +318,9 @@ clean_op:
  * differently on different ranks. */
 static hcoll_status_t bcast_wnccl(hc_coll_dev_t *d)
 {
-    struct hcoll_comm *c = d->c;
     if (d->wnccl || !plan_needs_nccl(d->plan))
         return HCOLL_SUCCESS;
-    hc_intra_params_t ip = {
-        .local_rank = c->local_rank,
-        .local_size = c->local_size,
-        .name = "nccl-worker",
-        .chunk_bytes = c->params.chunk_bytes,
-        .timeout_ms = (int)c->params.timeout_ms,
-        .errbuf = &c->err,
-        .rank = c->rank,
-        .allgather = d->node_ag,
-        .allgather_ctx = d->node_ag_ctx,
-    };
-    hc_gdr_dev_push(d->gpu);
-    hcoll_status_t st = hc_intra_nccl_ops.create(&ip, &d->wnccl);
-    hc_gdr_dev_pop(d->gpu);
+    hcoll_status_t st = hc_dev_nccl_open(d, "nccl-worker", &d->wnccl);
     if (st != HCOLL_SUCCESS)
         d->setup_failed = st; /* the node's ranks failed alike; the others time out */
     return st;

@@ -129,6 +129,10 @@ hcoll_status_t hc_dev_prescale(hc_coll_dev_t *d, const hc_dev_op_t *o, const voi
 hcoll_status_t hc_dev_rsag_stage(hc_coll_dev_t *d, hc_dev_op_t *o, const hc_dev_seg_t *g,
                                  double *ring_us);
 
+/* An NCCL communicator over the node's local ranks on the device's
+ * context, named name (coll_dev.c); collective over the node. */
+hcoll_status_t hc_dev_nccl_open(hc_coll_dev_t *d, const char *name, hc_intra_t **out);
+
 /* Wait for ev, recorded on the caller's stream behind work that other
  * ranks hold up (a collective's NCCL stage, a flag wait): no deadline
  * while every local rank is alive, up to HCOLL_OP_TIMEOUT_MS, with the
