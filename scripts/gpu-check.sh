@@ -90,8 +90,8 @@ grep -h '^BENCH' "$logs"/test_gpu_*.log | sed 's/^BENCH /  /'
 for f in "$logs"/perf_*.log; do
   [ -e "$f" ] || continue
   echo "  $(basename "$f" .log): size, then hcoll and nccl busbw (GB/s, out of place), hcoll/nccl"
-  awk '$1 ~ /^[0-9]+$/ && $5 == "hcoll" {h[$1] = $8} $1 ~ /^[0-9]+$/ && $5 == "nccl" {
-         printf "    %10s  %7s  %7s  %s\n", $1, h[$1], $8, $NF }' "$f"
+  awk '$1 ~ /^[0-9]+$/ && $6 == "hcoll" {h[$1] = $9} $1 ~ /^[0-9]+$/ && $6 == "nccl" {
+         printf "    %10s  %7s  %7s  %s\n", $1, h[$1], $9, $NF }' "$f"
 done
 echo "logs: $logs"
 [ $fail -eq 0 ] && echo "gpu-check: all passed" || echo "gpu-check: FAILURES"

@@ -53,11 +53,11 @@ perf_run() { # label, hcoll_perf arguments...
     return 1
   fi
   grep -q '^# buffers: device memory' <<<"$out" || fail "$label: no '# buffers: device memory' line"
-  # Data rows: size count type redop impl time algbw busbw #wrong (x2).
+  # Data rows: size count type coll redop impl time algbw busbw #wrong (x2).
   local rows bad
   rows=$(awk '$1 ~ /^[0-9]+$/' <<<"$out")
   [ -n "$rows" ] || fail "$label: no rows"
-  bad=$(awk '$1 ~ /^[0-9]+$/ && ($9 != "0" || $13 != "0")' <<<"$rows")
+  bad=$(awk '$1 ~ /^[0-9]+$/ && ($10 != "0" || $14 != "0")' <<<"$rows")
   [ -z "$bad" ] || fail "$label: #wrong not 0 in: $bad"
   echo "$label: $(wc -l <<<"$rows") rows, #wrong all 0"
   return 0
@@ -65,10 +65,10 @@ perf_run() { # label, hcoll_perf arguments...
 perf_run "device 2x1" -np 2 --ranks-per-node 1 --mem device -b 4K -e 1M -f 16 -n 2 -w 1 -c 1 -p
 if perf_run "device 2x2 + nccl peer" -np 4 --ranks-per-node 2 --peer nccl -b 4K -e 1M -f 16 \
      -n 2 -w 1 -c 1 -p; then
-  awk '$1 ~ /^[0-9]+$/ {print $5}' <<<"$out" | sort -u | tr '\n' ' ' | grep -q 'hcoll nccl' ||
+  awk '$1 ~ /^[0-9]+$/ {print $6}' <<<"$out" | sort -u | tr '\n' ' ' | grep -q 'hcoll nccl' ||
     fail "device 2x2: want hcoll and nccl rows"
   # -p: the NCCL stages of device calls are timed (columns rs, inter, ag).
-  untimed=$(awk '$1 ~ /^[0-9]+$/ && $5 == "hcoll" && ($16 !~ /^[0-9.]+$/ || $18 !~ /^[0-9.]+$/)' <<<"$out")
+  untimed=$(awk '$1 ~ /^[0-9]+$/ && $6 == "hcoll" && ($17 !~ /^[0-9.]+$/ || $19 !~ /^[0-9.]+$/)' <<<"$out")
   [ -z "$untimed" ] || fail "device 2x2: stage columns not timed: $untimed"
 fi
 # Two ranks of one node on one GPU: NCCL refuses the peer communicator, and

@@ -4,7 +4,9 @@
 #   - -np 4 as 2 emulated nodes x 2, -c 1: every #wrong is 0, rows and
 #     columns as documented, JSON that hcoll_plan reads back
 #   - a non-power-of-two rank count, blocking calls, half/prod
-#   - under mpirun (when present): --peer mpi rows and ratio
+#   - -o: each collective checked on 2 x 2, its busbw and NIC formulas
+#   - under mpirun (when present): --peer mpi rows and ratio, for each
+#     collective's MPI peer
 #   - --peer nccl without a GPU, --peer mpi without mpirun: clear failures
 # While hcoll_allreduce answers HCOLL_ERR_UNSUPPORTED (hcoll_perf exits 3
 # and says so), the runs that need it are skipped (exit 77), found at run
@@ -39,6 +41,10 @@ for f in "${bad_flags[@]}"; do
   grep -q '^usage: ' <<<"$out" || fail "hcoll_perf $f: no usage"
 done
 "$perf" --help | grep -q -- '--ranks-per-node' || fail "hcoll_perf --help"
+"$perf" --help | grep -q 'reduce_scatter allgather' || fail "hcoll_perf --help: no collectives"
+out=$("$perf" -o alltoall 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "^hcoll_perf: -o: 'alltoall' is neither a collective" <<<"$out" ||
+  fail "-o alltoall: rc $rc, want 2 and a message naming it: $out"
 "$plan" --help | grep -q '2(n-1)/n' || fail "hcoll_plan --help does not explain 2(n-1)/n"
 for f in "-s 4GB" "-s 4GB -t 100 -N 8 -L 8" "-s 4GB -t 100 -N 8 -L 8 -B x" "--bogus"; do
   # shellcheck disable=SC2086
@@ -76,10 +82,11 @@ echo "$out"
 [ $rc -eq 0 ] || fail "hcoll_perf -np 4: exit $rc"
 rows=$(grep -E '^ +[0-9]+ ' <<<"$out")
 [ "$(wc -l <<<"$rows")" -eq 5 ] || fail "want 5 rows (4K..1M, x4): $rows"
-# columns: size count type redop impl | time algbw busbw #wrong | x2 | nicbw %line
-awk '$9 != "0" || $13 != "0" { bad = 1 } END { exit bad }' <<<"$rows" || fail "#wrong not all 0"
+# columns: size count type coll redop impl | time algbw busbw #wrong | x2 | nicbw %line
+awk '$4 != "allreduce" || $10 != "0" || $14 != "0" { bad = 1 } END { exit bad }' <<<"$rows" ||
+  fail "#wrong not all 0, or the collective not named"
 # -p: intra RS / inter / intra AG in us and %, from hcoll_comm_last_stage_times
-awk '$17 !~ /^[0-9.]+$/ || $18 !~ /^[0-9.]+$/ || $19 !~ /^[0-9.]+$/ || $20 !~ /^[0-9.]+$/ { bad = 1 }
+awk '$18 !~ /^[0-9.]+$/ || $19 !~ /^[0-9.]+$/ || $20 !~ /^[0-9.]+$/ || $21 !~ /^[0-9.]+$/ { bad = 1 }
      END { exit bad }' <<<"$rows" || fail "-p: stage columns not filled"
 grep -q '2 nodes x 2 ranks/node' <<<"$out" || fail "emulated nodes not seen"
 grep -q '^# Out of bounds values : 0 OK' <<<"$out" || fail "footer"
@@ -106,10 +113,50 @@ EOF
 "$plan" -s 1GB -t 100ms -N 2 -L 2 --from-json "$tmp/run.json" | grep -q 'plateau of' \
   || fail "hcoll_plan --from-json"
 
+# ---- -o: every collective on 2 emulated nodes x 2, checked ---------------
+# busbw over algbw and NIC bytes over S/L / t, per collective (perf.h):
+#   allreduce 1.5 and 1 (2(n-1)/n, 2(N-1)/N), reduce_scatter and allgather
+#   0.75 and 0.5 ((n-1)/n, (N-1)/N), broadcast 1 and 1.
+for coll in allreduce reduce_scatter allgather broadcast; do
+  out=$(timeout 60 "$perf" -np 4 --ranks-per-node 2 -o "$coll" -b 4K -e 256K -f 8 -n 2 -w 1 -c 2 \
+          --line-rate 1GB/s -J "$tmp/$coll.json" --deadline 50 2>&1); rc=$?
+  if [ $rc -eq 3 ] && grep -q "hcoll_$coll.*HCOLL_ERR_UNSUPPORTED" <<<"$out"; then
+    echo "note: -o $coll: not in this library build (HCOLL_ERR_UNSUPPORTED), not run"
+    continue
+  fi
+  [ $rc -eq 0 ] || { fail "-o $coll: exit $rc: $out"; continue; }
+  rows=$(grep -E '^ +[0-9]+ ' <<<"$out")
+  echo "$rows"
+  [ "$(wc -l <<<"$rows")" -eq 3 ] || fail "-o $coll: want 3 rows (4K, 32K, 256K): $rows"
+  awk -v c="$coll" '$4 != c || $10 != "0" || $14 != "0" { bad = 1 } END { exit bad }' \
+    <<<"$rows" || fail "-o $coll: rows not named $coll, or #wrong not 0"
+  grep -q "^# hcoll_perf .*: $coll, 4 ranks" <<<"$out" || fail "-o $coll: preamble"
+  python3 - "$tmp/$coll.json" "$coll" <<'EOF' || fail "-o $coll: JSON, busbw or NIC formula"
+import json, sys
+d = json.load(open(sys.argv[1]))
+coll = sys.argv[2]
+bus, nic = {'allreduce': (1.5, 1.0), 'reduce_scatter': (0.75, 0.5),
+            'allgather': (0.75, 0.5), 'broadcast': (1.0, 1.0)}[coll]
+assert d['coll'] == coll and len(d['rows']) == 3, d
+for r in d['rows']:
+    assert r['coll'] == coll, r
+    assert (r['redop'] is None) == (coll in ('allgather', 'broadcast')), r
+    for k in ('oop', 'ip'):
+        x = r[k]
+        assert x['wrong'] == 0, r
+        assert abs(x['algbw'] - r['size'] / x['time_us'] / 1e3) <= 1e-4 * x['algbw'], r
+        assert abs(x['busbw'] - bus * x['algbw']) <= 1e-4 * x['busbw'], r
+    t = min(r['oop']['time_us'], r['ip']['time_us'])
+    assert abs(r['nic_GBps'] - nic * r['size'] / 2 / t / 1e3) <= 1e-4 * r['nic_GBps'], r
+EOF
+done
+"$plan" -s 1GB -t 100ms -N 2 -L 2 --from-json "$tmp/broadcast.json" 2>&1 |
+  grep -q 'not an all-reduce run' || fail "hcoll_plan --from-json took a broadcast run"
+
 # ---- odd shapes: 3 ranks on 1 node, blocking, half prod ------------------
 out=$(timeout 60 "$perf" -np 3 -b 1000 -e 1000 -n 2 -w 0 -c 2 -z 1 -d half -o prod 2>&1); rc=$?
 [ $rc -eq 0 ] || fail "-np 3 half prod: exit $rc: $out"
-grep -E '^ +[0-9]+ ' <<<"$out" | awk '$9 != "0" || $13 != "0" { exit 1 }' || fail "-np 3: #wrong"
+grep -E '^ +[0-9]+ ' <<<"$out" | awk '$10 != "0" || $14 != "0" { exit 1 }' || fail "-np 3: #wrong"
 grep -q 'nothing crosses a NIC' <<<"$out" || fail "-np 3 one node: verdict should say so"
 
 # ---- under mpirun: the Open MPI peer -------------------------------------
@@ -125,9 +172,22 @@ if command -v mpirun >/dev/null && grep -q 'MPI_Allreduce' "$perf" 2>/dev/null; 
   echo "$out"
   [ $rc -eq 0 ] || fail "mpirun --peer mpi: exit $rc"
   grep -E '^ +[0-9]+ ' <<<"$out" | grep -c ' mpi ' | grep -q '^2$' || fail "--peer mpi: 2 mpi rows"
-  grep -E '^ +[0-9]+ .* mpi ' <<<"$out" | awk '$9 != "0" || $13 != "0" || $NF !~ /^[0-9.]+$/ { exit 1 }' \
+  grep -E '^ +[0-9]+ .* mpi ' <<<"$out" | awk '$10 != "0" || $14 != "0" || $NF !~ /^[0-9.]+$/ { exit 1 }' \
     || fail "--peer mpi: #wrong or ratio"
   grep -q '^# Avg bus bandwidth (mpi)' <<<"$out" || fail "--peer mpi: footer"
+  # The other collectives' MPI peers (MPI_Reduce_scatter_block, whose
+  # in-place result sits at the start of recvbuf, MPI_Allgather, MPI_Bcast),
+  # checked like hcoll's.
+  for coll in reduce_scatter allgather broadcast; do
+    out=$(timeout 60 mpirun --allow-run-as-root --oversubscribe -np 4 --mca pml ob1 \
+            --mca btl tcp,self,vader --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo \
+            -x HCOLL_SOCKET_IFNAME -x HCOLL_TIMEOUT_MS -x ASAN_OPTIONS \
+            "$perf" --ranks-per-node 2 -o $coll --peer mpi -b 64K -e 64K -n 2 -c 1 2>&1); rc=$?
+    [ $rc -eq 0 ] || { fail "mpirun -o $coll --peer mpi: exit $rc: $out"; continue; }
+    grep -E '^ +[0-9]+ .* mpi ' <<<"$out" |
+      awk -v c=$coll '$4 != c || $10 != "0" || $14 != "0" || $NF !~ /^[0-9.]+$/ { bad = 1 }
+                      END { exit bad || NR != 1 }' || fail "-o $coll --peer mpi: row, #wrong or ratio: $out"
+  done
 else
   echo "note: no mpirun or hcoll_perf built without MPI: --peer mpi not run"
 fi

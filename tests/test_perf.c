@@ -113,7 +113,147 @@ START_TEST(flags_every_flag_good)
     for (int i = 0; i < 5; i++) {
         GOOD("-o", ops[i]);
         ck_assert_int_eq(o.op, i);
+        ck_assert_int_eq(o.coll, HP_COLL_ALLREDUCE);
     }
+}
+END_TEST
+
+/* -o names the collective as well as the op (nccl-tests' -o); the names
+ * never overlap, so both can be given. */
+START_TEST(flags_collective)
+{
+    hp_opts_t o;
+    char err[300];
+    static const struct { const char *name; hp_coll_t c; } colls[] = {
+        { "allreduce", HP_COLL_ALLREDUCE },       { "all_reduce", HP_COLL_ALLREDUCE },
+        { "reduce_scatter", HP_COLL_REDUCE_SCATTER }, { "reducescatter", HP_COLL_REDUCE_SCATTER },
+        { "allgather", HP_COLL_ALLGATHER },       { "all_gather", HP_COLL_ALLGATHER },
+        { "broadcast", HP_COLL_BROADCAST },       { "bcast", HP_COLL_BROADCAST },
+    };
+    for (size_t i = 0; i < sizeof colls / sizeof colls[0]; i++) {
+        GOOD("-o", colls[i].name);
+        ck_assert_int_eq(o.coll, colls[i].c);
+        ck_assert_int_eq(o.op, HCOLL_SUM);
+        ck_assert_str_eq(hp_coll_name(colls[i].c), colls[i].name[0] == 'b' ? "broadcast"
+                                                   : colls[i].c == HP_COLL_ALLREDUCE ? "allreduce"
+                                                   : colls[i].c == HP_COLL_ALLGATHER ? "allgather"
+                                                                                     : "reduce_scatter");
+    }
+    GOOD("-o", "reduce_scatter", "-o", "max");
+    ck_assert_int_eq(o.coll, HP_COLL_REDUCE_SCATTER);
+    ck_assert_int_eq(o.op, HCOLL_MAX);
+    GOOD("--op=avg", "--op", "allgather");
+    ck_assert_int_eq(o.coll, HP_COLL_ALLGATHER);
+    ck_assert_int_eq(o.op, HCOLL_AVG);
+    BAD("-o", "alltoall");
+    ck_assert_ptr_nonnull(strstr(err, "alltoall"));
+    ck_assert_ptr_nonnull(strstr(err, "reduce_scatter"));
+    ck_assert_ptr_nonnull(strstr(err, "sum"));
+    BAD("-o", "");
+    BAD("-o", "Broadcast");
+    ck_assert(hp_coll_reduces(HP_COLL_ALLREDUCE) && hp_coll_reduces(HP_COLL_REDUCE_SCATTER));
+    ck_assert(!hp_coll_reduces(HP_COLL_ALLGATHER) && !hp_coll_reduces(HP_COLL_BROADCAST));
+    ck_assert_ptr_nonnull(strstr(hp_usage(), "reduce_scatter"));
+    ck_assert_ptr_nonnull(strstr(hp_usage(), "(N-1)/N x S/L"));
+}
+END_TEST
+
+/* busbw and bytes per NIC of each collective (perf.h's table). */
+START_TEST(arith_collectives)
+{
+    /* nccl-tests: 2(n-1)/n, (n-1)/n, (n-1)/n, 1. */
+    ck_assert_double_eq_tol(hp_coll_bus_factor(HP_COLL_ALLREDUCE, 8), 1.75, 1e-12);
+    ck_assert_double_eq_tol(hp_coll_bus_factor(HP_COLL_REDUCE_SCATTER, 8), 0.875, 1e-12);
+    ck_assert_double_eq_tol(hp_coll_bus_factor(HP_COLL_ALLGATHER, 6), 5.0 / 6, 1e-12);
+    ck_assert_double_eq_tol(hp_coll_bus_factor(HP_COLL_BROADCAST, 8), 1.0, 1e-12);
+    ck_assert_double_eq_tol(hp_coll_bus_factor(HP_COLL_REDUCE_SCATTER, 1), 0.0, 1e-12);
+    ck_assert_double_eq_tol(hp_coll_bus_factor(HP_COLL_ALLGATHER, 1), 0.0, 1e-12);
+    ck_assert_double_eq_tol(hp_coll_bus_factor(HP_COLL_BROADCAST, 1), 1.0, 1e-12);
+    for (int n = 1; n <= 64; n++)
+        ck_assert_double_eq_tol(hp_coll_bus_factor(HP_COLL_ALLREDUCE, n), hp_ring_factor(n),
+                                1e-12);
+    /* Bytes per NIC over S/L: 2(N-1)/N, (N-1)/N, (N-1)/N, 1; none on one node. */
+    ck_assert_double_eq_tol(hp_coll_nic_factor(HP_COLL_ALLREDUCE, 4), 1.5, 1e-12);
+    ck_assert_double_eq_tol(hp_coll_nic_factor(HP_COLL_REDUCE_SCATTER, 3), 2.0 / 3, 1e-12);
+    ck_assert_double_eq_tol(hp_coll_nic_factor(HP_COLL_ALLGATHER, 4), 0.75, 1e-12);
+    ck_assert_double_eq_tol(hp_coll_nic_factor(HP_COLL_BROADCAST, 4), 1.0, 1e-12);
+    for (int c = 0; c < HP_NCOLLS; c++)
+        ck_assert_double_eq_tol(hp_coll_nic_factor((hp_coll_t)c, 1), 0.0, 1e-12);
+
+    /* Sizes: the whole vector, whole elements per rank. */
+    uint64_t run;
+    ck_assert_uint_eq(hp_coll_count(HP_COLL_ALLREDUCE, 4096, 4, 6, &run), 1024);
+    ck_assert_uint_eq(run, 4096);
+    ck_assert_uint_eq(hp_coll_count(HP_COLL_BROADCAST, 4098, 4, 6, &run), 1024);
+    ck_assert_uint_eq(run, 4096);
+    ck_assert_uint_eq(hp_coll_count(HP_COLL_REDUCE_SCATTER, 4096, 4, 6, &run), 170);
+    ck_assert_uint_eq(run, 170 * 6 * 4);
+    ck_assert_uint_eq(hp_coll_count(HP_COLL_ALLGATHER, 64 << 20, 2, 8, &run), 4u << 20);
+    ck_assert_uint_eq(run, 64u << 20);
+    ck_assert_uint_eq(hp_coll_count(HP_COLL_ALLGATHER, 20, 4, 8, &run), 0); /* < 1 each */
+    ck_assert_uint_eq(run, 0);
+
+    /* A row of each: 1 GB in 1 s on 3 nodes x 2 (n = 6), line rate 1 GB/s. */
+    const double want_bus[HP_NCOLLS] = { 10.0 / 6, 5.0 / 6, 5.0 / 6, 1.0 };
+    const double want_nic[HP_NCOLLS] = { 2.0 * 2 / 3 * 0.5, 2.0 / 3 * 0.5, 2.0 / 3 * 0.5, 0.5 };
+    for (int c = 0; c < HP_NCOLLS; c++) {
+        hp_row_t row;
+        memset(&row, 0, sizeof row);
+        row.coll = (hp_coll_t)c;
+        row.bytes = 1000000000;
+        hp_coll_result_fill(&row.oop, (hp_coll_t)c, 1e9, 1e6, 6, 0);
+        hp_coll_result_fill(&row.ip, (hp_coll_t)c, 1e9, 2e6, 6, 0);
+        ck_assert_double_eq_tol(row.oop.algbw, 1.0, 1e-12);
+        ck_assert_double_eq_tol(row.oop.busbw, want_bus[c], 1e-12);
+        ck_assert_double_eq_tol(row.ip.busbw, want_bus[c] / 2, 1e-12);
+        hp_row_nic(&row, 3, 2, 1e9);
+        ck_assert_double_eq_tol(row.nic_gbs, want_nic[c], 1e-12);
+        ck_assert_double_eq_tol(row.nic_pct, 100 * want_nic[c], 1e-9);
+    }
+}
+END_TEST
+
+/* The copy values of the all-gather and broadcast checks: a block from the
+ * wrong rank, a stale byte or an unwritten element counts. */
+START_TEST(check_copy_values)
+{
+    const int n = 4;
+    const size_t count = 1024; /* a power of two, as the sweep's sizes */
+    for (int t = 0; t < HCOLL_DTYPE_COUNT_; t++) {
+        size_t es = hcoll_dtype_size((hcoll_dtype_t)t);
+        unsigned char *v = malloc(count * n * es);
+        for (int r = 0; r < n; r++)
+            hp_check_fill_copy(v + (size_t)r * count * es, count, (size_t)r * count,
+                               (hcoll_dtype_t)t);
+        ck_assert_uint_eq(hp_check_count_wrong_copy(v, count * n, (hcoll_dtype_t)t), 0);
+        /* Blocks 1 and 2 swapped: every element of both is wrong. */
+        unsigned char *tmp = malloc(count * es);
+        memcpy(tmp, v + count * es, count * es);
+        memcpy(v + count * es, v + 2 * count * es, count * es);
+        memcpy(v + 2 * count * es, tmp, count * es);
+        ck_assert_uint_eq(hp_check_count_wrong_copy(v, count * n, (hcoll_dtype_t)t),
+                          2 * count);
+        memset(v, 0xa5, count * n * es); /* never written */
+        ck_assert_uint_eq(hp_check_count_wrong_copy(v, count * n, (hcoll_dtype_t)t), count * n);
+        free(tmp);
+        free(v);
+    }
+    /* The reduce-scatter's block r is the reduced vector's elements from r x count. */
+    const size_t rc = 257;
+    float *in = malloc(rc * n * sizeof *in), *sum = calloc(rc * n, sizeof *sum);
+    for (int r = 0; r < n; r++) {
+        hp_check_fill(in, rc * n, HCOLL_FLOAT32, HCOLL_SUM, r, n);
+        for (size_t i = 0; i < rc * n; i++)
+            sum[i] += in[i];
+    }
+    for (int r = 0; r < n; r++)
+        ck_assert_uint_eq(hp_check_count_wrong_at(sum + (size_t)r * rc, rc, (size_t)r * rc,
+                                                  HCOLL_FLOAT32, HCOLL_SUM, n), 0);
+    /* Block 1 read as block 0: values of another block are wrong. */
+    ck_assert_uint_gt(hp_check_count_wrong_at(sum + rc, rc, 0, HCOLL_FLOAT32, HCOLL_SUM, n),
+                      rc / 2);
+    free(in);
+    free(sum);
 }
 END_TEST
 
@@ -384,7 +524,7 @@ START_TEST(json_roundtrip)
     int fd = mkstemp(path);
     ck_assert_int_ge(fd, 0);
     FILE *f = fdopen(fd, "w");
-    hp_meta_t m = { 4, 2, 2, 0, "unknown \"x\"", "unknown", -1 };
+    hp_meta_t m = { 4, 2, 2, 0, "unknown \"x\"", "unknown", -1, HP_COLL_ALLREDUCE };
     ck_assert_int_eq(hp_json_write(f, &m, rows, 4), 0);
     fclose(f);
     double bus, lat;
@@ -401,6 +541,28 @@ START_TEST(json_roundtrip)
         snprintf(cmd, sizeof cmd,
                  "python3 -c 'import json,sys; d=json.load(open(\"%s\")); "
                  "assert len(d[\"rows\"])==4 and d[\"rows\"][0][\"ip\"][\"wrong\"] is None'",
+                 path);
+        ck_assert_int_eq(system(cmd), 0);
+    }
+    unlink(path);
+
+    /* Another collective's rows name it (and have no redop where none
+     * applies); hcoll_plan's reader refuses such a file. */
+    f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    m.coll = HP_COLL_ALLGATHER;
+    for (int i = 0; i < 4; i++)
+        rows[i].coll = HP_COLL_ALLGATHER;
+    ck_assert_int_eq(hp_json_write(f, &m, rows, 4), 0);
+    fclose(f);
+    ck_assert_int_eq(hp_json_read_busbw(path, &bus, &lat, &n, &nodes, err, sizeof err), -1);
+    ck_assert_ptr_nonnull(strstr(err, "not an all-reduce"));
+    if (access("/usr/bin/python3", X_OK) == 0) {
+        char cmd[400];
+        snprintf(cmd, sizeof cmd,
+                 "python3 -c 'import json,sys; d=json.load(open(\"%s\")); "
+                 "assert d[\"coll\"]==\"allgather\" and all(r[\"coll\"]==\"allgather\" and "
+                 "r[\"redop\"] is None for r in d[\"rows\"])'",
                  path);
         ck_assert_int_eq(system(cmd), 0);
     }
@@ -508,6 +670,9 @@ int main(void)
     tcase_add_test(tc, flags_defaults_are_nccl_tests);
     tcase_add_test(tc, flags_every_flag_good);
     tcase_add_test(tc, flags_bad_values);
+    tcase_add_test(tc, flags_collective);
+    tcase_add_test(tc, arith_collectives);
+    tcase_add_test(tc, check_copy_values);
     tcase_add_test(tc, units_sizes_rates_times);
     tcase_add_test(tc, sizes_sweep);
     tcase_add_test(tc, arith_busbw_and_nic);

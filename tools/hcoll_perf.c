@@ -1,5 +1,7 @@
 /*
- * hcoll_perf: nccl-tests' all_reduce_perf for the three-stage pattern.
+ * hcoll_perf: nccl-tests' all_reduce_perf (and, with -o reduce_scatter,
+ * allgather or broadcast, its reduce_scatter_perf, all_gather_perf and
+ * broadcast_perf) for the three-stage pattern.
  * This file wires the pieces of tools/lib/perf_rank.h together and holds
  * what needs mpi.h (MPI_Init, the unique id by MPI_Bcast, --peer mpi),
  * since it alone is built with mpicc where Open MPI is installed.
@@ -28,9 +30,9 @@
  * copies. --peer nccl: one flat NCCL communicator over all ranks, its
  * unique id carried by a small hcoll_allreduce.
  *
- * Exit: 0; 1 on an error or a non-zero #wrong; 2 usage; 3 when
- * hcoll_allreduce says HCOLL_ERR_UNSUPPORTED (a library without an
- * all-reduce), so that scripts can tell "not there" from "broken".
+ * Exit: 0; 1 on an error or a non-zero #wrong; 2 usage; 3 when the
+ * library's collective says HCOLL_ERR_UNSUPPORTED (a library without it),
+ * so that scripts can tell "not there" from "broken".
  */
 #include <limits.h>
 #include <stdio.h>
@@ -63,7 +65,9 @@ static void finish_mpi(hp_perf_t *p, int abort_code)
 
 
 #if HCOLL_PERF_MPI
-static int mpi_types(hcoll_dtype_t t, hcoll_op_t op, MPI_Datatype *dt, MPI_Op *mop)
+/* MPI's type (and op, for the reductions) of p's collective; the copies
+ * move half types as 16-bit words and take no op. */
+static int mpi_types(hp_coll_t c, hcoll_dtype_t t, hcoll_op_t op, MPI_Datatype *dt, MPI_Op *mop)
 {
     switch (t) {
     case HCOLL_FLOAT32: *dt = MPI_FLOAT; break;
@@ -72,8 +76,17 @@ static int mpi_types(hcoll_dtype_t t, hcoll_op_t op, MPI_Datatype *dt, MPI_Op *m
     case HCOLL_UINT8: *dt = MPI_UINT8_T; break;
     case HCOLL_INT32: *dt = MPI_INT32_T; break;
     case HCOLL_INT64: *dt = MPI_INT64_T; break;
-    default: return -1; /* MPI has no half types */
+    case HCOLL_FLOAT16:
+    case HCOLL_BFLOAT16:
+        if (hp_coll_reduces(c))
+            return -1; /* MPI has no half types to reduce */
+        *dt = MPI_UINT16_T;
+        break;
+    default: return -1;
     }
+    *mop = MPI_OP_NULL;
+    if (!hp_coll_reduces(c))
+        return 0;
     switch (op) {
     case HCOLL_SUM: *mop = MPI_SUM; break;
     case HCOLL_PROD: *mop = MPI_PROD; break;
@@ -84,28 +97,65 @@ static int mpi_types(hcoll_dtype_t t, hcoll_op_t op, MPI_Datatype *dt, MPI_Op *m
     return 0;
 }
 
-static int mpi_allreduce(hp_perf_t *p, const void *s, void *r, size_t count, char *err,
-                         size_t errlen)
+/*
+ * MPI's counterpart of p's collective on the same buffers: MPI_Allreduce,
+ * MPI_Reduce_scatter_block, MPI_Allgather, MPI_Bcast (root 0), in place
+ * with MPI_IN_PLACE. MPI's in-place reduce-scatter leaves the result at
+ * the start of the receive buffer, not at block rank as NCCL's does.
+ */
+static int mpi_call(hp_perf_t *p, int ip, size_t count, void **res_out, char *err,
+                    size_t errlen)
 {
     MPI_Datatype dt;
     MPI_Op op;
-    if (mpi_types(p->o.dtype, p->o.op, &dt, &op) != 0) {
+    const void *s;
+    void *r;
+    int rc;
+    const char *what;
+    hp_coll_bufs(p, ip, count, &s, &r);
+    if (mpi_types(p->o.coll, p->o.dtype, p->o.op, &dt, &op) != 0) {
         snprintf(err, errlen, "MPI has no %s %s", hcoll_dtype_name(p->o.dtype),
                  hcoll_op_name(p->o.op));
         return -1;
     }
     if (count > INT_MAX) {
-        snprintf(err, errlen, "MPI_Allreduce: count %zu exceeds INT_MAX", count);
+        snprintf(err, errlen, "MPI: count %zu exceeds INT_MAX", count);
         return -1;
     }
-    int rc = MPI_Allreduce(s == r ? MPI_IN_PLACE : s, r, (int)count, dt, op, MPI_COMM_WORLD);
+    int n = (int)count;
+    switch (p->o.coll) {
+    case HP_COLL_REDUCE_SCATTER:
+        what = "MPI_Reduce_scatter_block";
+        if (ip)
+            r = (void *)s;
+        rc = MPI_Reduce_scatter_block(ip ? MPI_IN_PLACE : s, r, n, dt, op, MPI_COMM_WORLD);
+        break;
+    case HP_COLL_ALLGATHER:
+        what = "MPI_Allgather";
+        rc = MPI_Allgather(ip ? MPI_IN_PLACE : s, n, dt, r, n, dt, MPI_COMM_WORLD);
+        break;
+    case HP_COLL_BROADCAST:
+        what = "MPI_Bcast";
+        /* One buffer: the root sends from its sendbuf, the others
+         * receive into recvbuf (the root's result is its own input). */
+        if (p->rank == 0)
+            r = (void *)s;
+        rc = MPI_Bcast(r, n, dt, 0, MPI_COMM_WORLD);
+        break;
+    default:
+        what = "MPI_Allreduce";
+        rc = MPI_Allreduce(ip ? MPI_IN_PLACE : s, r, n, dt, op, MPI_COMM_WORLD);
+        break;
+    }
     if (rc != MPI_SUCCESS) {
         int len = 0;
         char msg[MPI_MAX_ERROR_STRING];
         MPI_Error_string(rc, msg, &len);
-        snprintf(err, errlen, "MPI_Allreduce: %s", msg);
+        snprintf(err, errlen, "%s: %s", what, msg);
         return -1;
     }
+    if (res_out)
+        *res_out = r;
     return 0;
 }
 
@@ -115,7 +165,7 @@ static void mpi_barrier(hp_perf_t *p)
     MPI_Barrier(MPI_COMM_WORLD);
 }
 
-static const hp_peer_ops_t mpi_peer = { "mpi", mpi_allreduce, mpi_barrier, NULL };
+static const hp_peer_ops_t mpi_peer = { "mpi", mpi_call, mpi_barrier, NULL };
 #endif
 
 
@@ -186,7 +236,7 @@ static int rank_mpi_init(hp_perf_t *p)
         if (o->peer == HP_PEER_MPI) {
             MPI_Datatype dt;
             MPI_Op mop;
-            if (mpi_types(o->dtype, o->op, &dt, &mop) != 0) {
+            if (mpi_types(o->coll, o->dtype, o->op, &dt, &mop) != 0) {
                 fprintf(stderr, "hcoll_perf: --peer mpi: MPI has no %s/%s; use another -d/-o\n",
                         hcoll_dtype_name(o->dtype), hcoll_op_name(o->op));
                 finish_mpi(p, 0);

@@ -51,8 +51,12 @@ static int64_t value(hcoll_dtype_t t, hcoll_op_t op, int rank, int nranks, size_
     int64_t r = rank, n = nranks;
     switch (op) {
     case HCOLL_SUM: {
+        /* Rank 0 steps every third element, the others every element, so
+         * the total changes along the vector (period 3(k+1)) and a
+         * reduce-scatter block read from the wrong place shows. */
         int64_t k = sum_k(t, nranks);
-        return k > 0 ? (int64_t)((i + 3 * (uint64_t)r) % (uint64_t)(k + 1)) : 0;
+        uint64_t j = r == 0 ? i / 3 : i;
+        return k > 0 ? (int64_t)((j + 3 * (uint64_t)r) % (uint64_t)(k + 1)) : 0;
     }
     case HCOLL_PROD: {
         int64_t mag = (int64_t)(i % (uint64_t)n) == r ? 2 : 1;
@@ -127,15 +131,43 @@ void hp_check_fill(void *buf, size_t count, hcoll_dtype_t dtype, hcoll_op_t op, 
         store(buf, i, dtype, value(dtype, op, rank, nranks, i));
 }
 
-size_t hp_check_count_wrong(const void *buf, size_t count, hcoll_dtype_t dtype, hcoll_op_t op,
-                            int nranks)
+size_t hp_check_count_wrong_at(const void *buf, size_t count, size_t first, hcoll_dtype_t dtype,
+                               hcoll_op_t op, int nranks)
 {
     size_t es = hcoll_dtype_size(dtype), wrong = 0;
     unsigned char want[8];
     /* The expected values repeat with a period that divides
      * lcm(17, 4·nranks, 12·nranks...); computing each is cheap enough. */
     for (size_t i = 0; i < count; i++) {
-        store(want, 0, dtype, expected(dtype, op, nranks, i));
+        store(want, 0, dtype, expected(dtype, op, nranks, first + i));
+        if (memcmp((const unsigned char *)buf + i * es, want, es) != 0)
+            wrong++;
+    }
+    return wrong;
+}
+
+size_t hp_check_count_wrong(const void *buf, size_t count, hcoll_dtype_t dtype, hcoll_op_t op,
+                            int nranks)
+{
+    return hp_check_count_wrong_at(buf, count, 0, dtype, op, nranks);
+}
+
+/* 127 is prime: blocks of a power-of-two count start at different values,
+ * and every value (0..126) is exact even in int8 and bfloat16. */
+#define COPY_PERIOD 127
+
+void hp_check_fill_copy(void *buf, size_t count, size_t first, hcoll_dtype_t dtype)
+{
+    for (size_t i = 0; i < count; i++)
+        store(buf, i, dtype, (int64_t)((first + i) % COPY_PERIOD));
+}
+
+size_t hp_check_count_wrong_copy(const void *buf, size_t count, hcoll_dtype_t dtype)
+{
+    size_t es = hcoll_dtype_size(dtype), wrong = 0;
+    unsigned char want[8];
+    for (size_t i = 0; i < count; i++) {
+        store(want, 0, dtype, (int64_t)(i % COPY_PERIOD));
         if (memcmp((const unsigned char *)buf + i * es, want, es) != 0)
             wrong++;
     }

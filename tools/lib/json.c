@@ -53,7 +53,9 @@ static void str(FILE *f, const char *s)
 
 int hp_json_write(FILE *f, const hp_meta_t *m, const hp_row_t *rows, int nrows)
 {
-    fputs("{\n  \"tool\": \"hcoll_perf\",\n", f);
+    fputs("{\n  \"tool\": \"hcoll_perf\", \"coll\": ", f);
+    str(f, hp_coll_name(m->coll));
+    fputs(",\n", f);
     fprintf(f, "  \"nranks\": %d, \"nodes\": %d, \"ranks_per_node\": %d,\n", m->nranks, m->nodes,
             m->ranks_per_node);
     fputs("  ", f);
@@ -69,11 +71,16 @@ int hp_json_write(FILE *f, const hp_meta_t *m, const hp_row_t *rows, int nrows)
         const hp_row_t *r = &rows[i];
         fputs("    {\"impl\": ", f);
         str(f, r->impl);
+        fputs(", \"coll\": ", f);
+        str(f, hp_coll_name(r->coll));
         fprintf(f, ", \"size\": %llu, \"count\": %zu, \"type\": ", (unsigned long long)r->bytes,
                 r->count);
         str(f, hcoll_dtype_name(r->dtype));
         fputs(", \"redop\": ", f);
-        str(f, hcoll_op_name(r->op));
+        if (hp_coll_reduces(r->coll))
+            str(f, hcoll_op_name(r->op));
+        else
+            fputs("null", f);
         fputs(", ", f);
         result(f, "oop", &r->oop);
         fputs(", ", f);
@@ -127,8 +134,13 @@ int hp_json_read_busbw(const char *path, double *busbw_out, double *latency_us_o
     int nrows = 0, cap = 0, nranks = 0, nodes = 0, is_perf = 0;
     char line[4096];
     while (fgets(line, sizeof line, f)) {
-        if (strstr(line, "\"tool\": \"hcoll_perf\""))
+        if (strstr(line, "\"tool\": \"hcoll_perf\"")) {
             is_perf = 1;
+            /* Older files name no collective: they are all-reduces. */
+            const char *c = strstr(line, "\"coll\": \"");
+            if (c && strncmp(c + strlen("\"coll\": \""), "allreduce\"", 10) != 0)
+                is_perf = -1;
+        }
         if (strstr(line, "\"nranks\": ")) {
             nranks = (int)field(line, "nranks");
             nodes = (int)field(line, "nodes");
@@ -165,6 +177,8 @@ int hp_json_read_busbw(const char *path, double *busbw_out, double *latency_us_o
     uint64_t from;
     if (!is_perf) {
         snprintf(err, errlen, "%s: not a JSON file written by hcoll_perf -J", path);
+    } else if (is_perf < 0) {
+        snprintf(err, errlen, "%s: not an all-reduce run (hcoll_perf -o allreduce)", path);
     } else if (nrows == 0 || hp_plateau(rows, nrows, "hcoll", &pct, &nic, &bus, &from) == 0 ||
                !isfinite(bus) || bus <= 0) {
         snprintf(err, errlen, "%s: no hcoll rows with a busbw", path);

@@ -43,6 +43,48 @@ double hp_busbw_from_nic(double nic_gbs, int nodes, int ranks_per_node)
     return nic_gbs * (n - 1) / (nodes - 1);
 }
 
+int hp_coll_reduces(hp_coll_t c)
+{
+    return c == HP_COLL_ALLREDUCE || c == HP_COLL_REDUCE_SCATTER;
+}
+
+double hp_coll_bus_factor(hp_coll_t c, int n)
+{
+    switch (c) {
+    case HP_COLL_ALLREDUCE: return hp_ring_factor(n);
+    case HP_COLL_REDUCE_SCATTER:
+    case HP_COLL_ALLGATHER: return n > 1 ? (double)(n - 1) / n : 0.0;
+    case HP_COLL_BROADCAST: return 1.0;
+    case HP_NCOLLS: break;
+    }
+    return 0.0;
+}
+
+double hp_coll_nic_factor(hp_coll_t c, int nodes)
+{
+    if (nodes <= 1)
+        return 0.0;
+    switch (c) {
+    case HP_COLL_ALLREDUCE: return hp_ring_factor(nodes);
+    case HP_COLL_REDUCE_SCATTER:
+    case HP_COLL_ALLGATHER: return (double)(nodes - 1) / nodes;
+    case HP_COLL_BROADCAST: return 1.0;
+    case HP_NCOLLS: break;
+    }
+    return 0.0;
+}
+
+size_t hp_coll_count(hp_coll_t c, uint64_t bytes, size_t elem_size, int nranks,
+                     uint64_t *run_bytes_out)
+{
+    uint64_t unit = elem_size;
+    if ((c == HP_COLL_REDUCE_SCATTER || c == HP_COLL_ALLGATHER) && nranks > 1)
+        unit *= (uint64_t)nranks;
+    uint64_t per = unit ? bytes / unit : 0;
+    *run_bytes_out = per * unit;
+    return (size_t)per;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Verdict                                                                    */
 /* ------------------------------------------------------------------------ */
@@ -100,12 +142,18 @@ const char *hp_verdict_suspects(void)
 /* Rows                                                                       */
 /* ------------------------------------------------------------------------ */
 
-void hp_result_fill(hp_result_t *r, double bytes, double time_us, int nranks, int64_t wrong)
+void hp_coll_result_fill(hp_result_t *r, hp_coll_t c, double bytes, double time_us, int nranks,
+                         int64_t wrong)
 {
     r->time_us = time_us;
     r->algbw = hp_algbw(bytes, time_us * 1e-6);
-    r->busbw = hp_busbw(r->algbw, nranks);
+    r->busbw = r->algbw * hp_coll_bus_factor(c, nranks);
     r->wrong = wrong;
+}
+
+void hp_result_fill(hp_result_t *r, double bytes, double time_us, int nranks, int64_t wrong)
+{
+    hp_coll_result_fill(r, HP_COLL_ALLREDUCE, bytes, time_us, nranks, wrong);
 }
 
 void hp_row_nic(hp_row_t *row, int nodes, int ranks_per_node, double line_bps)
@@ -116,7 +164,8 @@ void hp_row_nic(hp_row_t *row, int nodes, int ranks_per_node, double line_bps)
     row->nic_gbs = row->nic_pct = -1;
     if (nodes <= 1 || t <= 0)
         return;
-    row->nic_gbs = hp_nic_bw((double)row->bytes, t * 1e-6, nodes, ranks_per_node);
+    row->nic_gbs = hp_coll_nic_factor(row->coll, nodes) * (double)row->bytes /
+                   (ranks_per_node > 0 ? ranks_per_node : 1) / (t * 1e-6) / 1e9;
     if (line_bps > 0)
         row->nic_pct = 100.0 * row->nic_gbs * 1e9 / line_bps;
 }
@@ -195,7 +244,9 @@ const char *hp_usage(void)
            "  -w, --warmup_iters N     warm-up iterations per size (default 1)\n"
            "  -c, --check N            checked iterations per size, 0 = off (default 1)\n"
            "  -d, --datatype TYPE      float half bfloat16 double int8 uint8 int32 int64\n"
-           "  -o, --op OP              sum prod max min avg (default sum)\n"
+           "  -o, --op OP|COLL         the reduction: sum prod max min avg (default sum); or the\n"
+           "                           collective: allreduce (default) reduce_scatter allgather\n"
+           "                           broadcast (root 0); give -o twice for both\n"
            "  -z, --blocking 0|1       1: wait for each call; 0: issue all, then wait (default 0)\n"
            "hcoll_perf's own:\n"
            "  -p, --stages             per-stage split: intra RS / inter / intra AG (us and %)\n"
@@ -213,9 +264,12 @@ const char *hp_usage(void)
            "  --plot FILE.png          plot busbw and NIC % against size (needs gnuplot)\n"
            "  --deadline SECONDS       -np: kill every rank after this long (default 600)\n"
            "  -h, --help               this text\n"
-           "Columns: time (us, max over ranks), algbw = S/t, busbw = algbw x 2(n-1)/n (GB/s =\n"
-           "1e9 B/s), #wrong = mismatching elements over all ranks, nicbw = 2(N-1)/N x S/L / t\n"
-           "(bytes one NIC sends per second on N nodes of L ranks), %line = nicbw / line rate.\n"
+           "Columns: time (us, max over ranks), algbw = S/t with S the whole vector (count x\n"
+           "n elements for reduce_scatter and allgather), busbw = algbw x 2(n-1)/n (allreduce),\n"
+           "(n-1)/n (reduce_scatter, allgather), 1 (broadcast) (GB/s = 1e9 B/s), #wrong =\n"
+           "mismatching elements over all ranks, nicbw = bytes one NIC sends per second on N\n"
+           "nodes of L ranks: 2(N-1)/N x S/L / t (allreduce), (N-1)/N x S/L / t (reduce_scatter,\n"
+           "allgather), S/L / t (broadcast); %line = nicbw / line rate.\n"
            "Verdict on the plateau (sizes >= 256 MiB, else the largest): >= 80% healthy,\n"
            "60-80% acceptable, 50-60% poor, < 50% problem (with the usual suspects).\n";
 }
@@ -322,6 +376,32 @@ static int next_flag(const flagdef_t *defs, size_t ndefs, int argc, char **argv,
     return d->id;
 }
 
+/* The flags together, after each alone parsed. */
+static int opts_check(hp_opts_t *o, int stepbytes_given, char *err, size_t errlen)
+{
+    if (o->minbytes > o->maxbytes)
+        return bad(err, errlen, "-b (%llu) is larger than -e (%llu)",
+                   (unsigned long long)o->minbytes, (unsigned long long)o->maxbytes);
+    if (o->stepfactor && stepbytes_given)
+        return bad(err, errlen, "-f and -i exclude each other");
+    if (o->stepfactor && o->minbytes == 0)
+        return bad(err, errlen, "-f needs -b > 0 (0 never grows)");
+    if (o->ranks_per_node && o->np && o->np % o->ranks_per_node != 0)
+        return bad(err, errlen, "-np %d is not a multiple of --ranks-per-node %d", o->np,
+                   o->ranks_per_node);
+    if (o->np && o->peer == HP_PEER_MPI)
+        return bad(err, errlen, "--peer mpi needs mpirun (MPI launches the ranks), not -np");
+    if (o->peer == HP_PEER_NCCL && o->mem == HP_MEM_HOST)
+        return bad(err, errlen, "--peer nccl needs --mem device (NCCL reduces GPU memory)");
+    if (o->mem == HP_MEM_AUTO)
+        o->mem = o->peer == HP_PEER_NCCL ? HP_MEM_DEVICE : HP_MEM_HOST;
+    size_t es = hcoll_dtype_size(o->dtype);
+    if (o->maxbytes < es)
+        return bad(err, errlen, "-e %llu is smaller than one %s element",
+                   (unsigned long long)o->maxbytes, hcoll_dtype_name(o->dtype));
+    return 0;
+}
+
 int hp_opts_parse(int argc, char **argv, hp_opts_t *o, char *err, size_t errlen)
 {
     int stepbytes_given = 0;
@@ -367,8 +447,12 @@ int hp_opts_parse(int argc, char **argv, hp_opts_t *o, char *err, size_t errlen)
                            "int32 int64)", v);
             break;
         case F_O:
-            if (hp_parse_op(v, &o->op) != 0)
-                return bad(err, errlen, "-o: unknown op '%s' (sum prod max min avg)", v);
+            /* nccl-tests' -o is the op; the collective shares the flag (the
+             * names never overlap), so either or both may be given. */
+            if (hp_parse_op(v, &o->op) != 0 && hp_parse_coll(v, &o->coll) != 0)
+                return bad(err, errlen,
+                           "-o: '%s' is neither a collective (allreduce reduce_scatter "
+                           "allgather broadcast) nor an op (sum prod max min avg)", v);
             break;
         case F_Z:
             if (hp_parse_int(v, 0, 1, &o->blocking) != 0)
@@ -422,27 +506,7 @@ int hp_opts_parse(int argc, char **argv, hp_opts_t *o, char *err, size_t errlen)
     }
     if (o->help)
         return 0;
-    if (o->minbytes > o->maxbytes)
-        return bad(err, errlen, "-b (%llu) is larger than -e (%llu)",
-                   (unsigned long long)o->minbytes, (unsigned long long)o->maxbytes);
-    if (o->stepfactor && stepbytes_given)
-        return bad(err, errlen, "-f and -i exclude each other");
-    if (o->stepfactor && o->minbytes == 0)
-        return bad(err, errlen, "-f needs -b > 0 (0 never grows)");
-    if (o->ranks_per_node && o->np && o->np % o->ranks_per_node != 0)
-        return bad(err, errlen, "-np %d is not a multiple of --ranks-per-node %d", o->np,
-                   o->ranks_per_node);
-    if (o->np && o->peer == HP_PEER_MPI)
-        return bad(err, errlen, "--peer mpi needs mpirun (MPI launches the ranks), not -np");
-    if (o->peer == HP_PEER_NCCL && o->mem == HP_MEM_HOST)
-        return bad(err, errlen, "--peer nccl needs --mem device (NCCL reduces GPU memory)");
-    if (o->mem == HP_MEM_AUTO)
-        o->mem = o->peer == HP_PEER_NCCL ? HP_MEM_DEVICE : HP_MEM_HOST;
-    size_t es = hcoll_dtype_size(o->dtype);
-    if (o->maxbytes < es)
-        return bad(err, errlen, "-e %llu is smaller than one %s element",
-                   (unsigned long long)o->maxbytes, hcoll_dtype_name(o->dtype));
-    return 0;
+    return opts_check(o, stepbytes_given, err, errlen);
 }
 
 uint64_t hp_next_size(const hp_opts_t *o, uint64_t cur)

@@ -38,6 +38,49 @@ int hp_parse_op(const char *s, hcoll_op_t *out); /* sum prod max min avg */
 void hp_format_bytes(double bytes, int si, char *buf, size_t len);
 
 /* ------------------------------------------------------------------------ */
+/* Collectives (-o allreduce|reduce_scatter|allgather|broadcast)              */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Size S of a row is the full vector, as nccl-tests: the all-reduce's and
+ * the broadcast's count × element, nranks × recvcount elements for the
+ * reduce-scatter, nranks × sendcount for the all-gather.
+ *
+ *               busbw / algbw      bytes one NIC carries (three-stage plan,
+ *               (nccl-tests)       N nodes × L rails)
+ *   allreduce   2(n-1)/n           2(N-1)/N · S/L  (inter-node RS + AG of S/L)
+ *   reduce_sc.  (n-1)/n            (N-1)/N · S/L   (inter-node RS of S/L)
+ *   allgather   (n-1)/n            (N-1)/N · S/L   (inter-node AG of S/L)
+ *   broadcast   1                  S/L             (each rail's chain forwards
+ *                                                  its S/L part once; N > 1)
+ */
+typedef enum hp_coll {
+    HP_COLL_ALLREDUCE = 0,
+    HP_COLL_REDUCE_SCATTER,
+    HP_COLL_ALLGATHER,
+    HP_COLL_BROADCAST,
+    HP_NCOLLS,
+} hp_coll_t;
+
+/* "allreduce" "reduce_scatter" "allgather" "broadcast" (and nccl-tests'
+ * "all_reduce" "all_gather", "reducescatter", "bcast"). 0 ok, -1. */
+int hp_parse_coll(const char *s, hp_coll_t *out);
+const char *hp_coll_name(hp_coll_t c); /* "allreduce"... */
+/* 1 for the collectives that reduce (an op applies). */
+int hp_coll_reduces(hp_coll_t c);
+/* busbw / algbw of c on n ranks (the table above); 0 for n <= 1 except the
+ * broadcast (1: nccl-tests' busbw = algbw there). */
+double hp_coll_bus_factor(hp_coll_t c, int nranks);
+/* Bytes one NIC carries per byte of S/L on N nodes; 0 when N <= 1. */
+double hp_coll_nic_factor(hp_coll_t c, int nodes);
+/* Elements each rank passes as count (recvcount for the reduce-scatter,
+ * sendcount for the all-gather, count otherwise) for a size of bytes, and
+ * the size actually run (a whole number of nranks × elements for the
+ * reduce-scatter and all-gather; 0 when not even one fits). */
+size_t hp_coll_count(hp_coll_t c, uint64_t bytes, size_t elem_size, int nranks,
+                     uint64_t *run_bytes_out);
+
+/* ------------------------------------------------------------------------ */
 /* Bandwidth arithmetic                                                       */
 /* ------------------------------------------------------------------------ */
 
@@ -46,7 +89,8 @@ void hp_format_bytes(double bytes, int si, char *buf, size_t len);
 double hp_ring_factor(int n);
 /* S / t in GB/s. */
 double hp_algbw(double bytes, double seconds);
-/* algbw × 2(n-1)/n over all n ranks (nccl-tests' definition). */
+/* algbw × 2(n-1)/n over all n ranks (nccl-tests' definition for the
+ * all-reduce; hp_coll_bus_factor for the others). */
 double hp_busbw(double algbw_gbs, int nranks);
 /* Inter-node bytes one NIC sent per second, GB/s, for the three-stage
  * pattern: 2(N-1)/N · S/L / t on N nodes of L ranks. 0 when N == 1. */
@@ -105,10 +149,11 @@ enum { HP_STAGE_RS = 0, HP_STAGE_INTER = 1, HP_STAGE_AG = 2, HP_NSTAGES = 3 };
 
 typedef struct hp_row {
     char impl[8];        /* "hcoll", "mpi", "nccl" */
+    hp_coll_t coll;      /* which collective (0: allreduce) */
     uint64_t bytes;
     size_t count;
     hcoll_dtype_t dtype;
-    hcoll_op_t op;
+    hcoll_op_t op;       /* meaningful where hp_coll_reduces(coll) */
     hp_result_t oop, ip; /* out-of-place, in-place */
     double nic_gbs;      /* from the faster of oop and ip; < 0 unknown */
     double nic_pct;      /* of the line rate; < 0 unknown */
@@ -117,9 +162,12 @@ typedef struct hp_row {
     double ratio;        /* peer rows: hcoll busbw / this busbw; < 0 none */
 } hp_row_t;
 
-/* Fill the derived columns of one result from bytes, time and nranks. */
+/* Fill the derived columns of one all-reduce result from bytes, time and
+ * nranks; hp_coll_result_fill for any collective. */
 void hp_result_fill(hp_result_t *r, double bytes, double time_us, int nranks, int64_t wrong);
-/* NIC columns of a row, from the faster of its two results. line_bps <= 0:
+void hp_coll_result_fill(hp_result_t *r, hp_coll_t c, double bytes, double time_us, int nranks,
+                         int64_t wrong);
+/* NIC columns of a row (of row->coll), from the faster of its two results. line_bps <= 0:
  * unknown, so nic_pct = -1. nodes == 1: both -1 (no inter-node traffic). */
 void hp_row_nic(hp_row_t *row, int nodes, int ranks_per_node, double line_bps);
 /* The plateau of one implementation's rows: mean NIC % and mean busbw over
@@ -144,6 +192,16 @@ void hp_check_fill(void *buf, size_t count, hcoll_dtype_t dtype, hcoll_op_t op, 
 /* Elements of buf that differ (bitwise) from the expected result. */
 size_t hp_check_count_wrong(const void *buf, size_t count, hcoll_dtype_t dtype, hcoll_op_t op,
                             int nranks);
+/* The same for elements first .. first+count-1 of the reduced vector (a
+ * reduce-scatter's block). */
+size_t hp_check_count_wrong_at(const void *buf, size_t count, size_t first, hcoll_dtype_t dtype,
+                               hcoll_op_t op, int nranks);
+/* The values moved by the all-gather and the broadcast: element i of the
+ * whole vector is i mod 127 (exact in every dtype), so a block in the
+ * wrong place, a stale or an unwritten one shows. fill: elements first ..
+ * first+count-1; count_wrong: of a whole vector from element 0. */
+void hp_check_fill_copy(void *buf, size_t count, size_t first, hcoll_dtype_t dtype);
+size_t hp_check_count_wrong_copy(const void *buf, size_t count, hcoll_dtype_t dtype);
 /* 1 when the values stay exact for this dtype/op/nranks; 0 when nranks is
  * too large for the dtype (the check would report false mismatches). */
 int hp_check_exact(hcoll_dtype_t dtype, hcoll_op_t op, int nranks);
@@ -164,7 +222,8 @@ typedef struct hp_opts {
     int iters, warmup;            /* -n -w */
     int check;                    /* -c: checked iterations, 0 = off */
     hcoll_dtype_t dtype;          /* -d */
-    hcoll_op_t op;                /* -o */
+    hcoll_op_t op;                /* -o sum|prod|max|min|avg */
+    hp_coll_t coll;               /* -o allreduce|reduce_scatter|allgather|broadcast */
     int blocking;                 /* -z */
     int stages;                   /* -p */
     double line_rate;             /* --line-rate, bytes/s; 0 = not given */
@@ -197,6 +256,7 @@ typedef struct hp_meta {
     const char *line_source; /* where the line rate came from */
     const char *verdict;     /* hcoll's verdict name */
     double plateau_pct;      /* < 0 unknown */
+    hp_coll_t coll;          /* the collective of the run */
 } hp_meta_t;
 
 /* One object; "rows" holds one row per line, so hp_json_read_busbw (and

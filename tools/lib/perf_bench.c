@@ -29,8 +29,8 @@ void hp_die_status(hp_perf_t *p, const char *what, hcoll_status_t st)
             hcoll_comm_last_error(p->comm));
     int code = st == HCOLL_ERR_UNSUPPORTED ? HP_EXIT_UNSUPPORTED : 1;
     if (st == HCOLL_ERR_UNSUPPORTED && p->rank == 0)
-        fprintf(stderr, "hcoll_perf: this libhcoll has no all-reduce yet "
-                        "(hcoll_allreduce returns HCOLL_ERR_UNSUPPORTED)\n");
+        fprintf(stderr, "hcoll_perf: this libhcoll cannot run this %s here "
+                        "(%s returns HCOLL_ERR_UNSUPPORTED)\n", hp_coll_name(p->o.coll), what);
     /* Abort, not destroy: peers may be stuck in a call and must see us go. */
     hcoll_comm_abort(p->comm);
     p->comm = NULL;
@@ -41,9 +41,11 @@ void hp_die_status(hp_perf_t *p, const char *what, hcoll_status_t st)
 
 void hp_die(hp_perf_t *p, const char *fmt, const char *detail)
 {
-    fprintf(stderr, "hcoll_perf: rank %d: ", p->rank);
-    fprintf(stderr, fmt, detail);
-    fputc('\n', stderr);
+    /* One write, so that ranks dying together do not interleave lines. */
+    char msg[600];
+    int n = snprintf(msg, sizeof msg, "hcoll_perf: rank %d: ", p->rank);
+    snprintf(msg + n, sizeof msg - (size_t)n, fmt, detail);
+    fprintf(stderr, "%s\n", msg);
     hcoll_comm_abort(p->comm);
     p->comm = NULL;
     if (p->finish)
@@ -93,20 +95,70 @@ static int stage_times_last(hcoll_comm_t comm, hcoll_request_t req, double us_ou
 }
 
 
+void hp_coll_bufs(const hp_perf_t *p, int ip, size_t count, const void **s_out, void **r_out)
+{
+    char *block = (char *)p->recv + count * hcoll_dtype_size(p->o.dtype) * (size_t)p->rank;
+    *s_out = ip ? p->recv : p->send;
+    *r_out = p->recv;
+    if (ip && p->o.coll == HP_COLL_REDUCE_SCATTER)
+        *r_out = block;
+    if (ip && p->o.coll == HP_COLL_ALLGATHER)
+        *s_out = block;
+}
+
+/* The library's name of p's collective, for messages. */
+static const char *hcoll_fn(const hp_perf_t *p, int async)
+{
+    static const char *names[HP_NCOLLS][2] = {
+        { "hcoll_allreduce", "hcoll_allreduce_async" },
+        { "hcoll_reduce_scatter", "hcoll_reduce_scatter_async" },
+        { "hcoll_allgather", "hcoll_allgather_async" },
+        { "hcoll_broadcast", "hcoll_broadcast_async" },
+    };
+    return names[p->o.coll][async != 0];
+}
+
+/* One call of p's collective (root 0 for the broadcast): a request in
+ * *req when req is given, else blocking (host) or on the stream. */
+static hcoll_status_t hcoll_coll(hp_perf_t *p, const void *s, void *r, size_t count,
+                                 hcoll_request_t *req)
+{
+    const hcoll_dtype_t dt = p->o.dtype;
+    const hcoll_op_t op = p->o.op;
+    void *stream = req ? NULL : p->gpu.stream;
+    switch (p->o.coll) {
+    case HP_COLL_REDUCE_SCATTER:
+        return req ? hcoll_reduce_scatter_async(p->comm, s, r, count, dt, op, stream, req)
+                   : hcoll_reduce_scatter(p->comm, s, r, count, dt, op, stream);
+    case HP_COLL_ALLGATHER:
+        return req ? hcoll_allgather_async(p->comm, s, r, count, dt, stream, req)
+                   : hcoll_allgather(p->comm, s, r, count, dt, stream);
+    case HP_COLL_BROADCAST:
+        return req ? hcoll_broadcast_async(p->comm, s, r, count, dt, 0, stream, req)
+                   : hcoll_broadcast(p->comm, s, r, count, dt, 0, stream);
+    default:
+        return req ? hcoll_allreduce_async(p->comm, s, r, count, dt, op, stream, req)
+                   : hcoll_allreduce(p->comm, s, r, count, dt, op, stream);
+    }
+}
+
 /* Enqueue one call (device memory) or run it (host memory). */
 static void hcoll_issue(hp_perf_t *p, const void *s, void *r, size_t count)
 {
-    hcoll_status_t st = hcoll_allreduce(p->comm, s, r, count, p->o.dtype, p->o.op,
-                                        p->gpu.stream);
+    hcoll_status_t st = hcoll_coll(p, s, r, count, NULL);
     if (st != HCOLL_SUCCESS)
-        hp_die_status(p, "hcoll_allreduce", st);
+        hp_die_status(p, hcoll_fn(p, 0), st);
 }
 
-/* One call, complete on return. */
-static void hcoll_call(hp_perf_t *p, const void *s, void *r, size_t count)
+/* One call, complete on return; where the result is. */
+static const void *hcoll_call(hp_perf_t *p, int ip, size_t count)
 {
+    const void *s;
+    void *r;
+    hp_coll_bufs(p, ip, count, &s, &r);
     hcoll_issue(p, s, r, count);
     hp_buf_sync(p);
+    return r;
 }
 
 static void add_stage_times(hp_perf_t *p, double st_us[HP_NSTAGES], int *st_n)
@@ -120,9 +172,12 @@ static void add_stage_times(hp_perf_t *p, double st_us[HP_NSTAGES], int *st_n)
 }
 
 /* Seconds per call, this rank; stage times summed into st_us when asked. */
-static double hcoll_time(hp_perf_t *p, const void *s, void *r, size_t count, int iters,
-                         double st_us[HP_NSTAGES], int *st_n)
+static double hcoll_time(hp_perf_t *p, int ip, size_t count, int iters, double st_us[HP_NSTAGES],
+                         int *st_n)
 {
+    const void *s;
+    void *r;
+    hp_coll_bufs(p, ip, count, &s, &r);
     hp_barrier(p);
     double t0 = hp_now_s();
     if (p->gpu.cu) {
@@ -141,7 +196,7 @@ static double hcoll_time(hp_perf_t *p, const void *s, void *r, size_t count, int
     }
     if (p->o.blocking || !p->async_ok) {
         for (int i = 0; i < iters; i++) {
-            hcoll_call(p, s, r, count);
+            hcoll_call(p, ip, count);
             add_stage_times(p, st_us, st_n);
         }
         return (hp_now_s() - t0) / iters;
@@ -151,19 +206,18 @@ static double hcoll_time(hp_perf_t *p, const void *s, void *r, size_t count, int
     if (!reqs)
         hp_die(p, "%s", "out of memory for requests");
     for (int i = 0; i < iters; i++) {
-        hcoll_status_t st = hcoll_allreduce_async(p->comm, s, r, count, p->o.dtype, p->o.op,
-                                                  NULL, &reqs[i]);
+        hcoll_status_t st = hcoll_coll(p, s, r, count, &reqs[i]);
         if (st == HCOLL_ERR_UNSUPPORTED && i == 0) {
             /* Same answer on every rank: nothing was started anywhere. */
             free(reqs);
             p->async_ok = 0;
             if (p->rank == 0)
-                printf("# -z 0: hcoll_allreduce_async is not supported by this library; "
-                       "timing blocking calls instead\n");
-            return hcoll_time(p, s, r, count, iters, st_us, st_n);
+                printf("# -z 0: %s is not supported by this library; "
+                       "timing blocking calls instead\n", hcoll_fn(p, 1));
+            return hcoll_time(p, ip, count, iters, st_us, st_n);
         }
         if (st != HCOLL_SUCCESS)
-            hp_die_status(p, "hcoll_allreduce_async", st);
+            hp_die_status(p, hcoll_fn(p, 1), st);
     }
     for (int i = 0; i < iters; i++) {
         hcoll_status_t st = hcoll_wait(reqs[i]);
@@ -185,13 +239,13 @@ static double hcoll_time(hp_perf_t *p, const void *s, void *r, size_t count, int
 }
 
 /* Seconds per call of the peer, this rank. */
-static double peer_time(hp_perf_t *p, const void *s, void *r, size_t count, int iters)
+static double peer_time(hp_perf_t *p, int ip, size_t count, int iters)
 {
     char err[300];
     p->peer->barrier(p);
     double t0 = hp_now_s();
     for (int i = 0; i < iters; i++) {
-        if (p->peer->allreduce(p, s, r, count, err, sizeof err) != 0)
+        if (p->peer->call(p, ip, count, NULL, err, sizeof err) != 0)
             hp_die(p, "%s", err);
         if (p->o.blocking && p->peer->sync && p->peer->sync(p, err, sizeof err) != 0)
             hp_die(p, "%s", err);
@@ -201,37 +255,80 @@ static double peer_time(hp_perf_t *p, const void *s, void *r, size_t count, int 
     return (hp_now_s() - t0) / iters;
 }
 
-static void peer_call(hp_perf_t *p, const void *s, void *r, size_t count)
+static const void *peer_call(hp_perf_t *p, int ip, size_t count)
 {
     char err[300];
-    if (p->peer->allreduce(p, s, r, count, err, sizeof err) != 0 ||
+    void *res = NULL;
+    if (p->peer->call(p, ip, count, &res, err, sizeof err) != 0 ||
         (p->peer->sync && p->peer->sync(p, err, sizeof err) != 0))
         hp_die(p, "%s", err);
+    return res;
 }
 
-typedef void (*call_fn)(hp_perf_t *p, const void *s, void *r, size_t count);
+/* One call, complete on return; where its result is. */
+typedef const void *(*call_fn)(hp_perf_t *p, int ip, size_t count);
+
+/*
+ * The inputs of one checked call, through p->stage (so that device memory
+ * works too); every byte the result may land in starts as 0xa5, so a result
+ * never written shows as wrong. Reductions: hp_check_fill's values over
+ * the whole vector; all-gather: this rank's block of the copy values;
+ * broadcast: the copy values on the root, junk in the others' sendbuf.
+ */
+static void check_inputs(hp_perf_t *p, int ip, size_t count)
+{
+    const hcoll_dtype_t dt = p->o.dtype;
+    const size_t es = hcoll_dtype_size(dt), n = (size_t)p->nranks;
+    const hp_coll_t c = p->o.coll;
+    size_t whole = count * (c == HP_COLL_ALLREDUCE || c == HP_COLL_BROADCAST ? 1 : n);
+    const void *s;
+    void *r;
+    hp_coll_bufs(p, ip, count, &s, &r);
+    memset(p->stage, 0xa5, whole * es);
+    hp_buf_put(p, p->recv, p->stage, whole * es);
+    if (c == HP_COLL_ALLGATHER || (c == HP_COLL_BROADCAST && p->rank == 0))
+        hp_check_fill_copy(p->stage, count, c == HP_COLL_ALLGATHER ? count * (size_t)p->rank : 0,
+                           dt);
+    else if (c == HP_COLL_BROADCAST)
+        memset(p->stage, 0x5a, count * es); /* a non-root's sendbuf must not matter */
+    else
+        hp_check_fill(p->stage, whole, dt, p->o.op, p->rank, p->nranks);
+    if (c == HP_COLL_BROADCAST && p->rank != 0 && ip)
+        return; /* in place: the non-root's buffer is the result's */
+    hp_buf_put(p, (void *)s, p->stage, (c == HP_COLL_ALLGATHER ? count : whole) * es);
+}
+
+/* Wrong elements of one checked call's result at res. */
+static int64_t check_result(hp_perf_t *p, const void *res, size_t count)
+{
+    const hcoll_dtype_t dt = p->o.dtype;
+    const size_t es = hcoll_dtype_size(dt), n = (size_t)p->nranks;
+    switch (p->o.coll) {
+    case HP_COLL_REDUCE_SCATTER:
+        hp_buf_get(p, p->stage, res, count * es);
+        return (int64_t)hp_check_count_wrong_at(p->stage, count, count * (size_t)p->rank, dt,
+                                                p->o.op, p->nranks);
+    case HP_COLL_ALLGATHER:
+        hp_buf_get(p, p->stage, res, count * n * es);
+        return (int64_t)hp_check_count_wrong_copy(p->stage, count * n, dt);
+    case HP_COLL_BROADCAST:
+        hp_buf_get(p, p->stage, res, count * es);
+        return (int64_t)hp_check_count_wrong_copy(p->stage, count, dt);
+    default:
+        hp_buf_get(p, p->stage, res, count * es);
+        return (int64_t)hp_check_count_wrong(p->stage, count, dt, p->o.op, p->nranks);
+    }
+}
 
 /* -c checked calls, out of place and in place; #wrong on this rank. */
 static void run_check(hp_perf_t *p, call_fn call, size_t count, int64_t wrong[2])
 {
-    size_t bytes = count * hcoll_dtype_size(p->o.dtype);
     wrong[0] = wrong[1] = 0;
-    const hcoll_dtype_t dt = p->o.dtype;
-    const hcoll_op_t op = p->o.op;
     for (int c = 0; c < p->o.check; c++) {
-        /* Filled and read through p->stage, so device memory works too. */
-        hp_check_fill(p->stage, count, dt, op, p->rank, p->nranks);
-        hp_buf_put(p, p->send, p->stage, bytes);
-        memset(p->stage, 0xa5, bytes); /* a result never written shows as wrong */
-        hp_buf_put(p, p->recv, p->stage, bytes);
-        call(p, p->send, p->recv, count);
-        hp_buf_get(p, p->stage, p->recv, bytes);
-        wrong[0] += (int64_t)hp_check_count_wrong(p->stage, count, dt, op, p->nranks);
-        hp_check_fill(p->stage, count, dt, op, p->rank, p->nranks);
-        hp_buf_put(p, p->recv, p->stage, bytes);
-        call(p, p->recv, p->recv, count);
-        hp_buf_get(p, p->stage, p->recv, bytes);
-        wrong[1] += (int64_t)hp_check_count_wrong(p->stage, count, dt, op, p->nranks);
+        for (int ip = 0; ip < 2; ip++) {
+            check_inputs(p, ip, count);
+            wrong[ip] += check_result(p, call(p, ip, count), count);
+        }
     }
 }
 
@@ -247,6 +344,7 @@ static hp_row_t *row_new(hp_perf_t *p, const char *impl, uint64_t bytes, size_t 
     hp_row_t *r = &p->rows[p->nrows++];
     memset(r, 0, sizeof *r);
     snprintf(r->impl, sizeof r->impl, "%s", impl);
+    r->coll = p->o.coll;
     r->bytes = bytes;
     r->count = count;
     r->dtype = p->o.dtype;
@@ -255,10 +353,23 @@ static hp_row_t *row_new(hp_perf_t *p, const char *impl, uint64_t bytes, size_t 
     return r;
 }
 
-void hp_run_size(hp_perf_t *p, uint64_t bytes)
+int hp_checkable(const hp_perf_t *p)
 {
-    size_t count = bytes / hcoll_dtype_size(p->o.dtype);
-    int checked = p->o.check > 0 && hp_check_exact(p->o.dtype, p->o.op, p->nranks);
+    return !hp_coll_reduces(p->o.coll) || hp_check_exact(p->o.dtype, p->o.op, p->nranks);
+}
+
+void hp_run_size(hp_perf_t *p, uint64_t want_bytes)
+{
+    uint64_t bytes;
+    size_t count = hp_coll_count(p->o.coll, want_bytes, hcoll_dtype_size(p->o.dtype), p->nranks,
+                                 &bytes);
+    if (count == 0) {
+        if (p->rank == 0)
+            printf("# %llu B: less than one element per rank, skipped\n",
+                   (unsigned long long)want_bytes);
+        return;
+    }
+    int checked = p->o.check > 0 && hp_checkable(p);
     /* [0..1] hcoll oop/ip, [2..4] stages, [5..6] peer oop/ip; max over ranks */
     double t[7] = { 0 };
     int64_t w[4] = { 0 };
@@ -268,11 +379,11 @@ void hp_run_size(hp_perf_t *p, uint64_t bytes)
     if (checked)
         run_check(p, hcoll_call, count, w);
     for (int i = 0; i < p->o.warmup; i++)
-        hcoll_call(p, p->send, p->recv, count);
-    t[0] = hcoll_time(p, p->send, p->recv, count, p->o.iters, p->o.stages ? st_us : NULL, &st_n);
+        hcoll_call(p, 0, count);
+    t[0] = hcoll_time(p, 0, count, p->o.iters, p->o.stages ? st_us : NULL, &st_n);
     for (int i = 0; i < p->o.warmup; i++)
-        hcoll_call(p, p->recv, p->recv, count);
-    t[1] = hcoll_time(p, p->recv, p->recv, count, p->o.iters, NULL, NULL);
+        hcoll_call(p, 1, count);
+    t[1] = hcoll_time(p, 1, count, p->o.iters, NULL, NULL);
     for (int k = 0; k < HP_NSTAGES; k++)
         t[2 + k] = st_n ? st_us[k] / st_n : -1;
 
@@ -280,19 +391,21 @@ void hp_run_size(hp_perf_t *p, uint64_t bytes)
         if (checked)
             run_check(p, peer_call, count, w + 2);
         for (int i = 0; i < p->o.warmup; i++)
-            peer_call(p, p->send, p->recv, count);
-        t[5] = peer_time(p, p->send, p->recv, count, p->o.iters);
+            peer_call(p, 0, count);
+        t[5] = peer_time(p, 0, count, p->o.iters);
         for (int i = 0; i < p->o.warmup; i++)
-            peer_call(p, p->recv, p->recv, count);
-        t[6] = peer_time(p, p->recv, p->recv, count, p->o.iters);
+            peer_call(p, 1, count);
+        t[6] = peer_time(p, 1, count, p->o.iters);
     }
 
     hp_reduce_max(p, t, 7);
     hp_reduce_sum(p, w, 4);
 
     hp_row_t *h = row_new(p, "hcoll", bytes, count);
-    hp_result_fill(&h->oop, (double)bytes, t[0] * 1e6, p->nranks, checked ? w[0] : -1);
-    hp_result_fill(&h->ip, (double)bytes, t[1] * 1e6, p->nranks, checked ? w[1] : -1);
+    hp_coll_result_fill(&h->oop, p->o.coll, (double)bytes, t[0] * 1e6, p->nranks,
+                        checked ? w[0] : -1);
+    hp_coll_result_fill(&h->ip, p->o.coll, (double)bytes, t[1] * 1e6, p->nranks,
+                        checked ? w[1] : -1);
     hp_row_nic(h, p->nodes, p->local_size, p->line_bps);
     h->have_stages = t[3] >= 0; /* the inter stage is always timed when any is */
     for (int k = 0; k < HP_NSTAGES; k++)
@@ -304,8 +417,10 @@ void hp_run_size(hp_perf_t *p, uint64_t bytes)
     if (p->peer) {
         hp_row_t *q = row_new(p, p->peer->name, bytes, count);
         h = q - 1; /* rows may have moved */
-        hp_result_fill(&q->oop, (double)bytes, t[5] * 1e6, p->nranks, checked ? w[2] : -1);
-        hp_result_fill(&q->ip, (double)bytes, t[6] * 1e6, p->nranks, checked ? w[3] : -1);
+        hp_coll_result_fill(&q->oop, p->o.coll, (double)bytes, t[5] * 1e6, p->nranks,
+                            checked ? w[2] : -1);
+        hp_coll_result_fill(&q->ip, p->o.coll, (double)bytes, t[6] * 1e6, p->nranks,
+                            checked ? w[3] : -1);
         hp_row_nic(q, p->nodes, p->local_size, p->line_bps);
         q->ratio = hp_row_best_busbw(q) > 0 ? hp_row_best_busbw(h) / hp_row_best_busbw(q) : -1;
         if (p->rank == 0)

@@ -32,8 +32,9 @@ static void print_result(const hp_result_t *r)
 
 void hp_print_row(const hp_perf_t *p, const hp_row_t *r)
 {
-    printf("%12llu  %12zu  %8s  %6s  %5s", (unsigned long long)r->bytes, r->count,
-           hcoll_dtype_name(r->dtype), hcoll_op_name(r->op), r->impl);
+    printf("%12llu  %12zu  %8s  %14s  %6s  %5s", (unsigned long long)r->bytes, r->count,
+           hcoll_dtype_name(r->dtype), hp_coll_name(r->coll),
+           hp_coll_reduces(r->coll) ? hcoll_op_name(r->op) : "-", r->impl);
     print_result(&r->oop);
     print_result(&r->ip);
     char nic[32] = "-", pct[32] = "-";
@@ -77,10 +78,10 @@ void hp_print_row(const hp_perf_t *p, const hp_row_t *r)
 
 void hp_print_header(const hp_perf_t *p)
 {
-    printf("#\n#%50s  %-35s  %-35s  %-15s", "", "out-of-place", "in-place", "NIC");
+    printf("#\n#%66s  %-35s  %-35s  %-15s", "", "out-of-place", "in-place", "NIC");
     if (p->o.stages)
         printf("  %-45s", "stages: intra RS / inter / intra AG");
-    printf("\n#%11s  %12s  %8s  %6s  %5s", "size", "count", "type", "redop", "impl");
+    printf("\n#%11s  %12s  %8s  %14s  %6s  %5s", "size", "count", "type", "coll", "redop", "impl");
     for (int k = 0; k < 2; k++)
         printf("  %9s  %7s  %7s  %6s", "time", "algbw", "busbw", "#wrong");
     printf("  %7s  %6s", "nicbw", "%line");
@@ -88,7 +89,7 @@ void hp_print_header(const hp_perf_t *p)
         printf("  %8s %8s %8s  %5s %5s %5s", "rs", "inter", "ag", "rs%", "int%", "ag%");
     if (p->peer)
         printf("  %9s", "hcoll/peer");
-    printf("\n#%11s  %12s  %8s  %6s  %5s", "(B)", "(elements)", "", "", "");
+    printf("\n#%11s  %12s  %8s  %14s  %6s  %5s", "(B)", "(elements)", "", "", "", "");
     for (int k = 0; k < 2; k++)
         printf("  %9s  %7s  %7s  %6s", "(us)", "(GB/s)", "(GB/s)", "");
     printf("  %7s  %6s", "(GB/s)", "");
@@ -169,8 +170,10 @@ static int write_plot(const hp_perf_t *p, const char *png)
     if (!g)
         return -1;
     fprintf(g, "set terminal png size 1000,600 noenhanced\nset output '%s'\n", png);
-    fprintf(g, "set title 'hcoll_perf: %d ranks, %d nodes x %d, %s %s'\n", p->nranks, p->nodes,
-            p->local_size, hcoll_dtype_name(p->o.dtype), hcoll_op_name(p->o.op));
+    fprintf(g, "set title 'hcoll_perf %s: %d ranks, %d nodes x %d, %s %s'\n",
+            hp_coll_name(p->o.coll), p->nranks, p->nodes, p->local_size,
+            hcoll_dtype_name(p->o.dtype),
+            hp_coll_reduces(p->o.coll) ? hcoll_op_name(p->o.op) : "");
     fprintf(g, "set logscale x 2\nset format x '%%.0b %%BB'\nset xlabel 'size'\nset ylabel 'busbw (GB/s)'\n"
                "set y2label 'NIC %% of line rate'\nset y2tics\nset ytics nomirror\n"
                "set key top left\nset grid\nset datafile missing 'nan'\n");
@@ -206,11 +209,16 @@ static int write_plot(const hp_perf_t *p, const char *png)
 void hp_print_preamble(const hp_perf_t *p)
 {
     const hp_opts_t *o = &p->o;
-    printf("# hcoll_perf (hcoll %s): %d ranks, %d nodes x %d ranks/node, %s %s, -n %d -w %d "
-           "-c %d -z %d\n",
-           HCOLL_VERSION_STRING, p->nranks, p->nodes, p->local_size,
-           hcoll_dtype_name(o->dtype), hcoll_op_name(o->op), o->iters, o->warmup, o->check,
-           o->blocking);
+    printf("# hcoll_perf (hcoll %s): %s, %d ranks, %d nodes x %d ranks/node, %s %s, -n %d "
+           "-w %d -c %d -z %d\n",
+           HCOLL_VERSION_STRING, hp_coll_name(o->coll), p->nranks, p->nodes, p->local_size,
+           hcoll_dtype_name(o->dtype), hp_coll_reduces(o->coll) ? hcoll_op_name(o->op) : "(no op)",
+           o->iters, o->warmup, o->check, o->blocking);
+    if (o->coll == HP_COLL_REDUCE_SCATTER || o->coll == HP_COLL_ALLGATHER)
+        printf("# size = the whole vector, nranks x count elements (count: each rank's %s)\n",
+               o->coll == HP_COLL_REDUCE_SCATTER ? "recvcount" : "sendcount");
+    if (o->coll == HP_COLL_BROADCAST)
+        printf("# root: rank 0\n");
     if (p->gpu.cu)
         printf("# buffers: device memory; local rank i on GPU i mod #GPUs (rank 0: GPU %d, "
                "%s), one CUDA stream per rank\n", p->gpu.ordinal, p->gpu.busid);
@@ -218,7 +226,7 @@ void hp_print_preamble(const hp_perf_t *p)
         printf("# line rate: %.2f GB/s per NIC (%s)\n", p->line_bps / 1e9, p->line_src);
     else
         printf("# line rate: %s\n", p->line_src);
-    if (o->check > 0 && !hp_check_exact(o->dtype, o->op, p->nranks))
+    if (o->check > 0 && !hp_checkable(p))
         printf("# -c: %d ranks is too many for exact %s %s values: #wrong not checked\n",
                p->nranks, hcoll_dtype_name(o->dtype), hcoll_op_name(o->op));
     if (p->peer)
@@ -231,7 +239,8 @@ void hp_print_preamble(const hp_perf_t *p)
 static int write_json(const hp_perf_t *p, const char *verdict, double pct)
 {
     int rc = 0;
-    hp_meta_t m = { p->nranks, p->nodes, p->local_size, p->line_bps, p->line_src, verdict, pct };
+    hp_meta_t m = { p->nranks, p->nodes,  p->local_size, p->line_bps,
+                    p->line_src, verdict, pct,       p->o.coll };
     FILE *f = fopen(p->o.json, "w");
     if (!f || hp_json_write(f, &m, p->rows, p->nrows) != 0) {
         fprintf(stderr, "hcoll_perf: -J %s: %s\n", p->o.json, strerror(errno));

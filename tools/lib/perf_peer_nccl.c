@@ -34,15 +34,39 @@ static int nccl_settle(hp_perf_t *p, hc_nccl_res_t r, const char *what, char *er
     return -1;
 }
 
-static int nccl_allreduce(hp_perf_t *p, const void *s, void *r, size_t count, char *err,
-                          size_t errlen)
+static int nccl_call(hp_perf_t *p, int ip, size_t count, void **res_out, char *err,
+                     size_t errlen)
 {
     const hc_nccl_api_t *nc = p->nccl.nc;
-    hc_nccl_res_t res = nc->all_reduce(s, r, count, p->nccl.dtype, p->nccl.op, p->nccl.comm,
-                                       p->gpu.stream);
+    const hp_nccl_t *n = &p->nccl;
+    const void *s;
+    void *r;
+    hc_nccl_res_t res;
+    const char *what;
+    hp_coll_bufs(p, ip, count, &s, &r); /* NCCL's own in-place layout */
+    switch (p->o.coll) {
+    case HP_COLL_REDUCE_SCATTER:
+        what = "ncclReduceScatter";
+        res = nc->reduce_scatter(s, r, count, n->dtype, n->op, n->comm, p->gpu.stream);
+        break;
+    case HP_COLL_ALLGATHER:
+        what = "ncclAllGather";
+        res = nc->all_gather(s, r, count, n->dtype, n->comm, p->gpu.stream);
+        break;
+    case HP_COLL_BROADCAST:
+        what = "ncclBroadcast";
+        res = nc->broadcast(s, r, count, n->dtype, 0, n->comm, p->gpu.stream);
+        break;
+    default:
+        what = "ncclAllReduce";
+        res = nc->all_reduce(s, r, count, n->dtype, n->op, n->comm, p->gpu.stream);
+        break;
+    }
+    if (res_out)
+        *res_out = r;
     /* A non-blocking communicator may answer "in progress": the call is on
      * the stream only once it settles, and the next call waits for that. */
-    return nccl_settle(p, res, "ncclAllReduce", err, errlen);
+    return nccl_settle(p, res, what, err, errlen);
 }
 
 static int nccl_sync(hp_perf_t *p, char *err, size_t errlen)
@@ -63,7 +87,7 @@ static int nccl_sync(hp_perf_t *p, char *err, size_t errlen)
     return 0;
 }
 
-static const hp_peer_ops_t nccl_peer = { "nccl", nccl_allreduce, hp_barrier, nccl_sync };
+static const hp_peer_ops_t nccl_peer = { "nccl", nccl_call, hp_barrier, nccl_sync };
 
 /* Collective over hcoll: every rank ends with the NCCL communicator, or
  * every rank stops with a message (rank 0 says why when it knows). */
@@ -79,7 +103,7 @@ void hp_peer_nccl_open(hp_perf_t *p)
     memset(x, 0, sizeof x);
     if (!n->nc)
         snprintf(why, sizeof why, "--peer nccl: %s", load);
-    else if (n->dtype < 0 || n->op < 0)
+    else if (n->dtype < 0 || (n->op < 0 && hp_coll_reduces(p->o.coll)))
         snprintf(why, sizeof why, "--peer nccl: NCCL has no %s %s", hcoll_dtype_name(p->o.dtype),
                  hcoll_op_name(p->o.op));
     else if (p->rank == 0) {

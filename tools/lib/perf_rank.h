@@ -28,7 +28,7 @@
 #include "perf.h"
 
 /* Exit codes: 0; 1 on an error or a non-zero #wrong; 2 usage; 3 when
- * hcoll_allreduce says HCOLL_ERR_UNSUPPORTED. */
+ * the library's collective says HCOLL_ERR_UNSUPPORTED. */
 #define HP_EXIT_WRONG 1
 #define HP_EXIT_USAGE 2
 #define HP_EXIT_UNSUPPORTED 3
@@ -38,9 +38,10 @@ typedef struct hp_perf hp_perf_t;
 /* A peer implementation timed on the same buffers: MPI or NCCL. */
 typedef struct hp_peer_ops {
     const char *name;
-    /* 0 ok; -1 with a message in err. */
-    int (*allreduce)(hp_perf_t *p, const void *send, void *recv, size_t count, char *err,
-                     size_t errlen);
+    /* One call of p->o.coll on p's buffers, out of place (ip 0) or in
+     * place (ip 1); *res_out (when res_out is given) gets where the result
+     * is. 0 ok; -1 with a message in err. */
+    int (*call)(hp_perf_t *p, int ip, size_t count, void **res_out, char *err, size_t errlen);
     void (*barrier)(hp_perf_t *p);
     /* Wait until every call issued so far is done; 0 ok, -1 with err.
      * NULL: calls complete before they return (MPI). */
@@ -98,6 +99,15 @@ void hp_die(hp_perf_t *p, const char *fmt, const char *detail) __attribute__((no
 void hp_barrier(hp_perf_t *p);
 void hp_reduce_max(hp_perf_t *p, double *v, size_t n);
 void hp_reduce_sum(hp_perf_t *p, int64_t *v, size_t n);
+
+/* The send and receive pointers of one call of p->o.coll with count (the
+ * collective's own count argument), out of place (ip 0: send, recv) or in
+ * place as NCCL lays it out (ip 1: the whole vector in recv; the
+ * reduce-scatter's result and the all-gather's input are block rank of
+ * it). */
+void hp_coll_bufs(const hp_perf_t *p, int ip, size_t count, const void **s_out, void **r_out);
+/* 1 when -c can check p's collective exactly (always for the copies). */
+int hp_checkable(const hp_perf_t *p);
 
 /* After hcoll_comm_init: this rank's place in the job, the line rate
  * (rank 0), the buffers and, with --peer nccl, the NCCL communicator. */

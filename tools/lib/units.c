@@ -151,6 +151,39 @@ int hp_parse_op(const char *s, hcoll_op_t *out)
     return -1;
 }
 
+static const struct {
+    const char *name;
+    hp_coll_t c;
+} coll_names[] = {
+    { "allreduce", HP_COLL_ALLREDUCE },         { "all_reduce", HP_COLL_ALLREDUCE },
+    { "reduce_scatter", HP_COLL_REDUCE_SCATTER }, { "reducescatter", HP_COLL_REDUCE_SCATTER },
+    { "allgather", HP_COLL_ALLGATHER },         { "all_gather", HP_COLL_ALLGATHER },
+    { "broadcast", HP_COLL_BROADCAST },         { "bcast", HP_COLL_BROADCAST },
+};
+
+int hp_parse_coll(const char *s, hp_coll_t *out)
+{
+    for (size_t i = 0; s && i < sizeof coll_names / sizeof coll_names[0]; i++) {
+        if (strcmp(s, coll_names[i].name) == 0) {
+            *out = coll_names[i].c;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+const char *hp_coll_name(hp_coll_t c)
+{
+    switch (c) {
+    case HP_COLL_ALLREDUCE: return "allreduce";
+    case HP_COLL_REDUCE_SCATTER: return "reduce_scatter";
+    case HP_COLL_ALLGATHER: return "allgather";
+    case HP_COLL_BROADCAST: return "broadcast";
+    case HP_NCOLLS: break;
+    }
+    return "?";
+}
+
 void hp_format_bytes(double bytes, int si, char *buf, size_t len)
 {
     static const char *bin[] = { "B", "KiB", "MiB", "GiB", "TiB" };
