@@ -60,6 +60,7 @@ struct hc_coll {
     int *rsag_map;          /* which rank's block goes where in the permuted vector */
     unsigned char *rsag_buf; /* the permuted vector, kept between calls */
     size_t rsag_cap;
+    void **rsag_blk;        /* a piece's blocks of sendbuf / recvbuf in that order */
 };
 
 /* Run one host-buffer operation of any kind as the executor (the caller
