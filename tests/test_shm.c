@@ -519,6 +519,106 @@ START_TEST(pieces_like_the_executor)
 }
 END_TEST
 
+/* The executor's reduce-scatter and all-gather: the vector's blocks
+ * scattered through a buffer in another order, with gaps (the interleaved
+ * layouts' permutation), read in place by reduce_scatter_blocks (the shard
+ * must be bit-identical to the contiguous reduction's, nothing else
+ * written), then written in place by all_gather_blocks. Block
+ * counts that do and do not divide into the shards, blocks shorter and
+ * longer than a step. */
+static int blocks_case(hc_intra_t *ctx, hc_errbuf_t *eb, int lrank, int L, hcoll_dtype_t dt,
+                       hcoll_op_t op, size_t nb, size_t blen)
+{
+    const size_t es = hcoll_dtype_size(dt), count = nb * blen, stride = blen + 5;
+    unsigned char *vec = malloc(count * es), *ref = malloc(count * es),
+                  *tmp = malloc(count * es), *scat = malloc(nb * stride * es),
+                  *recv = malloc(count * es);
+    const void **blocks = malloc(nb * sizeof *blocks);
+    HCT_REQUIRE(vec && ref && tmp && scat && recv && blocks, "malloc");
+    gen(vec, dt, op, lrank, count, 1);
+    reference(ref, tmp, dt, op, L, count, 1);
+    for (size_t j = 0; j < nb; j++) { /* block j at slot nb-1-j, reversed */
+        blocks[j] = scat + (nb - 1 - j) * stride * es;
+        memcpy(scat + (nb - 1 - j) * stride * es, vec + j * blen * es, blen * es);
+    }
+    memset(recv, 0xa5, count * es);
+    hcoll_status_t st = hc_intra_shm_ops.reduce_scatter_blocks(ctx, blocks, blen, recv, count,
+                                                               dt, op, NULL);
+    HCT_REQUIRE(st == HCOLL_SUCCESS, "reduce_scatter_blocks: %s (%s)", hcoll_status_name(st),
+                eb->msg);
+    size_t off, len;
+    hc_intra_shard(count, L, lrank, &off, &len);
+    long d = first_diff(recv, ref, off, len, es);
+    HCT_REQUIRE(d < 0, "L=%d %s %s nb %zu blen %zu: differs at %ld", L, hcoll_dtype_name(dt),
+                hcoll_op_name(op), nb, blen, d);
+    for (size_t i = 0; i < count * es; i++)
+        HCT_REQUIRE(recv[i] == 0xa5 || (i >= off * es && i < (off + len) * es),
+                    "byte %zu outside the shard written", i);
+    /* The mirror: all_gather_blocks of the shards just reduced into the
+     * scattered blocks; the gaps between blocks stay untouched. */
+    memset(scat, 0x5a, nb * stride * es);
+    st = hc_intra_shm_ops.all_gather_blocks(ctx, recv, (void *const *)blocks, blen, count, dt,
+                                            NULL);
+    HCT_REQUIRE(st == HCOLL_SUCCESS, "all_gather_blocks: %s (%s)", hcoll_status_name(st),
+                eb->msg);
+    for (size_t j = 0; j < nb; j++) {
+        d = first_diff(blocks[j], ref + j * blen * es, 0, blen, es);
+        HCT_REQUIRE(d < 0, "L=%d nb %zu blen %zu: all-gathered block %zu differs at %ld", L, nb,
+                    blen, j, d);
+        const unsigned char *gap = (const unsigned char *)blocks[j] + blen * es;
+        for (size_t i = 0; i < 5 * es; i++)
+            HCT_REQUIRE(gap[i] == 0x5a, "block %zu: gap byte %zu written", j, i);
+    }
+    free(vec);
+    free(ref);
+    free(tmp);
+    free(scat);
+    free(recv);
+    free(blocks);
+    return 0;
+}
+
+static int rank_blocks(int lrank, int nranks, void *arg)
+{
+    (void)nranks;
+    tshm_t *sh = arg;
+    tshm_ag_t ag;
+    hc_errbuf_t eb;
+    hc_intra_t *ctx = NULL;
+    TSHM_OK(&eb, tshm_create(sh, lrank, &ag, &eb, &ctx));
+    const size_t L = (size_t)sh->L;
+    const size_t shapes[][2] = { { 2 * L, 1237 }, { 2 * L + 1, 1237 }, { 3 * L, 1 },
+                                 { L, 5000 }, { 2 * L + 1, 3 } };
+    for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++)
+        if (blocks_case(ctx, &eb, lrank, sh->L, HCOLL_FLOAT32, HCOLL_SUM, shapes[c][0],
+                        shapes[c][1]) ||
+            blocks_case(ctx, &eb, lrank, sh->L, HCOLL_INT32, HCOLL_MAX, shapes[c][0],
+                        shapes[c][1]) ||
+            blocks_case(ctx, &eb, lrank, sh->L, HCOLL_FLOAT64, HCOLL_PROD, shapes[c][0],
+                        shapes[c][1]))
+            return 1;
+    /* Not whole blocks: refused on every rank, and the context still works. */
+    float x[4] = { 0 };
+    const void *one[1] = { x };
+    HCT_REQUIRE(hc_intra_shm_ops.reduce_scatter_blocks(ctx, one, 3, x, 4, HCOLL_FLOAT32,
+                                                       HCOLL_SUM, NULL) == HCOLL_ERR_INVALID_ARG,
+                "4 elements in blocks of 3 accepted");
+    void *oned[1] = { x };
+    HCT_REQUIRE(hc_intra_shm_ops.all_gather_blocks(ctx, x, oned, 3, 4, HCOLL_FLOAT32, NULL) ==
+                    HCOLL_ERR_INVALID_ARG,
+                "all_gather_blocks: 4 elements in blocks of 3 accepted");
+    TSHM_OK(&eb, hc_intra_shm_ops.barrier(ctx));
+    sh->hash[lrank] = 1;
+    hc_intra_destroy(ctx);
+    return 0;
+}
+
+START_TEST(rs_ag_on_scattered_blocks)
+{
+    run_matrix(_i, 8192, rank_blocks);
+}
+END_TEST
+
 /* Ranks that disagree on the count get MISMATCH, not garbage. */
 static int rank_mismatch(int lrank, int nranks, void *arg)
 {
@@ -879,6 +979,7 @@ static Suite *shm_suite(void)
     tcase_add_test(tc, large_64mib_l4);
     tcase_add_test(tc, many_small_calls);
     tcase_add_test(tc, pieces_like_the_executor);
+    tcase_add_loop_test(tc, rs_ag_on_scattered_blocks, 1, 5);
     tcase_add_test(tc, mismatched_counts);
     suite_add_tcase(s, tc);
 

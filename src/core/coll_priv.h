@@ -62,6 +62,7 @@ struct hc_coll {
     size_t rsag_cap;
     struct hc_dissem *dissem; /* the barrier across nodes (barrier.c); NULL: none */
     uint64_t opseq;        /* operations executed, counted alike on every rank */
+    void **rsag_blk;        /* a piece's blocks of sendbuf / recvbuf in that order */
 };
 
 /* Run one host-buffer operation of any kind as the executor (the caller

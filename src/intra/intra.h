@@ -142,6 +142,23 @@ struct hc_intra_ops {
      * other operations. */
     hcoll_status_t (*bcast)(hc_intra_t *ctx, const void *sendbuf, void *recvbuf, size_t count,
                             hcoll_dtype_t dtype, int root, void *stream);
+    /* Optional (NULL: the backend cannot). reduce_scatter of the vector
+     * that is the concatenation of count / blen blocks of blen elements,
+     * block j at blocks[j] (any order in memory; none overlaps recvbuf):
+     * the same result bits as reduce_scatter of that vector gathered into
+     * one buffer, without the gathering copy. blen > 0 divides count. */
+    hcoll_status_t (*reduce_scatter_blocks)(hc_intra_t *ctx, const void *const *blocks,
+                                            size_t blen, void *recvbuf, size_t count,
+                                            hcoll_dtype_t dtype, hcoll_op_t op, void *stream);
+    /* Optional (NULL: the backend cannot). all_gather into the vector that
+     * is the concatenation of count / blen blocks of blen elements, block j
+     * at blocks[j] (none overlapping src): src holds this rank's shard at
+     * its offset (the rest of src is not read or written); afterwards the
+     * blocks hold all shards, this rank's included, without a copy through
+     * one contiguous buffer. blen > 0 divides count. */
+    hcoll_status_t (*all_gather_blocks)(hc_intra_t *ctx, const void *src, void *const *blocks,
+                                        size_t blen, size_t count, hcoll_dtype_t dtype,
+                                        void *stream);
 };
 
 /* Every backend's object starts with this, so the generic helpers below can

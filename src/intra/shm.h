@@ -105,6 +105,12 @@ typedef struct hc_shm_call {
     hcoll_op_t op;
     int inplace;
     uint64_t base, nsteps;
+    /* Reduce-scatter's source, all-gather's destination in blocks (NULL:
+     * contiguous src / dst): the vector is blocks[0] .. blocks[count/blen
+     * - 1], blen elements each; all-gather's own shard is then read from
+     * src, at its offset. */
+    unsigned char *const *blocks;
+    size_t blen;
 } hc_shm_call_t;
 
 typedef int (*hc_shm_pending_fn)(const hc_shm_t *s, int q, uint64_t target);
@@ -151,6 +157,12 @@ hcoll_status_t hc_shm_wait(hc_shm_t *s, hc_shm_pending_fn pending, uint64_t targ
 hcoll_status_t hc_shm_reduce_scatter(hc_intra_t *ctx, const void *sendbuf, void *recvbuf,
                                      size_t count, hcoll_dtype_t dtype, hcoll_op_t op,
                                      void *stream);
+hcoll_status_t hc_shm_reduce_scatter_blocks(hc_intra_t *ctx, const void *const *blocks,
+                                           size_t blen, void *recvbuf, size_t count,
+                                           hcoll_dtype_t dtype, hcoll_op_t op, void *stream);
+hcoll_status_t hc_shm_all_gather_blocks(hc_intra_t *ctx, const void *src, void *const *blocks,
+                                        size_t blen, size_t count, hcoll_dtype_t dtype,
+                                        void *stream);
 hcoll_status_t hc_shm_all_gather(hc_intra_t *ctx, void *recvbuf, size_t count,
                                  hcoll_dtype_t dtype, void *stream);
 hcoll_status_t hc_shm_allreduce(hc_intra_t *ctx, const void *sendbuf, void *recvbuf,

@@ -88,6 +88,44 @@ static size_t hc_shm_ar_piece(const hc_shm_call_t *c, uint64_t k, size_t *elem_o
     return c->count - start < c->per ? c->count - start : c->per;
 }
 
+/* Element elem of the call's source (contiguous, or in blocks). */
+static const unsigned char *hc_shm_src_at(const hc_shm_call_t *c, size_t elem)
+{
+    if (!c->blocks)
+        return c->src + elem * c->es;
+    return c->blocks[elem / c->blen] + elem % c->blen * c->es;
+}
+
+/* Elements [elem, elem + n) of the call's source into dst, block by block. */
+static void hc_shm_src_copy(const hc_shm_call_t *c, unsigned char *dst, size_t elem, size_t n)
+{
+    while (n > 0) {
+        size_t m = c->blocks && c->blen - elem % c->blen < n ? c->blen - elem % c->blen : n;
+        memcpy(dst, hc_shm_src_at(c, elem), m * c->es);
+        dst += m * c->es;
+        elem += m;
+        n -= m;
+    }
+}
+
+/* src (n elements) to elements [elem, elem + n) of the call's destination,
+ * block by block. */
+static void hc_shm_dst_copy(const hc_shm_call_t *c, size_t elem, const unsigned char *src,
+                            size_t n)
+{
+    while (n > 0) {
+        if (!c->blocks) {
+            memcpy(c->dst + elem * c->es, src, n * c->es);
+            return;
+        }
+        size_t o = elem % c->blen, m = c->blen - o < n ? c->blen - o : n;
+        memcpy(c->blocks[elem / c->blen] + o * c->es, src, m * c->es);
+        src += m * c->es;
+        elem += m;
+        n -= m;
+    }
+}
+
 static hcoll_status_t hc_shm_publish(hc_shm_t *s, const hc_shm_call_t *c, uint64_t k)
 {
     const uint64_t g = c->base + k;
@@ -106,12 +144,16 @@ static hcoll_status_t hc_shm_publish(hc_shm_t *s, const hc_shm_call_t *c, uint64
                 continue; /* the owner folds its own term straight from sendbuf */
             n = hc_shm_piece(s, c, j, k, &elem);
             if (n)
-                memcpy(slot + (size_t)j * c->per * c->es, c->src + elem * c->es, n * c->es);
+                hc_shm_src_copy(c, slot + (size_t)j * c->per * c->es, elem, n);
         }
     } else if (c->kind == HC_SHM_KIND_AG) {
         n = hc_shm_piece(s, c, s->lrank, k, &elem);
-        if (n)
+        if (n && c->blocks) { /* our shard comes from src, and goes to the blocks too */
+            memcpy(slot, c->src + elem * c->es, n * c->es);
+            hc_shm_dst_copy(c, elem, slot, n);
+        } else if (n) {
             memcpy(slot, c->dst + elem * c->es, n * c->es);
+        }
     } else if (c->kind == HC_SHM_KIND_AR) {
         n = hc_shm_ar_piece(c, k, &elem);
         memcpy(slot, c->src + elem * c->es, n * c->es);
@@ -159,7 +201,7 @@ static const unsigned char *hc_shm_term(const hc_shm_t *s, const hc_shm_call_t *
                                         int q, size_t elem, size_t boff)
 {
     if (q == s->lrank && !c->inplace)
-        return c->src + elem * c->es + boff;
+        return hc_shm_src_at(c, elem + boff / c->es);
     return hc_shm_slot(s, q, g) + (size_t)s->lrank * c->per * c->es + boff;
 }
 
@@ -167,8 +209,11 @@ static void hc_shm_fold(hc_shm_t *s, const hc_shm_call_t *c, uint64_t g, size_t 
 {
     unsigned char *dst = c->dst + elem * c->es;
     const size_t blk = HC_SHM_FOLD_BYTES / c->es;
-    for (size_t b = 0; b < n; b += blk) {
-        size_t nb = n - b < blk ? n - b : blk;
+    for (size_t b = 0, nb; b < n; b += nb) {
+        nb = n - b < blk ? n - b : blk;
+        /* Our own term from blocks: no fold crosses a block's end. */
+        if (c->blocks && c->blen - (elem + b) % c->blen < nb)
+            nb = c->blen - (elem + b) % c->blen;
         size_t boff = b * c->es;
         /* Always ((t0 op t1) op t2) op ...: the fixed order. */
         hc_reduce(dst + boff, hc_shm_term(s, c, g, 0, elem, boff),
@@ -215,7 +260,7 @@ static hcoll_status_t hc_shm_consume(hc_shm_t *s, const hc_shm_call_t *c, uint64
                 continue;
             n = hc_shm_piece(s, c, q, k, &elem);
             if (n)
-                memcpy(c->dst + elem * c->es, hc_shm_slot(s, q, g), n * c->es);
+                hc_shm_dst_copy(c, elem, hc_shm_slot(s, q, g), n);
         }
     } else if (c->kind == HC_SHM_KIND_AR) {
         n = hc_shm_ar_piece(c, k, &elem);
@@ -312,6 +357,39 @@ hcoll_status_t hc_shm_reduce_scatter(hc_intra_t *ctx, const void *sendbuf,
     return hc_shm_run(s, &c);
 }
 
+/* reduce_scatter of blocks[0..count/blen-1] laid end to end: the same
+ * steps, with every read of the source (the slot copies, the owner's own
+ * term) split at the blocks' ends. */
+hcoll_status_t hc_shm_reduce_scatter_blocks(hc_intra_t *ctx, const void *const *blocks,
+                                           size_t blen, void *recvbuf, size_t count,
+                                           hcoll_dtype_t dtype, hcoll_op_t op, void *stream)
+{
+    hc_shm_t *s = (hc_shm_t *)ctx;
+    hcoll_status_t st =
+        hc_shm_enter(s, "reduce_scatter", blocks, recvbuf, count, dtype, op, stream);
+    if (st != HCOLL_SUCCESS || count == 0)
+        return st;
+    if (blen == 0 || count % blen != 0) {
+        return hc_err_set(s->eb, HC_SHM, s->rank, HCOLL_ERR_INVALID_ARG,
+                          "intra-node shm reduce_scatter: %zu elements are not whole blocks "
+                          "of %zu", count, blen);
+    }
+    const size_t es = hcoll_dtype_size(dtype);
+    hc_shm_call_t c = {
+        .kind = HC_SHM_KIND_RS, .dst = recvbuf, .count = count, .es = es, .dtype = dtype,
+        .op = op, .blocks = (unsigned char *const *)blocks, .blen = blen,
+    };
+    if (s->L == 1) {
+        hc_shm_src_copy(&c, recvbuf, 0, count);
+        return HCOLL_SUCCESS;
+    }
+    c.per = (s->slot_bytes / (size_t)s->L / HC_SHM_LINE * HC_SHM_LINE) / es;
+    size_t off, maxlen;
+    hc_intra_shard(count, s->L, 0, &off, &maxlen);
+    c.nsteps = (maxlen + c.per - 1) / c.per;
+    return hc_shm_run(s, &c);
+}
+
 hcoll_status_t hc_shm_all_gather(hc_intra_t *ctx, void *recvbuf, size_t count,
                                         hcoll_dtype_t dtype, void *stream)
 {
@@ -326,6 +404,38 @@ hcoll_status_t hc_shm_all_gather(hc_intra_t *ctx, void *recvbuf, size_t count,
     };
     c.per = s->slot_bytes / c.es;
     size_t off, maxlen;
+    hc_intra_shard(count, s->L, 0, &off, &maxlen);
+    c.nsteps = (maxlen + c.per - 1) / c.per;
+    return hc_shm_run(s, &c);
+}
+
+/* all_gather into blocks: the same steps, our own shard read from src
+ * and copied to the blocks as it is published, the others' from the slots
+ * straight to the blocks. */
+hcoll_status_t hc_shm_all_gather_blocks(hc_intra_t *ctx, const void *src, void *const *blocks,
+                                        size_t blen, size_t count, hcoll_dtype_t dtype,
+                                        void *stream)
+{
+    hc_shm_t *s = (hc_shm_t *)ctx;
+    hcoll_status_t st =
+        hc_shm_enter(s, "all_gather", src, blocks, count, dtype, HCOLL_SUM, stream);
+    if (st != HCOLL_SUCCESS || count == 0)
+        return st;
+    if (blen == 0 || count % blen != 0)
+        return hc_err_set(s->eb, HC_SHM, s->rank, HCOLL_ERR_INVALID_ARG,
+                          "intra-node shm all_gather: %zu elements are not whole blocks of %zu",
+                          count, blen);
+    hc_shm_call_t c = {
+        .kind = HC_SHM_KIND_AG, .src = src, .count = count, .es = hcoll_dtype_size(dtype),
+        .dtype = dtype, .op = HCOLL_SUM, .blocks = (unsigned char *const *)blocks,
+        .blen = blen,
+    };
+    size_t off, maxlen;
+    if (s->L == 1) {
+        hc_shm_dst_copy(&c, 0, c.src, count);
+        return HCOLL_SUCCESS;
+    }
+    c.per = s->slot_bytes / c.es;
     hc_intra_shard(count, s->L, 0, &off, &maxlen);
     c.nsteps = (maxlen + c.per - 1) / c.per;
     return hc_shm_run(s, &c);
