@@ -15,6 +15,11 @@
 #                       node sharing a GPU cannot form an NCCL communicator);
 #                       stream semantics; argument errors; BENCH lines
 #   test_gpu_devpath    the CPU-side logic, and the API answers with a driver
+#   test_gpu_coll       device broadcast (every root), reduce-scatter and
+#                       all-gather, PREMUL_SUM on the single and ring plans;
+#                       the 1 x 2 and 2 x 2 cases only with >= 2 GPUs
+#   test_gpu_late       a local rank 3 s late in a device all-reduce is
+#                       waited for; a dead one fails the others at once
 #   hcoll_perf          device buffers with the NCCL peer, 1M..256M, checked:
 #                       2 emulated nodes x 1 rank on GPU 0 (staged ring vs
 #                       NCCL over its socket transport); with >= 2 GPUs also
@@ -43,7 +48,7 @@ grep -q '#define HCOLL_BUILD_KERNELS 1' build/gen/hc_build.h || {
 
 declare -a names results times
 fail=0
-for t in test_gpu_devpath test_gpu_kernels test_gpu_allreduce; do
+for t in test_gpu_devpath test_gpu_kernels test_gpu_allreduce test_gpu_coll test_gpu_late; do
   echo "== $t"
   start=$SECONDS
   timeout --kill-after=10 240 env CK_DEFAULT_TIMEOUT=240 "build/tests/$t" 2>&1 | tee "$logs/$t.log"
