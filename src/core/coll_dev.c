@@ -349,3 +349,28 @@ hcoll_status_t hc_dev_wait_stream(hc_coll_dev_t *d, void *ev, const char *what)
     const int op_tmo = d->c->params.op_timeout_ms > 0 ? (int)d->c->params.op_timeout_ms : -1;
     return hc_gdr_event_wait_watched(d->gpu->cu, ev, op_tmo, &d->rp, what, stream_watch, d);
 }
+
+hcoll_status_t hc_dev_call_begin(hc_coll_dev_t *d, void *stream, void **ev_done_out)
+{
+    hcoll_status_t st;
+    *ev_done_out = NULL;
+    HC_CHECK(hc_gdr_dev_enter(d->gpu), out);
+    HC_CHECK(hc_gdr_dev_stream_check(d->gpu, stream), clean_ctx);
+    HC_CHECK(hc_gdr_dev_event_new(d->gpu, ev_done_out), clean_ctx);
+    return HCOLL_SUCCESS;
+
+clean_ctx:
+    hc_gdr_dev_pop(d->gpu);
+out:
+    return st;
+}
+
+hcoll_status_t hc_dev_call_end(hc_coll_dev_t *d, void *stream, void *ev_done, hcoll_status_t st)
+{
+    if (st == HCOLL_SUCCESS)
+        hc_gdr_dev_event_track(d->gpu, ev_done, stream, &d->done, (int)d->c->params.timeout_ms);
+    else
+        hc_gdr_dev_event_free(d->gpu, ev_done);
+    hc_gdr_dev_pop(d->gpu);
+    return st;
+}

@@ -286,21 +286,15 @@ hcoll_status_t hc_coll_dev_enqueue(hc_coll_dev_t *d, const void *sendbuf, void *
                                d->gpu->kern_why),
              clean_op);
 
-    HC_CHECK(hc_gdr_dev_enter(d->gpu), clean_op);
-    HC_CHECK(hc_gdr_dev_stream_check(d->gpu, stream), clean_ctx);
-    void *ev_done = NULL;
-    HC_CHECK(hc_gdr_dev_event_new(d->gpu, &ev_done), clean_ctx);
-    HC_CHECK(plan_enqueue(d, o, sendbuf, recvbuf, count, segc, nseg, stream), clean_ev);
-    hc_gdr_dev_event_track(d->gpu, ev_done, stream, &d->done, (int)c->params.timeout_ms);
-    hc_gdr_dev_pop(d->gpu);
+    void *ev_done;
+    HC_CHECK(hc_dev_call_begin(d, stream, &ev_done), clean_op);
+    st = plan_enqueue(d, o, sendbuf, recvbuf, count, segc, nseg, stream);
+    if (st != HCOLL_SUCCESS)
+        hc_dev_tev_free(d, o);
+    HC_CHECK(hc_dev_call_end(d, stream, ev_done, st), clean_op);
     *op_out = o;
     return o->status;
 
-clean_ev:
-    hc_gdr_dev_event_free(d->gpu, ev_done);
-    hc_dev_tev_free(d, o);
-clean_ctx:
-    hc_gdr_dev_pop(d->gpu);
 clean_op:
     free(o);
     return st;
@@ -360,26 +354,16 @@ hcoll_status_t hc_coll_dev_bcast_enqueue(hc_coll_dev_t *d, const void *sendbuf, 
     }
     HC_CHECK(hc_dev_prepare(d, o->sendbuf, recvbuf, count, dtype, HCOLL_SUM, stream), clean_op);
     HC_CHECK(bcast_wnccl(d), clean_op);
-    HC_CHECK(hc_gdr_dev_enter(d->gpu), clean_op);
-    HC_CHECK(hc_gdr_dev_stream_check(d->gpu, stream), clean_ctx);
-    void *ev_done = NULL;
-    HC_CHECK(hc_gdr_dev_event_new(d->gpu, &ev_done), clean_ctx);
-    HC_CHECK(hc_gdr_dev_event_mark(d->gpu, stream, &o->seg[0].ev_ready), clean_ev);
-    st = hc_dev_seq_wait(d, stream, &o->seg[0].seq);
-    if (st != HCOLL_SUCCESS) {
+    void *ev_done;
+    HC_CHECK(hc_dev_call_begin(d, stream, &ev_done), clean_op);
+    st = hc_gdr_dev_event_mark(d->gpu, stream, &o->seg[0].ev_ready);
+    if (st == HCOLL_SUCCESS && (st = hc_dev_seq_wait(d, stream, &o->seg[0].seq)) != HCOLL_SUCCESS)
         hc_gdr_dev_event_free(d->gpu, o->seg[0].ev_ready);
-        goto clean_ev;
-    }
+    HC_CHECK(hc_dev_call_end(d, stream, ev_done, st), clean_op);
     o->nseg = 1;
-    hc_gdr_dev_event_track(d->gpu, ev_done, stream, &d->done, (int)c->params.timeout_ms);
-    hc_gdr_dev_pop(d->gpu);
     *op_out = o;
     return HCOLL_SUCCESS;
 
-clean_ev:
-    hc_gdr_dev_event_free(d->gpu, ev_done);
-clean_ctx:
-    hc_gdr_dev_pop(d->gpu);
 clean_op:
     free(o);
 out:

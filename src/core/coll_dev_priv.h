@@ -133,6 +133,15 @@ hcoll_status_t hc_dev_rsag_stage(hc_coll_dev_t *d, hc_dev_op_t *o, const hc_dev_
  * context, named name (coll_dev.c); collective over the node. */
 hcoll_status_t hc_dev_nccl_open(hc_coll_dev_t *d, const char *name, hc_intra_t **out);
 
+/* The frame of every device call's stream work (coll_dev.c). begin: the
+ * device's context made current, stream checked to be on the device, and
+ * *ev_done_out made (on failure nothing is left). end: with st ==
+ * HCOLL_SUCCESS, ev_done is recorded behind the call's work on stream
+ * and kept in the done list; otherwise it is freed; the context is popped
+ * either way. Returns st. */
+hcoll_status_t hc_dev_call_begin(hc_coll_dev_t *d, void *stream, void **ev_done_out);
+hcoll_status_t hc_dev_call_end(hc_coll_dev_t *d, void *stream, void *ev_done, hcoll_status_t st);
+
 /* Wait for ev, recorded on the caller's stream behind work that other
  * ranks hold up (a collective's NCCL stage, a flag wait): no deadline
  * while every local rank is alive, up to HCOLL_OP_TIMEOUT_MS, with the

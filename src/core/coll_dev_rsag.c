@@ -239,10 +239,8 @@ hcoll_status_t hc_coll_dev_rsag_enqueue(hc_coll_dev_t *d, int rs, const void *se
                                    d->plan == HC_PLAN_SINGLE, d->gdr, d->gpu->kern != NULL,
                                    d->gpu->kern_why),
                  clean_op);
-    HC_CHECK(hc_gdr_dev_enter(d->gpu), clean_op);
-    HC_CHECK(hc_gdr_dev_stream_check(d->gpu, stream), clean_ctx);
-    void *ev_done = NULL;
-    HC_CHECK(hc_gdr_dev_event_new(d->gpu, &ev_done), clean_ctx);
+    void *ev_done;
+    HC_CHECK(hc_dev_call_begin(d, stream, &ev_done), clean_op);
     const size_t bytes = count * hcoll_dtype_size(dtype);
     switch (d->plan) {
     case HC_PLAN_SINGLE:
@@ -260,17 +258,10 @@ hcoll_status_t hc_coll_dev_rsag_enqueue(hc_coll_dev_t *d, int rs, const void *se
         st = rsag_ring_enqueue(d, o, sendbuf, recvbuf, stream);
         break;
     }
-    if (st != HCOLL_SUCCESS)
-        goto clean_ev;
-    hc_gdr_dev_event_track(d->gpu, ev_done, stream, &d->done, (int)c->params.timeout_ms);
-    hc_gdr_dev_pop(d->gpu);
+    HC_CHECK(hc_dev_call_end(d, stream, ev_done, st), clean_op);
     *op_out = o;
     return o->status;
 
-clean_ev:
-    hc_gdr_dev_event_free(d->gpu, ev_done);
-clean_ctx:
-    hc_gdr_dev_pop(d->gpu);
 clean_op:
     free(o);
     return st;
