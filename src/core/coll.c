@@ -252,6 +252,32 @@ static hcoll_status_t submit_check(hc_coll_t *co, const hc_coll_args_t *a, void 
                       "unknown collective %d", (int)a->kind);
 }
 
+/* The executor role for a caller's thread, after every earlier request
+ * (co->lock held; it is released while waiting). 1: taken; 0: the
+ * communicator is stopping (abort or destroy sends waiting callers away
+ * before the memory goes). Give it back with role_leave. */
+static int role_take_locked(hc_coll_t *co)
+{
+    co->waiters++;
+    while ((co->head || co->exec_busy) && !co->stopping)
+        pthread_cond_wait(&co->cond, &co->lock);
+    co->waiters--;
+    if (co->stopping) {
+        pthread_cond_broadcast(&co->cond);
+        return 0;
+    }
+    co->exec_busy = 1;
+    return 1;
+}
+
+static void role_leave(hc_coll_t *co)
+{
+    pthread_mutex_lock(&co->lock);
+    co->exec_busy = 0;
+    pthread_cond_broadcast(&co->cond);
+    pthread_mutex_unlock(&co->lock);
+}
+
 hcoll_status_t hc_coll_submit(hc_coll_t *co, const hc_coll_args_t *args, void *stream,
                               struct hcoll_request **req_out)
 {
@@ -318,29 +344,17 @@ hcoll_status_t hc_coll_submit(hc_coll_t *co, const hc_coll_args_t *args, void *s
         return dev_st;
     }
 
-    /* Blocking: after every earlier request, on this thread. An abort from
-     * another thread sends waiting callers away before the memory goes. */
-    co->waiters++;
-    while ((co->head || co->exec_busy) && !co->stopping)
-        pthread_cond_wait(&co->cond, &co->lock);
-    co->waiters--;
-    if (co->stopping) {
-        pthread_cond_broadcast(&co->cond);
+    /* Blocking: after every earlier request, on this thread. */
+    if (!role_take_locked(co)) {
         pthread_mutex_unlock(&co->lock);
         hc_request_destroy(rq);
         return hc_err_set(&comm->err, HC_COLL, comm->rank, HCOLL_ERR_ABORTED,
                           "the communicator was aborted while this call waited for "
                           "earlier requests");
     }
-    co->exec_busy = 1;
     pthread_mutex_unlock(&co->lock);
-
     st = execute(co, rq);
-
-    pthread_mutex_lock(&co->lock);
-    co->exec_busy = 0;
-    pthread_cond_broadcast(&co->cond);
-    pthread_mutex_unlock(&co->lock);
+    role_leave(co);
     hc_request_destroy(rq);
     return st;
 }
@@ -361,27 +375,12 @@ static hcoll_status_t exec_enter(hc_coll_t *co, const char *what)
                           "deadlock",
                           what);
     pthread_mutex_lock(&co->lock);
-    co->waiters++;
-    while ((co->head || co->exec_busy) && !co->stopping)
-        pthread_cond_wait(&co->cond, &co->lock);
-    co->waiters--;
-    if (co->stopping) {
-        pthread_cond_broadcast(&co->cond);
-        pthread_mutex_unlock(&co->lock);
+    const int taken = role_take_locked(co);
+    pthread_mutex_unlock(&co->lock);
+    if (!taken)
         return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_ABORTED,
                           "%s: the communicator is being destroyed", what);
-    }
-    co->exec_busy = 1;
-    pthread_mutex_unlock(&co->lock);
     return HCOLL_SUCCESS;
-}
-
-static void exec_leave(hc_coll_t *co)
-{
-    pthread_mutex_lock(&co->lock);
-    co->exec_busy = 0;
-    pthread_cond_broadcast(&co->cond);
-    pthread_mutex_unlock(&co->lock);
 }
 
 hcoll_status_t hc_coll_mem_register(hc_coll_t *co, void *ptr, size_t bytes,
@@ -392,7 +391,7 @@ hcoll_status_t hc_coll_mem_register(hc_coll_t *co, void *ptr, size_t bytes,
         return st;
     st = hc_memreg_add(&co->mems, co->ring, &co->comm->err, co->comm->rank, ptr, bytes,
                        handle_out);
-    exec_leave(co);
+    role_leave(co);
     return st;
 }
 
@@ -402,7 +401,7 @@ hcoll_status_t hc_coll_mem_deregister(hc_coll_t *co, struct hcoll_mem *handle)
     if (st != HCOLL_SUCCESS)
         return st;
     st = hc_memreg_remove(&co->mems, co->ring, &co->comm->err, co->comm->rank, handle);
-    exec_leave(co);
+    role_leave(co);
     return st;
 }
 
