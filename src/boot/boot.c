@@ -63,7 +63,8 @@ hcoll_status_t hc_boot_create(const hc_boot_args_t *args, const void *rec, size_
 
     if (b->rank == 0) {
         if (lfd < 0) {
-            HC_CHECK(hc_boot_listen(&b->root, b->eb, 0, "init", &lfd, &b->root),
+            HC_CHECK(hc_boot_socket(&b->root, HC_BOOT_SOCK_LISTEN | HC_BOOT_SOCK_REUSEADDR, b->eb, 0, "init",
+                                    &lfd, &b->root),
                      clean_abortfd);
         } else {
             socklen_t l = sizeof b->root;

@@ -136,11 +136,17 @@ hcoll_status_t hc_boot_status(const hc_boot_t *b);
 void hc_boot_key_from_string(const char *secret, unsigned char key_out[HC_BOOT_KEY_BYTES]);
 void hc_boot_key_public(unsigned char key_out[HC_BOOT_KEY_BYTES]);
 
-/* Open a listening socket bound to addr (port 0: an ephemeral port), with
- * SO_REUSEADDR, non-blocking, close-on-exec. On success *fd_out is the fd
- * and *addr_out (may be NULL, may be addr) the bound address; on failure
- * HCOLL_ERR_NETWORK, recorded in eb with `what` as the message's prefix. */
-hcoll_status_t hc_boot_listen(const hc_sockaddr_t *addr, hc_errbuf_t *eb, int rank,
+/* What hc_boot_socket sets on its socket. REUSEPORT is the unique id's
+ * port hand-over (uid.h); a bind that fails then says who may hold the
+ * port. */
+enum { HC_BOOT_SOCK_LISTEN = 1, HC_BOOT_SOCK_REUSEADDR = 2, HC_BOOT_SOCK_REUSEPORT = 4 };
+
+/* Open a non-blocking, close-on-exec TCP socket bound to addr (port 0: an
+ * ephemeral port) with the options in flags (HC_BOOT_SOCK_*), listening
+ * with LISTEN. On success *fd_out is the fd and *addr_out (may be NULL,
+ * may be addr) the bound address; on failure HCOLL_ERR_NETWORK, recorded
+ * in eb with `what` as the message's prefix. */
+hcoll_status_t hc_boot_socket(const hc_sockaddr_t *addr, int flags, hc_errbuf_t *eb, int rank,
                               const char *what, int *fd_out, hc_sockaddr_t *addr_out);
 
 #endif

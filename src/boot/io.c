@@ -242,7 +242,7 @@ void hc_bio_break(hc_boot_t *b, hcoll_status_t st)
     }
 }
 
-hcoll_status_t hc_boot_listen(const hc_sockaddr_t *addr, hc_errbuf_t *eb, int rank,
+hcoll_status_t hc_boot_socket(const hc_sockaddr_t *addr, int flags, hc_errbuf_t *eb, int rank,
                               const char *what, int *fd_out, hc_sockaddr_t *addr_out)
 {
     char as[80];
@@ -252,7 +252,14 @@ hcoll_status_t hc_boot_listen(const hc_sockaddr_t *addr, hc_errbuf_t *eb, int ra
         return hc_err_set(eb, HC_BOOT, rank, HCOLL_ERR_NETWORK, "%s: socket: %s", what,
                           strerror(errno));
     int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if ((flags & HC_BOOT_SOCK_REUSEPORT) &&
+        setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) != 0) {
+        st = hc_err_set(eb, HC_BOOT, rank, HCOLL_ERR_NETWORK, "%s: SO_REUSEPORT: %s", what,
+                        strerror(errno));
+        goto clean_socket;
+    }
+    if (flags & HC_BOOT_SOCK_REUSEADDR)
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     if (addr->sa.sa_family == AF_INET6)
         setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
     if (bind(fd, &addr->sa, hc_sockaddr_len(addr)) != 0) {
@@ -261,10 +268,13 @@ hcoll_status_t hc_boot_listen(const hc_sockaddr_t *addr, hc_errbuf_t *eb, int ra
                         "%s: cannot bind the rendezvous listener to %s: %s%s", what,
                         hc_sockaddr_str(addr, as, sizeof as), strerror(e),
                         e == EADDRNOTAVAIL ? " (the root address must be one of rank 0's own)"
-                                           : "");
+                        : e == EADDRINUSE && (flags & HC_BOOT_SOCK_REUSEPORT)
+                            ? " (the port is held by a process that is not the id's maker, or "
+                              "by another user)"
+                            : "");
         goto clean_socket;
     }
-    if (listen(fd, 128) != 0) {
+    if ((flags & HC_BOOT_SOCK_LISTEN) && listen(fd, 128) != 0) {
         st = hc_err_set(eb, HC_BOOT, rank, HCOLL_ERR_NETWORK, "%s: listen on %s: %s", what,
                         hc_sockaddr_str(addr, as, sizeof as), strerror(errno));
         goto clean_socket;
@@ -272,7 +282,11 @@ hcoll_status_t hc_boot_listen(const hc_sockaddr_t *addr, hc_errbuf_t *eb, int ra
     if (addr_out) {
         socklen_t l = sizeof *addr_out;
         memset(addr_out, 0, sizeof *addr_out);
-        getsockname(fd, &addr_out->sa, &l);
+        if (getsockname(fd, &addr_out->sa, &l) != 0) {
+            st = hc_err_set(eb, HC_BOOT, rank, HCOLL_ERR_NETWORK, "%s: getsockname: %s", what,
+                            strerror(errno));
+            goto clean_socket;
+        }
     }
     *fd_out = fd;
     return HCOLL_SUCCESS;

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "base/log.h"
+#include "boot/boot.h"
 #include "boot/hmac.h"
 
 #define UID_MAGIC "HCID"
@@ -136,76 +137,22 @@ int hc_uid_take(const unsigned char secret[HC_UID_SECRET_BYTES])
     return fd;
 }
 
-/* A socket bound to addr with SO_REUSEPORT (and SO_REUSEADDR when
- * reuseaddr; never on the maker's parked socket, see uid.h), listening
- * when listen_too. */
-static hcoll_status_t uid_socket(const hc_sockaddr_t *addr, int reuseaddr, int listen_too,
-                                 hc_errbuf_t *eb, int rank, const char *what, int *fd_out)
-{
-    char as[80];
-    hcoll_status_t st;
-    int fd = socket(addr->sa.sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return hc_err_set(eb, HC_BOOT, rank, HCOLL_ERR_NETWORK, "%s: socket: %s", what,
-                          strerror(errno));
-    int one = 1;
-    if (setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) != 0) {
-        st = hc_err_set(eb, HC_BOOT, rank, HCOLL_ERR_NETWORK, "%s: SO_REUSEPORT: %s", what,
-                        strerror(errno));
-        goto clean_socket;
-    }
-    if (reuseaddr)
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (addr->sa.sa_family == AF_INET6)
-        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
-    if (bind(fd, &addr->sa, hc_sockaddr_len(addr)) != 0) {
-        const int e = errno;
-        st = hc_err_set(eb, HC_BOOT, rank, HCOLL_ERR_NETWORK,
-                        "%s: cannot bind the rendezvous listener to %s: %s%s", what,
-                        hc_sockaddr_str(addr, as, sizeof as), strerror(e),
-                        e == EADDRNOTAVAIL ? " (the root address must be one of rank 0's own)"
-                        : e == EADDRINUSE  ? " (the port is held by a process that is not "
-                                             "the id's maker, or by another user)"
-                                           : "");
-        goto clean_socket;
-    }
-    if (listen_too && listen(fd, 128) != 0) {
-        st = hc_err_set(eb, HC_BOOT, rank, HCOLL_ERR_NETWORK, "%s: listen on %s: %s", what,
-                        hc_sockaddr_str(addr, as, sizeof as), strerror(errno));
-        goto clean_socket;
-    }
-    *fd_out = fd;
-    return HCOLL_SUCCESS;
-
-clean_socket:
-    close(fd);
-    return st;
-}
-
 hcoll_status_t hc_uid_reserve(const hc_sockaddr_t *addr, hc_errbuf_t *eb, int *fd_out,
                               hc_sockaddr_t *addr_out)
 {
-    int fd;
-    hcoll_status_t st = uid_socket(addr, 0, 0, eb, -1, "get_unique_id", &fd);
-    if (st != HCOLL_SUCCESS)
-        return st;
-    socklen_t l = sizeof *addr_out;
-    memset(addr_out, 0, sizeof *addr_out);
-    if (getsockname(fd, &addr_out->sa, &l) != 0) {
-        st = hc_err_set(eb, HC_BOOT, -1, HCOLL_ERR_NETWORK, "get_unique_id: getsockname: %s",
-                        strerror(errno));
-        close(fd);
-        return st;
-    }
-    *fd_out = fd;
-    return HCOLL_SUCCESS;
+    /* Never SO_REUSEADDR on the maker's parked socket (see uid.h). */
+    return hc_boot_socket(addr, HC_BOOT_SOCK_REUSEPORT, eb, -1, "get_unique_id", fd_out,
+                          addr_out);
 }
 
 hcoll_status_t hc_uid_listen(const hc_uid_t *u, hc_errbuf_t *eb, int *fd_out)
 {
     int fd = hc_uid_take(u->secret);
     if (fd < 0)
-        return uid_socket(&u->root, 1, 1, eb, 0, "init", fd_out);
+        return hc_boot_socket(&u->root,
+                              HC_BOOT_SOCK_REUSEPORT | HC_BOOT_SOCK_REUSEADDR |
+                                  HC_BOOT_SOCK_LISTEN,
+                              eb, 0, "init", fd_out, NULL);
     if (listen(fd, 128) != 0) {
         char as[80];
         hcoll_status_t st = hc_err_set(eb, HC_BOOT, 0, HCOLL_ERR_NETWORK,

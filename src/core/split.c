@@ -85,7 +85,8 @@ static hcoll_status_t offer_make(struct hcoll_comm *p, split_offer_t *o, int *lf
         a.sin6.sin6_port = 0;
     else
         a.sin.sin_port = 0;
-    hcoll_status_t st = hc_boot_listen(&a, &p->err, p->rank, "split", lfd_out, &bound);
+    hcoll_status_t st = hc_boot_socket(&a, HC_BOOT_SOCK_LISTEN | HC_BOOT_SOCK_REUSEADDR, &p->err,
+                                       p->rank, "split", lfd_out, &bound);
     if (st != HCOLL_SUCCESS)
         return st;
     if (hc_random_bytes(o->nonce, sizeof o->nonce) != 0) {
