@@ -66,3 +66,24 @@ def run(fn, nranks=4, per_node=2, timeout=30.0, args=(), expect_fail=()):
     if bad:
         raise AssertionError("ranks failed: %s" % bad)
     return results
+
+
+class FileKV:
+    """A dict-like store in a directory: get returns None until set, so
+    Comm.from_store polls it (the path a non-c10d store takes)."""
+
+    def __init__(self, d):
+        self.d = d
+
+    def set(self, key, value):
+        p = os.path.join(self.d, key.replace("/", "_"))
+        with open(p + ".tmp", "wb") as f:
+            f.write(value)
+        os.rename(p + ".tmp", p)
+
+    def get(self, key):
+        try:
+            with open(os.path.join(self.d, key.replace("/", "_")), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None

@@ -11,6 +11,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ranks  # noqa: E402
+from ranks import FileKV  # noqa: E402
 
 import hcoll  # noqa: E402
 
@@ -21,27 +22,6 @@ except ImportError:
 
 N = 1000
 DTYPES = ["float32", "float16", "float64", "int8", "uint8", "int32", "int64"]
-
-
-class FileKV:
-    """A dict-like store in a directory: get returns None until set, so
-    Comm.from_store polls it (the path a non-c10d store takes)."""
-
-    def __init__(self, d):
-        self.d = d
-
-    def set(self, key, value):
-        p = os.path.join(self.d, key.replace("/", "_"))
-        with open(p + ".tmp", "wb") as f:
-            f.write(value)
-        os.rename(p + ".tmp", p)
-
-    def get(self, key):
-        try:
-            with open(os.path.join(self.d, key.replace("/", "_")), "rb") as f:
-                return f.read()
-        except FileNotFoundError:
-            return None
 
 
 class NumpyKind:
