@@ -11,6 +11,8 @@ hcoll.torch has a DDP communication hook (allreduce_hook). The library is
 found through HCOLL_LIBRARY, the build tree, the `make install` prefix,
 then the dynamic loader (see _lib.py).
 """
+__version__ = "0.1.0"  # = HCOLL_VERSION_STRING (tests/python.test.sh checks)
+
 from ._core import (Comm, Dtype, HcollArgError, HcollError, NOCOLOR, Op, PremulSum, Work,
                     premul_sum, unique_id, version)
 from ._lib import path as library_path
