@@ -11,6 +11,12 @@ build=${HCOLL_TEST_BUILD:-build}
 py=/usr/bin/python3
 [ -e lib/libhcoll.so.0 ] || [ -e "$build/lib/libhcoll.so.0" ] ||
   { echo "FAIL: libhcoll.so.0 not built (make)"; exit 1; }
+lib=lib/libhcoll.so.0
+[ -e "$build/lib/libhcoll.so.0" ] && lib=$build/lib/libhcoll.so.0
+if readelf -d "$lib" 2>/dev/null | grep -q 'NEEDED.*libasan'; then
+  echo "SKIP: $lib is an ASan build, which an uninstrumented python3 cannot load (run make test)"
+  exit 77
+fi
 if ! "$py" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("numpy") is None)' 2>/dev/null; then
   echo "SKIP: $py cannot import numpy (apt-get install python3-numpy)"
   exit 77
