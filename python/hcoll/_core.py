@@ -207,7 +207,8 @@ class Work:
     """
 
     def __init__(self, comm, result, keep):
-        self._comm = comm
+        self._comm = comm  # alive (not collected, hence not destroyed) until done
+        self._handle = comm._handle
         self._result = result
         self._keep = keep
         self._future = concurrent.futures.Future()
@@ -215,12 +216,13 @@ class Work:
 
     def _finish(self, status):
         result = self._result
-        handle = self._comm._handle
         self._keep = self._result = None
         if status == 0:
             self._future.set_result(result)
         else:
-            msg = lib.hcoll_comm_last_error(handle) if handle else None
+            # The handle is still valid: destroy and abort run the callbacks
+            # of the requests they end before they free the communicator.
+            msg = lib.hcoll_comm_last_error(self._handle)
             self._future.set_exception(
                 HcollError(status, msg.decode(errors="replace") if msg else ""))
 
@@ -365,18 +367,22 @@ class Comm:
     def destroy(self):
         """hcoll_comm_destroy: waits for outstanding operations (their
         futures complete first), then frees the communicator. Idempotent."""
-        h, self._handle = self._handle, None
+        h = self._handle
         _live.discard(self)
         if h and self._pid == os.getpid():
-            _raise_for(lib.hcoll_comm_destroy(h), None)
+            st = lib.hcoll_comm_destroy(h)  # runs the pending requests' callbacks
+            self._handle = None
+            _raise_for(st, None)
+        self._handle = None
 
     def abort(self):
         """hcoll_comm_abort: outstanding operations fail with
         HCOLL_ERR_ABORTED; peers see HCOLL_ERR_PEER_FAILED."""
-        h, self._handle = self._handle, None
+        h = self._handle
         _live.discard(self)
         if h and self._pid == os.getpid():
-            lib.hcoll_comm_abort(h)
+            lib.hcoll_comm_abort(h)  # runs the pending requests' callbacks
+        self._handle = None
 
     def __enter__(self):
         return self

@@ -6,6 +6,7 @@ compared bit for bit with a NumPy reference. Run by tests/python.test.sh."""
 import os
 import sys
 import tempfile
+import time
 
 import numpy as np
 
@@ -189,6 +190,31 @@ def errors(comm, kind, rank, size):
     comm.barrier()
 
 
+def aborted(comm, rank, tmpdir):
+    """Rank 3 stays out of a barrier, so ranks 0-2's async barriers hang
+    until rank 0 aborts: its own future raises HCOLL_ERR_ABORTED (with the
+    message read while the callback runs), the others' a peer failure."""
+    sub = comm.split(0)
+    flag = os.path.join(tmpdir, "aborted")
+    if rank == 3:
+        while not os.path.exists(flag):
+            time.sleep(0.01)
+        sub.destroy()
+        return
+    work = sub.barrier(async_op=True)
+    if rank == 0:
+        time.sleep(0.2)
+        assert not work.is_completed(), "barrier finished without rank 3"
+        sub.abort()
+        open(flag, "w").close()
+    err = work.exception(timeout=10)
+    want = "HCOLL_ERR_ABORTED" if rank == 0 else "HCOLL_ERR_PEER_FAILED"
+    assert isinstance(err, hcoll.HcollError) and err.status == want, (err, want)
+    assert rank != 0 or sub._handle is None
+    if rank != 0:
+        sub.destroy()
+
+
 def rank_main(rank, size, tmpdir):
     os.environ.pop("HCOLL_RANK", None)
     comm = hcoll.Comm.from_store(FileKV(tmpdir), rank, size)
@@ -220,6 +246,7 @@ def rank_main(rank, size, tmpdir):
             c2.allreduce(t)
             assert t.tolist() == [6.0] * 8, t
         assert c2._handle is None
+    aborted(comm, rank, tmpdir)
     comm.destroy()
     comm.destroy()  # idempotent
     try:
