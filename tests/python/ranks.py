@@ -8,6 +8,7 @@ A rank function returns normally for success; an exception (assert) prints
 its traceback on stderr and fails the rank."""
 import os
 import signal
+import socket
 import sys
 import time
 import traceback
@@ -21,6 +22,13 @@ def env_setup(liveness_ms=3000):
     os.environ.setdefault("HCOLL_TIMEOUT_MS", "20000")
     os.environ.setdefault("HCOLL_LIVENESS_MS", str(liveness_ms))
     os.environ.setdefault("HCOLL_OP_TIMEOUT_MS", "20000")
+
+
+def free_port():
+    """A TCP port free on loopback now (for HCOLL_ROOT)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def run(fn, nranks=4, per_node=2, timeout=30.0, args=(), expect_fail=()):

@@ -215,8 +215,27 @@ def aborted(comm, rank, tmpdir):
         sub.destroy()
 
 
-def rank_main(rank, size, tmpdir):
-    os.environ.pop("HCOLL_RANK", None)
+def from_env(rank, size, port):
+    """Comm.from_env with HCOLL_RANK/NRANKS/ROOT, config keywords passed
+    through, and an init error's status and message."""
+    os.environ.update(HCOLL_RANK=str(rank), HCOLL_NRANKS=str(size),
+                      HCOLL_ROOT="127.0.0.1:%d" % port)
+    try:
+        hcoll.Comm.from_env(net="bogus")
+    except hcoll.HcollError as e:
+        assert e.status == "HCOLL_ERR_INVALID_ARG" and "bogus" in e.message, e
+    else:
+        raise AssertionError("net='bogus' accepted")
+    with hcoll.Comm.from_env(socket_ifname="lo", timeout_ms=20000, rail=0) as c:
+        assert (c.rank, c.size) == (rank, size)
+        x = np.full(3, rank + 1, np.int64)
+        c.allreduce(x, op=hcoll.PROD)
+        assert x.tolist() == [24] * 3, x
+    for k in ("HCOLL_RANK", "HCOLL_NRANKS", "HCOLL_ROOT"):
+        del os.environ[k]
+
+
+def rank_main(rank, size, tmpdir, port):
     comm = hcoll.Comm.from_store(FileKV(tmpdir), rank, size)
     assert (comm.rank, comm.size, comm.local_rank, comm.local_size, comm.node_count) == \
         (rank, size, rank % 2, 2, 2), repr((comm.local_rank, comm.local_size, comm.node_count))
@@ -247,6 +266,7 @@ def rank_main(rank, size, tmpdir):
             assert t.tolist() == [6.0] * 8, t
         assert c2._handle is None
     aborted(comm, rank, tmpdir)
+    from_env(rank, size, port)
     comm.destroy()
     comm.destroy()  # idempotent
     try:
@@ -260,7 +280,7 @@ def rank_main(rank, size, tmpdir):
 def main():
     ranks.env_setup()
     with tempfile.TemporaryDirectory(prefix="hcoll-py-") as d:
-        res = ranks.run(rank_main, 4, 2, timeout=60, args=(d,))
+        res = ranks.run(rank_main, 4, 2, timeout=60, args=(d, ranks.free_port()))
     print("binding: 4 ranks (2 nodes x 2), numpy%s: ok in %.1f s"
           % (" and torch" if torch is not None else " only (no torch)",
              max(r[1] for r in res)))
