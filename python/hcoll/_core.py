@@ -31,7 +31,9 @@ class HcollError(RuntimeError):
         self.code = int(code)
         self.status = _lib.status_name(self.code)
         self.message = message
-        super().__init__("%s: %s" % (self.status, message or _lib.strerror(self.code)))
+        text = message or _lib.strerror(self.code)
+        # hcoll's own messages already start with the status name.
+        super().__init__(text if text.startswith(self.status) else "%s: %s" % (self.status, text))
 
 
 class HcollArgError(HcollError, ValueError):
@@ -175,6 +177,9 @@ def _scalar_bytes(value, dtype):
 _pending = {}
 _pending_lock = threading.Lock()
 _tokens = itertools.count(1)
+# Set while a completion callback (and the done-callbacks it triggers) runs
+# on this thread: a wait() there for a later request would never return.
+_in_callback = threading.local()
 
 
 def _on_done(req, status, arg):
@@ -185,7 +190,11 @@ def _on_done(req, status, arg):
         with _pending_lock:
             work = _pending.pop(arg)
         lib.hcoll_request_free(req)
-        work._finish(status)
+        _in_callback.active = True
+        try:
+            work._finish(status)
+        finally:
+            _in_callback.active = False
     except BaseException:  # noqa: B902 - nothing may escape into C
         traceback.print_exc()
 
@@ -227,6 +236,11 @@ class Work:
                 HcollError(status, msg.decode(errors="replace") if msg else ""))
 
     def wait(self, timeout=None):
+        if not self._future.done() and getattr(_in_callback, "active", False):
+            # hcoll runs callbacks in issue order on one thread: this request
+            # cannot finish before the running callback returns.
+            raise HcollError(2, "wait() on an unfinished request from inside a completion "
+                                "callback would never return")
         return self._future.result(timeout)
 
     def is_completed(self):

@@ -151,6 +151,24 @@ def async_work(comm, kind, rank, size):
     w2 = comm.broadcast(kind.make(ins[rank], "float32"), root=1, async_op=True)
     w.wait(20)
     check_equal(kind, w2.wait(20), ins[1], "async broadcast")
+    # wait() for a later request inside a completion callback is refused,
+    # not a hang: rank 0 enters late, so elsewhere the first barrier's
+    # callback runs on hcoll's thread, before the second barrier can end.
+    if rank == 0:
+        time.sleep(0.3)
+    first, second = comm.barrier(async_op=True), comm.barrier(async_op=True)
+    got = []
+
+    def in_callback(f):
+        try:
+            second.wait(timeout=5)
+            got.append("returned")
+        except BaseException as e:  # noqa: BLE001 - recorded and checked below
+            got.append(e)
+    first.get_future().add_done_callback(in_callback)
+    second.wait(20)
+    if rank != 0:
+        assert isinstance(got[0], hcoll.HcollError) and "never return" in str(got[0]), got
 
 
 def errors(comm, kind, rank, size):
