@@ -342,16 +342,21 @@ class Comm:
     @classmethod
     def from_store(cls, store, rank, size, key=None, timeout=300.0, **config):
         """Rank 0 makes the id and stores it under key; the others read it.
-        store: anything with set(key, bytes) and get(key) -> bytes, e.g. a
-        torch.distributed Store (its get blocks until the key is set) or a
-        shared dict (polled until the key appears, up to timeout seconds).
+        store: anything with set(key, bytes) (or store[key] = bytes) and
+        get(key) -> bytes, e.g. a torch.distributed Store (its get blocks
+        until the key is set) or a shared dict such as a
+        multiprocessing.Manager().dict() (get polled until the key appears,
+        up to timeout seconds).
         The default key counts from_store calls in this process, so every
         rank must make its communicators in the same order."""
         if key is None:
             key = "hcoll/unique_id/%d" % next(_store_calls)
         if rank == 0:
             uid = unique_id()
-            store.set(key, uid)
+            if hasattr(store, "set"):
+                store.set(key, uid)
+            else:
+                store[key] = uid
         else:
             deadline = time.monotonic() + timeout
             while True:

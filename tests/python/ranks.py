@@ -77,13 +77,14 @@ def run(fn, nranks=4, per_node=2, timeout=30.0, args=(), expect_fail=()):
 
 
 class FileKV:
-    """A dict-like store in a directory: get returns None until set, so
-    Comm.from_store polls it (the path a non-c10d store takes)."""
+    """A dict-like store in a directory: kv[key] = value, and get returns
+    None until then, so Comm.from_store polls it (the path a non-c10d store
+    takes)."""
 
     def __init__(self, d):
         self.d = d
 
-    def set(self, key, value):
+    def __setitem__(self, key, value):
         p = os.path.join(self.d, key.replace("/", "_"))
         with open(p + ".tmp", "wb") as f:
             f.write(value)
