@@ -1,5 +1,6 @@
 """Comm, Work and HcollError: the binding proper (ctypes over libhcoll)."""
 import atexit
+import collections
 import concurrent.futures
 import ctypes
 import enum
@@ -180,6 +181,10 @@ _tokens = itertools.count(1)
 # Set while a completion callback (and the done-callbacks it triggers) runs
 # on this thread: a wait() there for a later request would never return.
 _in_callback = threading.local()
+# Finished Works, released later on a caller's thread: a Work may hold the
+# last reference to its Comm, whose destroy must not run on hcoll's thread
+# (hcoll refuses it inside a callback of that communicator).
+_graveyard = collections.deque()
 
 
 def _on_done(req, status, arg):
@@ -195,6 +200,7 @@ def _on_done(req, status, arg):
             work._finish(status)
         finally:
             _in_callback.active = False
+            _graveyard.append(work)
     except BaseException:  # noqa: B902 - nothing may escape into C
         traceback.print_exc()
 
@@ -260,6 +266,7 @@ _live = weakref.WeakSet()
 def _destroy_live():
     # A communicator left open at exit still has hcoll's threads, which
     # would call into a finalising interpreter.
+    _graveyard.clear()
     for comm in list(_live):
         comm.destroy()
 
@@ -453,6 +460,8 @@ class Comm:
     # -- collectives -----------------------------------------------------------
     def _issue(self, blocking_fn, async_fn, args, result, keep, async_op):
         h = self._h()
+        while _graveyard:
+            _graveyard.popleft()
         if not async_op:
             _raise_for(blocking_fn(h, *args), h)
             return None

@@ -58,8 +58,9 @@ def rank_main(rank, size, tmpdir, how):
     t1 = time.monotonic()
     comm.destroy()
     assert time.monotonic() - t1 < 5, "destroy took %.1f s" % (time.monotonic() - t1)
-    print("rank %d (%s peer): %s after %.2f s; later call: %s" % (rank, how, err.status, took,
-                                                                 later.status), flush=True)
+    sys.stdout.write("rank %d (%s peer): %s after %.2f s; later call: %s\n"
+                     % (rank, how, err.status, took, later.status))
+    sys.stdout.flush()
     if rank == 0 and how == "stopped":
         with open(os.path.join(tmpdir, "victim")) as f:
             os.kill(int(f.read()), signal.SIGKILL)
