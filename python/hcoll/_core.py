@@ -195,11 +195,14 @@ def _on_done(req, status, arg):
         with _pending_lock:
             work = _pending.pop(arg)
         lib.hcoll_request_free(req)
-        _in_callback.active = True
+        # Run at once by set_callback (already complete) on the issuing
+        # thread, a wait() for a later request simply waits for hcoll.
+        outer = getattr(_in_callback, "active", False)
+        _in_callback.active = outer or not getattr(_in_callback, "issuing", False)
         try:
             work._finish(status)
         finally:
-            _in_callback.active = False
+            _in_callback.active = outer
             _graveyard.append(work)
     except BaseException:  # noqa: B902 - nothing may escape into C
         traceback.print_exc()
@@ -471,7 +474,12 @@ class Comm:
         token = next(_tokens)
         with _pending_lock:
             _pending[token] = work
-        st = lib.hcoll_request_set_callback(req, _on_done_c, token)
+        outer = getattr(_in_callback, "issuing", False)
+        _in_callback.issuing = True
+        try:
+            st = lib.hcoll_request_set_callback(req, _on_done_c, token)
+        finally:
+            _in_callback.issuing = outer
         if st != 0:  # cannot happen for a fresh request; do not leak it
             with _pending_lock:
                 _pending.pop(token, None)
