@@ -198,7 +198,13 @@ $(BUILD)/examples/%: examples/%.c $(SHARED_LIB)
 	$(Q)$(CC) -std=gnu11 -Wall -Wextra $(CFLAGS) -Iinclude -o $@ $< -L$(LIBOUT) -lhcoll \
 	    $(LIB_LDLIBS) -Wl,-rpath,'$(abspath $(LIBOUT))'
 $(EXAMPLE_MPI): private CC := mpicc
-$(EXAMPLE_CUDA): private CFLAGS += -I$(CUDA_HOME)/include
+# Its own rule: CFLAGS given on the command line (test-asan) would drop a
+# target-specific -I.
+$(EXAMPLE_CUDA): examples/device_side_stream.c $(SHARED_LIB)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CCLD    $@")
+	$(Q)$(CC) -std=gnu11 -Wall -Wextra $(CFLAGS) -Iinclude -I$(CUDA_HOME)/include -o $@ $< \
+	    -L$(LIBOUT) -lhcoll $(LIB_LDLIBS) -Wl,-rpath,'$(abspath $(LIBOUT))'
 
 CHECK_CFLAGS = $(shell pkg-config --cflags check 2>/dev/null)
 CHECK_LIBS   = $(shell pkg-config --libs check 2>/dev/null)
