@@ -60,6 +60,14 @@ grep -q '= 196.9 ms' <<<"$out" || fail "plan at 40 GB/s: $out"
 grep -q '= 96.9 ms' <<<"$out" || fail "plan at 40 GB/s: exposed time"
 grep -q 'verdict          exposed' <<<"$out" || fail "plan at 40 GB/s not exposed"
 grep -q 'busbw to hide it 78.8 GB/s' <<<"$out" || fail "plan: busbw needed"
+# The last bucket starts when backward ends: at 180 GB/s its 1.3 ms stays
+# exposed; at 40 GB/s 239 buckets' latency add to the 96.9 ms.
+grep -q 'with buckets     1.3 ms exposed: .* the last (1.3 ms)' <<<"$out" || fail "plan: last bucket"
+grep -q 'verdict          hidden: all but the last bucket hides' <<<"$out" || fail "plan: tail verdict"
+grep -q 'with buckets     116.4 ms exposed' <<<"$out" || fail "plan at 40 GB/s: bucketed exposed"
+out=$("$plan" -s 10MB -t 10ms -N 2 -L 1 --busbw 2 --latency 1ns --bucket 1MB --terse)
+grep -qx 'busbw=2e+09 t_s=0.005 bw_exposed_s=0 exposed_s=0.000500001 last_bucket_s=0.000500001 bucket_bytes=1000000 buckets=10 latency_s=1e-09 verdict=hidden' \
+  <<<"$out" || fail "plan --terse --bucket: $out"
 
 # ---- --peer failures that need no all-reduce ------------------------------
 out=$(env -u OMPI_COMM_WORLD_SIZE -u PMIX_RANK "$perf" --peer mpi -b 4K -e 4K 2>&1); rc=$?

@@ -302,15 +302,21 @@ int hp_line_rate_resolve(double given_bps, const char *ifname_list, const char *
 /* ------------------------------------------------------------------------ */
 
 /*
- * Overlap verdict: t = S · 2(n-1)/n / busbw against the backward time b.
- *   hidden          t <= b
- *   partly exposed  b < t <= b · HP_PLAN_PARTLY_MAX   (the exposed tail is at
- *                   most a quarter of the backward pass: bucket/chunk
- *                   tuning or a modest busbw gain can hide it)
- *   exposed         beyond
- * Bucketing: an all-reduce of B bytes costs about lat + B·2(n-1)/n/busbw;
+ * Bucketing: an all-reduce of B bytes costs about c = lat + B·2(n-1)/n/busbw;
  * the bucket is the smallest power of two whose transfer time is at least
- * HP_PLAN_LAT_RATIO times the fixed latency (latency <= 1/10 of it).
+ * HP_PLAN_LAT_RATIO times the fixed latency (latency <= 1/10 of it), unless
+ * the caller gives one.
+ * Overlap: backward fills the S bytes at an even rate over b seconds, in
+ * k = ceil(S/B) buckets; bucket i's all-reduce starts when it is full and
+ * the one before it is done, so the last bucket starts no earlier than the
+ * end of backward and its whole time c_last is always exposed:
+ *   exposed = max(0, finish of the last bucket - b) >= c_last
+ * (t - b is what bandwidth alone would say.) Verdict, on what is exposed
+ * beyond that unavoidable tail (beyond 0 when k = 1: nothing overlaps):
+ *   hidden          nothing: the all-reduce keeps pace with backward
+ *   partly exposed  at most (HP_PLAN_PARTLY_MAX - 1) x b: bucket/chunk
+ *                   tuning or a modest busbw gain can hide it
+ *   exposed         beyond
  */
 #define HP_PLAN_PARTLY_MAX 1.25
 #define HP_PLAN_LAT_RATIO  10.0
@@ -328,6 +334,7 @@ typedef struct hp_plan_in {
     int nodes, ranks_per_node;
     double busbw;        /* bytes/s */
     double latency_s;    /* fixed cost of one all-reduce; <= 0: from hops */
+    double bucket_bytes; /* bucket size to model; <= 0: the rule's */
 } hp_plan_in_t;
 
 typedef struct hp_plan_out {
@@ -335,13 +342,15 @@ typedef struct hp_plan_out {
     double factor;        /* 2(n-1)/n */
     double t_s;           /* S · factor / busbw */
     double naive_t_s;     /* S / busbw: the common mistake */
-    double exposed_s;     /* max(0, t - backward) */
+    double exposed_s;     /* bucketed, the last bucket included (above) */
     hp_plan_verdict_t verdict;
     double busbw_needed;  /* bytes/s to make t == backward */
     double latency_s;     /* the one used */
     uint64_t bucket_bytes;
     uint64_t nbuckets;
     double bucket_t_s;    /* one bucket's all-reduce */
+    double bw_exposed_s;  /* max(0, t - backward): bandwidth alone */
+    double last_bucket_s; /* the last bucket's all-reduce, exposed always */
 } hp_plan_out_t;
 
 /* 0 ok, -1 invalid input (non-positive sizes, times or counts). */
@@ -358,6 +367,8 @@ typedef struct hp_plan_opts {
     double line_rate;          /* --line-rate */
     double efficiency;         /* --efficiency, 0..1 (or %) */
     double latency_s;          /* --latency; 0 = from JSON or hops */
+    double bucket;             /* --bucket; 0 = the rule's */
+    int terse;                 /* --terse: one key=value line per busbw */
     int help;
 } hp_plan_opts_t;
 
