@@ -38,7 +38,10 @@
  *   HCMOCK_POISON    byte that fresh allocations are filled with (default
  *                    0xa5; -1: no fill). Device memory is not zeroed.
  *   HCMOCK_CAPTURE   1: every stream reports CU_STREAM_CAPTURE_STATUS_ACTIVE
- *   HCMOCK_DMABUF    1: CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED is 1 (default 0)
+ *   HCMOCK_DMABUF    1: CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED is 1 but the export
+ *                    fails; 2: the export works too (default 0: neither)
+ *   HCMOCK_RDMA_ORDERING  GPU_DIRECT_RDMA_WRITES_ORDERING (default 100 from
+ *                    sm_90, else 0)
  *   HCMOCK_MEM_GB    device memory per GPU (default 80)
  *   HCMOCK_TRACE     1: print every queued op as it runs (stderr)
  *   HCMOCK_RACE      unordered device-memory accesses of two streams: 0
@@ -481,7 +484,7 @@ CUAPI int cuInit(unsigned flags)
         g.delay_us = d > 0 ? (unsigned)d : 0;
         g.poison = (int)env_long("HCMOCK_POISON", 0xa5);
         g.capture_all = env_long("HCMOCK_CAPTURE", 0) == 1;
-        g.dmabuf = env_long("HCMOCK_DMABUF", 0) == 1;
+        g.dmabuf = (int)env_long("HCMOCK_DMABUF", 0);
         g.trace = env_long("HCMOCK_TRACE", 0) == 1;
         g.race = (int)env_long("HCMOCK_RACE", 1);
         g.mem_per_dev = (size_t)env_long("HCMOCK_MEM_GB", 80) << 30;
@@ -569,6 +572,8 @@ static int dev_bus(int dev)
     return dev < 8 ? bus[dev] : 0xe0 + dev;
 }
 
+static int rdma_ordering(void);
+
 CUAPI int cuDeviceGetAttribute(int *pi, int attrib, int dev)
 {
     CHECK_INIT();
@@ -610,7 +615,8 @@ CUAPI int cuDeviceGetAttribute(int *pi, int attrib, int dev)
     case 116: v = 1; break;          /* GPU_DIRECT_RDMA_SUPPORTED */
     case 122: v = 1; break;          /* CAN_USE_64_BIT_STREAM_MEM_OPS */
     case 123: v = 1; break;          /* CAN_USE_STREAM_WAIT_VALUE_NOR */
-    case 124: v = g.dmabuf; break;   /* DMA_BUF_SUPPORTED */
+    case 124: v = g.dmabuf >= 1; break; /* DMA_BUF_SUPPORTED */
+    case 118: v = rdma_ordering(); break; /* GPU_DIRECT_RDMA_WRITES_ORDERING */
     default: break;
     }
     *pi = v;
@@ -1879,15 +1885,47 @@ out:
     return r;
 }
 
-/* dma-buf export would need a kernel driver; the attribute says no. */
+/* ---- dma-buf export and GPUDirect write ordering (verbs emulation) ------- */
+
+/* HCMOCK_DMABUF=2: a dma-buf fd that the emulated libibverbs imports
+ * (hcmock.h's hcmock_dmabuf_t in a memfd). As the driver wants, dptr and
+ * size are multiples of the host page size (sysconf: 4 KiB, or 64 KiB on
+ * Grace-like hosts, HCMOCK_PAGE_SIZE under libhcmock_page.so), and dptr
+ * lies in device memory. 1: the attribute says yes, the export fails. */
 CUAPI int cuMemGetHandleForAddressRange(void *handle, unsigned long long dptr, size_t size,
                                         int type, unsigned long long flags)
 {
     CHECK_INIT();
-    (void)dptr, (void)size, (void)type, (void)flags;
-    if (!handle)
+    if (!handle || type != 1 /* DMA_BUF_FD */ || flags)
         return CUDA_ERROR_INVALID_VALUE;
-    return CUDA_ERROR_NOT_SUPPORTED;
+    if (g.dmabuf != 2)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    const unsigned long long page = (unsigned long long)sysconf(_SC_PAGESIZE);
+    if (!size || dptr % page || size % page)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g.lock);
+    int in = g.va_base && dptr >= (uint64_t)(uintptr_t)g.va_base && dptr + size <= g.va_end;
+    pthread_mutex_unlock(&g.lock);
+    if (!in)
+        return CUDA_ERROR_INVALID_VALUE;
+    int fd = memfd_create("hcmock-dmabuf", MFD_CLOEXEC);
+    if (fd < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    const hcmock_dmabuf_t d = { HCMOCK_DMABUF_MAGIC, dptr, size };
+    if (pwrite(fd, &d, sizeof d, 0) != (ssize_t)sizeof d) {
+        close(fd);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *(int *)handle = fd;
+    return CUDA_SUCCESS;
+}
+
+/* CU_GPU_DIRECT_RDMA_WRITES_ORDERING_*: NONE (0) before Hopper, OWNER
+ * (100) from sm_90; HCMOCK_RDMA_ORDERING overrides (a platform whose
+ * path orders nothing, say). */
+static int rdma_ordering(void)
+{
+    return (int)env_long("HCMOCK_RDMA_ORDERING", g.cc_major >= 9 ? 100 : 0);
 }
 
 /* ---- Stream memory operations --------------------------------------------- */
