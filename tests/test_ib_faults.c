@@ -12,6 +12,8 @@
  *                          that are not 64 KiB-aligned: GPUDirect is on, the
  *                          flush word goes through dma-buf, flushes happen,
  *                          results are exact
+ *   faults_gdr_managed     managed memory on a GPUDirect ring (peermem) is
+ *                          staged through device memory, not failed
  *   faults_async_*         an async event (port down, fatal QP, responder
  *                          access error, CQ overrun) is named in the error
  *   faults_fork            a fork with regions live is safe (ibv_fork_init
@@ -265,6 +267,61 @@ START_TEST(faults_gdr_dmabuf_only)
 }
 END_TEST
 
+/* ---- item 6: managed memory on a GPUDirect ring --------------------------- */
+
+static int rank_gdr_managed(int rank, int n, void *argp)
+{
+    (void)n;
+    fault_arg_t *a = argp;
+    rank_env(a);
+    setenv("HCMOCK_CC", "8.0", 1); /* flush reads too */
+    const hc_cu_api_t *cu = gpu_open(0);
+    HCT_REQUIRE(cu && gpu_mock_driver(), "rank %d: no mock GPU", rank);
+    void *lib = dlopen("libcuda.so.1", RTLD_NOLOAD | RTLD_NOW);
+    int (*alloc_managed)(hc_cu_dptr_t *, size_t, unsigned) =
+        lib ? (int (*)(hc_cu_dptr_t *, size_t, unsigned))dlsym(lib, "cuMemAllocManaged") : NULL;
+    HCT_REQUIRE(alloc_managed, "no cuMemAllocManaged");
+    hcoll_comm_t comm;
+    if (comm_open(a, rank, &comm))
+        return 1;
+    void *stream;
+    GPU_OK(cu->stream_create(&stream, HC_CU_STREAM_NON_BLOCKING));
+    const size_t cnt = 200000;
+    hc_cu_dptr_t m;
+    GPU_OK(alloc_managed(&m, cnt * sizeof(float), 1));
+    float *f = (float *)(uintptr_t)m; /* host-addressable, as managed memory is */
+    for (int it = 0; it < 2; it++) {
+        for (size_t i = 0; i < cnt; i++)
+            f[i] = (float)(rank + (int)(i % 3));
+        HCT_OK(comm, hcoll_allreduce(comm, f, f, cnt, HCOLL_FLOAT32, HCOLL_SUM, stream));
+        GPU_OK(cu->stream_synchronize(stream));
+        hcoll_status_t ae = HCOLL_SUCCESS;
+        HCT_OK(comm, hcoll_comm_get_async_error(comm, &ae));
+        HCT_REQUIRE(ae == HCOLL_SUCCESS, "rank %d: managed all-reduce: %s (%s)", rank,
+                    hcoll_status_name(ae), hcoll_comm_last_error(comm));
+        for (size_t i = 0; i < cnt; i++)
+            HCT_REQUIRE(f[i] == (float)(1 + 2 * (int)(i % 3)), "rank %d: managed element %zu is %g",
+                        rank, i, f[i]);
+    }
+    if (dev_allreduce(comm, cu, stream, rank, 100000, 0) || host_allreduce(comm, rank, 100000))
+        return 1;
+    GPU_OK(cu->mem_free(m));
+    GPU_OK(cu->stream_destroy(stream));
+    HCT_OK(comm, hcoll_comm_destroy(comm));
+    return 0;
+}
+
+START_TEST(faults_gdr_managed)
+{
+    if (skip_without_cuda())
+        return;
+    fault_arg_t *a = arg_new(1);
+    run(a, rank_gdr_managed);
+    ck_assert_int_eq(logs_with(a, "stage 2 on device memory (GPUDirect RDMA)"), NR);
+    arg_free(a);
+}
+END_TEST
+
 /* ---- item 9: async events -------------------------------------------------- */
 
 static int rank_async(int rank, int n, void *argp)
@@ -376,6 +433,7 @@ static Suite *suite(void)
     tcase_set_timeout(t, TEST_TIMEOUT_S);
     tcase_add_test(t, faults_dmabuf_refused);
     tcase_add_test(t, faults_gdr_dmabuf_only);
+    tcase_add_test(t, faults_gdr_managed);
     tcase_add_test(t, faults_async_port_down);
     tcase_add_test(t, faults_async_qp_fatal);
     tcase_add_test(t, faults_async_access_err);

@@ -184,6 +184,7 @@ typedef struct mmem {
     size_t span;     /* reserved: size rounded to the alignment */
     void *host;      /* backing */
     int pinned;      /* cuMemHostAlloc memory (identity mapped) */
+    int managed;     /* cuMemAllocManaged: identity mapped too, freed by cuMemFree */
     mctx_t *ctx;
     unsigned gen;
     uint64_t id;     /* CU_POINTER_ATTRIBUTE_BUFFER_ID: never reused */
@@ -1619,7 +1620,7 @@ static int mem_free_common(uint64_t p, int pinned, const char *who)
     long i = p ? mem_find(p) : -1;
     mmem_t *m = i >= 0 ? g.mem[i] : NULL;
     int r = CUDA_SUCCESS;
-    if (!m || m->base != p || m->pinned != pinned) {
+    if (!m || m->base != p || (m->pinned && !m->managed) != pinned) {
         r = CUDA_ERROR_INVALID_VALUE;
     } else if (!m->ctx->active || m->gen != m->ctx->gen) {
         r = CUDA_ERROR_CONTEXT_IS_DESTROYED;
@@ -1860,7 +1861,7 @@ CUAPI int cuPointerGetAttribute(void *data, int attr, unsigned long long ptr)
     switch (attr) {
     case PA_CONTEXT: *(void **)data = m->ctx; break;
     case PA_MEMORY_TYPE:
-        *(unsigned *)data = m->pinned ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+        *(unsigned *)data = m->pinned && !m->managed ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
         break;
     case PA_DEVICE_POINTER: *(unsigned long long *)data = ptr; break;
     case PA_HOST_POINTER:
@@ -1871,7 +1872,7 @@ CUAPI int cuPointerGetAttribute(void *data, int attr, unsigned long long ptr)
         break;
     case PA_SYNC_MEMOPS: *(unsigned *)data = 0; break;
     case PA_BUFFER_ID: *(unsigned long long *)data = m->id; break;
-    case PA_IS_MANAGED: *(unsigned *)data = 0; break;
+    case PA_IS_MANAGED: *(unsigned *)data = (unsigned)m->managed; break;
     case PA_DEVICE_ORDINAL: *(int *)data = m->ctx->dev; break;
     case PA_IS_LEGACY_CUDA_IPC_CAPABLE: *(unsigned *)data = !m->pinned; break;
     case PA_RANGE_START_ADDR: *(unsigned long long *)data = m->base; break;
@@ -1917,6 +1918,30 @@ CUAPI int cuMemGetHandleForAddressRange(void *handle, unsigned long long dptr, s
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     *(int *)handle = fd;
+    return CUDA_SUCCESS;
+}
+
+/* Managed memory, for the verbs tests: host-addressable (as on a GPU with
+ * unified memory) and, to the NIC, neither dma-buf exportable (its address
+ * is outside the device range) nor pinnable through nvidia-peermem (the
+ * emulated libibverbs refuses it). */
+CUAPI int cuMemAllocManaged(unsigned long long *dptr, size_t size, unsigned flags)
+{
+    CHECK_INIT();
+    if (!dptr || size == 0 || (flags != 1 && flags != 2)) /* GLOBAL, HOST */
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g.lock);
+    mctx_t *c;
+    mmem_t *m = NULL;
+    int r = ctx_current(&c);
+    if (r == CUDA_SUCCESS)
+        r = mem_new(c, size, 1, &m);
+    if (r == CUDA_SUCCESS)
+        m->managed = 1;
+    pthread_mutex_unlock(&g.lock);
+    if (r != CUDA_SUCCESS)
+        return r;
+    *dptr = m->base;
     return CUDA_SUCCESS;
 }
 

@@ -874,6 +874,15 @@ static int is_device_memory(const void *p)
            mt == 2 /* CU_MEMORYTYPE_DEVICE */;
 }
 
+/* Managed memory: nvidia-peermem does not take it, and pinning its host
+ * pages would register a copy the GPU does not use. */
+static int is_managed_memory(const void *p)
+{
+    ptrattr_fn attr = ptr_attr();
+    unsigned v = 0;
+    return attr && attr(&v, 8 /* CU_POINTER_ATTRIBUTE_IS_MANAGED */, (uintptr_t)p) == 0 && v;
+}
+
 /* Host bytes pinned by live MRs, against HCMOCK_IB_MEMLOCK (RLIMIT_MEMLOCK:
  * ib_umem_get answers ENOMEM past it). */
 static _Atomic uint64_t g_pinned;
@@ -1008,6 +1017,11 @@ HCMOCK_API struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t lengt
     const int write = access & (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                                 IBV_ACCESS_REMOTE_ATOMIC);
     dev2host_fn f = dev2host();
+    if (f && f((uintptr_t)addr, length) && is_managed_memory(addr)) {
+        trace("ibv_reg_mr of managed memory %p: EFAULT", addr);
+        errno = EFAULT;
+        return NULL;
+    }
     if (f && f((uintptr_t)addr, length) && is_device_memory(addr)) {
         /* Device memory: reachable through nvidia-peermem only. */
         if (!peermem_loaded()) {
