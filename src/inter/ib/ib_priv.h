@@ -10,9 +10,11 @@
  *   mr_cache.c  the registration cache (generic, mr_cache.h)
  *   send.c      puts, the send FIFO, receive credits, queued puts
  *   poll.c      completions, flush hold-back, progress and poll
+ *   async.c     the NIC's async events (read by progress and by ib_fail)
  *
  * Calls run one way: ib.c -> {poll, mr, qp, device} ; poll -> {send, qp};
- * mr -> {qp, mr_cache}; device -> loader; everything -> seam (ib_fail).
+ * mr -> {qp, mr_cache}; device -> loader; everything -> seam and async
+ * (ib_fail).
  */
 #ifndef HC_INTER_IB_PRIV_H
 #define HC_INTER_IB_PRIV_H
@@ -202,7 +204,7 @@ struct hc_transport {
     char async_why[240];    /* the first fatal event, named */
 };
 
-/* device.c: read the NIC's pending async events (never blocks); the first
+/* async.c: read the NIC's pending async events (never blocks); the first
  * fatal one is kept in tr->async_why. */
 void ib_async_drain(hc_transport_t *tr);
 
@@ -247,8 +249,9 @@ hcoll_status_t ib_dev_open(hc_transport_t *tr);
 /* GPUDirect for this rank's GPU and NIC: sets gdr, gdr_reg, peermem, flush
  * and gdr_why, with the INFO line saying what was decided. */
 void ib_gdr_decide(hc_transport_t *tr);
-/* Every 64th progress sweep: the NIC's async events; a fatal one fails the
- * transport, named (port down, fatal QP, access error, CQ overrun). */
+/* async.c: every 64th progress sweep, the NIC's async events; a fatal one
+ * fails the transport, named (port down, fatal QP, access error, CQ
+ * overrun). */
 hcoll_status_t ib_async_poll(hc_transport_t *tr);
 
 /* ---- qp.c ------------------------------------------------------------------ */
