@@ -243,6 +243,12 @@ $(MOCK_DIR)/libibverbs.so.1: tests/mock/verbs.c tests/mock/hcmock.h
 	@$(if $(Q),echo "  MOCK    $@")
 	$(Q)$(CC) $(MOCK_CFLAGS) -shared -Wl,-soname,libibverbs.so.1 -o $@ tests/mock/verbs.c \
 	    -pthread -ldl -lrt
+# LD_PRELOAD'ed with HCMOCK_PAGE_SIZE: a host whose pages are that big.
+tests: $(MOCK_DIR)/libhcmock_page.so
+$(MOCK_DIR)/libhcmock_page.so: tests/mock/pagesize.c
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  MOCK    $@")
+	$(Q)$(CC) $(MOCK_CFLAGS) -shared -o $@ $<
 
 $(BUILD)/tests/common/%.o: tests/common/%.c | $(GEN)/hc_build.h
 	@mkdir -p $(dir $@)

@@ -87,6 +87,20 @@ START_TEST(flush_decision)
 }
 END_TEST
 
+/* The write-ordering attribute decides where the driver gives it; the
+ * generation only where it does not (-1); the knob always wins. */
+START_TEST(flush_decision_ordering)
+{
+    ck_assert_int_eq(hc_gdr_flush_decide(-1, 9, 0), 1);   /* Hopper on a path that orders nothing */
+    ck_assert_int_eq(hc_gdr_flush_decide(-1, 8, 100), 0); /* OWNER */
+    ck_assert_int_eq(hc_gdr_flush_decide(-1, 8, 200), 0); /* ALL_DEVICES */
+    ck_assert_int_eq(hc_gdr_flush_decide(-1, 8, -1), 1);  /* unknown: by generation */
+    ck_assert_int_eq(hc_gdr_flush_decide(-1, 9, -1), 0);
+    ck_assert_int_eq(hc_gdr_flush_decide(0, 9, 0), 0);
+    ck_assert_int_eq(hc_gdr_flush_decide(1, 9, 100), 1);
+}
+END_TEST
+
 START_TEST(host_pointers_without_driver)
 {
     char why[200] = "";
@@ -121,6 +135,7 @@ int main(void)
     tcase_add_test(tc, registration_path);
     tcase_add_test(tc, level_decision);
     tcase_add_test(tc, flush_decision);
+    tcase_add_test(tc, flush_decision_ordering);
     tcase_add_test(tc, host_pointers_without_driver);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

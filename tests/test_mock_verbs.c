@@ -15,11 +15,13 @@
 #include <check.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <arpa/inet.h>
 
@@ -59,6 +61,12 @@ typedef struct vfns {
     int (*dereg_mr)(struct ibv_mr *);
     const char *(*hcmock_verbs)(void);
     uint64_t (*stat)(const char *);
+    int (*get_async_event)(struct ibv_context *, struct ibv_async_event *);
+    void (*ack_async_event)(struct ibv_async_event *);
+    int (*inject_async)(const char *);
+    struct ibv_mr *(*reg_dmabuf_mr)(struct ibv_pd *, uint64_t, size_t, uint64_t, int, int);
+    int (*fork_init)(void);
+    enum ibv_fork_status (*is_fork_initialized)(void);
 } vfns_t;
 
 static vfns_t V;
@@ -96,6 +104,12 @@ static int vfns_load(char *why, size_t len)
     L(destroy_qp, "ibv_destroy_qp");
     L(reg_mr, "ibv_reg_mr");
     L(dereg_mr, "ibv_dereg_mr");
+    L(get_async_event, "ibv_get_async_event");
+    L(ack_async_event, "ibv_ack_async_event");
+    L(inject_async, "hcmock_verbs_inject_async");
+    L(reg_dmabuf_mr, "ibv_reg_dmabuf_mr");
+    L(fork_init, "ibv_fork_init");
+    L(is_fork_initialized, "ibv_is_fork_initialized");
 #undef L
     if (strcmp(V.hcmock_verbs(), "hcoll-mock-verbs") != 0) {
         snprintf(why, len, "hcmock_verbs() says '%s'", V.hcmock_verbs());
@@ -704,8 +718,75 @@ START_TEST(mock_cq_overrun)
     }
     struct ibv_wc wc[3];
     ck_assert_int_eq(poll_n(r.a.cq, wc, 3, 5000), 3);
-    ck_assert_int_lt(ibv_poll_cq(r.b.cq, 3, wc), 0);
+    /* As on a NIC: polling goes on answering (what fit, then nothing), and
+     * only the async event says that completions were lost. */
+    ck_assert_int_eq(ibv_poll_cq(r.b.cq, 3, wc), 2);
+    ck_assert_int_eq(ibv_poll_cq(r.b.cq, 3, wc), 0);
     ck_assert_uint_eq(V.stat("cq_overruns"), 1);
+    int fl = fcntl(r.ctx->async_fd, F_GETFL);
+    ck_assert_int_eq(fcntl(r.ctx->async_fd, F_SETFL, fl | O_NONBLOCK), 0);
+    struct ibv_async_event ev;
+    ck_assert_int_eq(V.get_async_event(r.ctx, &ev), 0);
+    ck_assert_int_eq(ev.event_type, IBV_EVENT_CQ_ERR);
+    ck_assert_ptr_eq(ev.element.cq, r.b.cq);
+    V.ack_async_event(&ev);
+    errno = 0;
+    ck_assert_int_eq(V.get_async_event(r.ctx, &ev), -1);
+    ck_assert_int_eq(errno, EAGAIN);
+    rig_close(&r);
+}
+END_TEST
+
+/* Injected faults come as async events with their effect: a port that
+ * goes down reads DOWN and fails every QP; a fatal QP fails. dma-buf: the
+ * probe NCCL uses (fd -1) answers EBADF where import exists and EOPNOTSUPP
+ * under HCMOCK_IB_DMABUF=0. fork: counted as unsafe with live MRs unless
+ * ibv_fork_init came first (which is too late once an MR exists). */
+START_TEST(mock_async_dmabuf_fork)
+{
+    rig_t r;
+    rig_open(&r, 16, 16, 64, 64);
+    connect_pair(r.ctx, &r.a, &r.b, 7, 12);
+    int fl = fcntl(r.ctx->async_fd, F_GETFL);
+    ck_assert_int_eq(fcntl(r.ctx->async_fd, F_SETFL, fl | O_NONBLOCK), 0);
+    struct ibv_async_event ev;
+    ck_assert_int_eq(V.inject_async("qp_fatal"), 0);
+    ck_assert_int_eq(V.get_async_event(r.ctx, &ev), 0);
+    ck_assert_int_eq(ev.event_type, IBV_EVENT_QP_FATAL);
+    ck_assert(ev.element.qp == r.a.qp || ev.element.qp == r.b.qp);
+    ck_assert_int_eq(ev.element.qp->state, IBV_QPS_ERR);
+    V.ack_async_event(&ev);
+    ck_assert_int_eq(V.inject_async("port_down"), 0);
+    ck_assert_int_eq(V.get_async_event(r.ctx, &ev), 0);
+    ck_assert_int_eq(ev.event_type, IBV_EVENT_PORT_ERR);
+    ck_assert_int_eq(ev.element.port_num, 1);
+    V.ack_async_event(&ev);
+    struct ibv_port_attr pa;
+    ck_assert_int_eq(port_query(r.ctx, 1, &pa), 0);
+    ck_assert_int_eq(pa.state, IBV_PORT_DOWN);
+    ck_assert_int_eq(r.b.qp->state, IBV_QPS_ERR);
+    ck_assert_int_eq(V.inject_async("no_such_fault"), -1);
+
+    errno = 0;
+    ck_assert_ptr_null(V.reg_dmabuf_mr(r.pd, 0, 0, 0, -1, 0));
+    ck_assert_int_eq(errno, EBADF);
+    setenv("HCMOCK_IB_DMABUF", "0", 1);
+    errno = 0;
+    ck_assert_ptr_null(V.reg_dmabuf_mr(r.pd, 0, 0, 0, -1, 0));
+    ck_assert_int_eq(errno, EOPNOTSUPP);
+    unsetenv("HCMOCK_IB_DMABUF");
+
+    static char buf[4096];
+    rig_mr(&r, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE);
+    ck_assert_int_eq(V.is_fork_initialized(), IBV_FORK_DISABLED);
+    ck_assert_int_eq(V.fork_init(), EINVAL); /* an MR exists already */
+    uint64_t before = V.stat("unsafe_forks");
+    pid_t pid = fork();
+    if (pid == 0)
+        _exit(0);
+    ck_assert_int_gt(pid, 0);
+    waitpid(pid, NULL, 0);
+    ck_assert_uint_eq(V.stat("unsafe_forks"), before + 1);
     rig_close(&r);
 }
 END_TEST
@@ -727,6 +808,7 @@ static Suite *suite(void)
     tcase_add_test(m, mock_peer_gone);
     tcase_add_test(m, mock_wrong_gid);
     tcase_add_test(m, mock_cq_overrun);
+    tcase_add_test(m, mock_async_dmabuf_fork);
     suite_add_tcase(s, m);
     return s;
 }

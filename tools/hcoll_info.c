@@ -175,9 +175,10 @@ static void print_rdma(const char *root)
         if (c.port.pci_dist < 0)
             snprintf(line, sizeof line, "GPU %d: PCI path unknown, GPU Direct RDMA Disabled", d);
         int reg = hc_gdr_reg_choose(&caps, gdmabuf, verbs);
-        printf("  %s; registration %s; flush %s (sm_%d)\n", line,
+        const int ord = hc_gdr_rdma_ordering(d);
+        printf("  %s; registration %s; flush %s (sm_%d, RDMA write ordering %d)\n", line,
                on ? hc_gdr_reg_name(reg) : "host staging",
-               hc_gdr_flush_needed(p.gdr_flush, cc) ? "on" : "off", cc * 10);
+               hc_gdr_flush_decide(p.gdr_flush, cc, ord) ? "on" : "off", cc * 10, ord);
     }
 }
 

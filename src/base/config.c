@@ -83,7 +83,8 @@ static const hc_knob_t knobs[] = {
       "Use GPUDirect RDMA when the GPU-NIC PCI path is within this level: LOC, PIX, PXB, PHB, "
       "SYS (or 0..4)." },
     { "HCOLL_GDR_FLUSH", HC_KNOB_INT, "-1", -1, 1, NULL, 0, 0, OFF(gdr_flush),
-      "Flush read after GPUDirect writes: -1 auto (pre-Hopper), 0 off, 1 on." },
+      "Flush read after GPUDirect writes: -1 auto (unless the GPU orders RDMA writes; "
+      "pre-Hopper when unknown), 0 off, 1 on." },
     { "HCOLL_SYSFS_ROOT", HC_KNOB_STR, "", 0, 0, NULL, 0, 0, OFF(sysfs_root),
       "Directory holding the sys/ and proc/ trees that RDMA, PCI and GPUDirect discovery read "
       "(default /); for tests and diagnosis on a copied tree." },

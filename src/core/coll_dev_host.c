@@ -19,6 +19,7 @@
 #include "core/comm.h"
 #include "core/ringdrv.h"
 #include "gdr/gdr.h"
+#include "gdr/mem.h"
 
 /* ------------------------------------------------------------------------ */
 /* Host stage (worker thread)                                                 */
@@ -44,6 +45,40 @@ static hcoll_status_t ring_run(hc_coll_dev_t *d, const void *src, void *buf, siz
     return st;
 }
 
+/* ---- vfix (issue 19 item 6): managed memory on a GPUDirect ring ----------
+ * Neither dma-buf nor nvidia-peermem pins managed memory, so the NIC cannot
+ * take it. Every other rank runs this ring operation on device memory, so
+ * this one must too: through device memory of hcoll's own, copied in and
+ * out on the internal stream. Costs an allocation and two copies per call:
+ * pass cuMemAlloc'd buffers for speed. */
+static hcoll_status_t gdr_ring_run(hc_coll_dev_t *d, const hc_dev_op_t *o, const void *src,
+                                   void *dst, size_t count, double *ring_us)
+{
+    if (hc_gdr_ptr_kind(src, NULL) != HC_MEM_MANAGED &&
+        hc_gdr_ptr_kind(dst, NULL) != HC_MEM_MANAGED)
+        return ring_run(d, src, dst, count, o, 1, ring_us);
+    hc_gdr_dev_t *gpu = d->gpu;
+    const int tmo = (int)d->c->params.timeout_ms;
+    const size_t bytes = count * hcoll_dtype_size(o->dtype);
+    hcoll_status_t st;
+    hc_gdr_dmem_t tmp;
+    if (hc_gdr_dmem_alloc(d->dev, bytes, &tmp) != 0)
+        return hc_err_set(&d->c->err, HC_GDR, d->c->rank, HCOLL_ERR_NO_MEMORY,
+                          "no %zu bytes of device memory to stage a managed buffer for the "
+                          "GPUDirect ring",
+                          bytes);
+    void *t = (void *)(uintptr_t)tmp.ptr;
+    HC_CHECK(hc_gdr_dev_copy_async(gpu, t, src, bytes, gpu->istream), clean_tmp);
+    HC_CHECK(hc_gdr_dev_fence(gpu, tmo, 1, "staging a managed buffer in"), clean_tmp);
+    HC_CHECK(ring_run(d, t, t, count, o, 1, ring_us), clean_tmp);
+    HC_CHECK(hc_gdr_dev_copy_async(gpu, dst, t, bytes, gpu->istream), clean_tmp);
+    st = hc_gdr_dev_fence(gpu, tmo, 1, "staging a managed buffer out");
+clean_tmp:
+    hc_gdr_dmem_free(&tmp);
+    return st;
+}
+/* ---- end vfix ---------------------------------------------------------- */
+
 hcoll_status_t hc_dev_ring_stage(hc_coll_dev_t *d, const hc_dev_op_t *o, const void *src_p,
                                  void *dst_p, size_t count, double *ring_us)
 {
@@ -57,7 +92,7 @@ hcoll_status_t hc_dev_ring_stage(hc_coll_dev_t *d, const hc_dev_op_t *o, const v
     hcoll_status_t st;
     /* GPUDirect: the ring reads and writes the device range itself. */
     if (d->gdr)
-        return ring_run(d, src, dst, count, o, 1, ring_us);
+        return gdr_ring_run(d, o, src, dst, count, ring_us);
     hc_devstage_t it;
     hc_devstage_init(&it, npieces);
     for (;;) {

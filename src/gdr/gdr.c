@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/log.h"
 #include "sys/pci.h"
@@ -29,6 +30,7 @@
 #define CU_MEMORYTYPE_UNIFIED                   4
 #define CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR 75
 #define CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED   124
+#define CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING 118
 #define CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD     1
 
 typedef int cu_result_t;
@@ -269,6 +271,27 @@ hcoll_status_t hc_gdr_gpu_info(int dev, char *bdf, size_t bdflen, int *cc_major_
     return HCOLL_SUCCESS;
 }
 
+int hc_gdr_rdma_ordering(int dev)
+{
+    int d, v = 0;
+    if (!hc_gdr_cuda_available(NULL, 0) || g_cuda.dev_get(&d, dev) != CU_OK ||
+        g_cuda.dev_attr(&v, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING, d) != CU_OK)
+        return -1;
+    return v;
+}
+
+int hc_gdr_flush_decide(int64_t knob, int cc_major, int ordering)
+{
+    if (knob == 0 || knob == 1)
+        return (int)knob;
+    /* OWNER (100) or ALL_DEVICES (200): the device itself sees the NIC's
+     * writes in order once the completion is seen; NONE (0): it may not,
+     * whatever the architecture. Unknown (an old driver): by generation. */
+    if (ordering >= 0)
+        return ordering < HC_GDR_ORDERING_OWNER;
+    return cc_major > 0 && cc_major < 9;
+}
+
 hcoll_status_t hc_gdr_dmabuf_fd(void *p, size_t len, int *fd_out, uint64_t *offset_out, size_t *len_out,
                      char *why, size_t whylen)
 {
@@ -278,8 +301,10 @@ hcoll_status_t hc_gdr_dmabuf_fd(void *p, size_t len, int *fd_out, uint64_t *offs
         snprintf(why, whylen, "the CUDA driver has no cuMemGetHandleForAddressRange (< 11.7)");
         return HCOLL_ERR_UNSUPPORTED;
     }
-    /* The driver exports whole pages (host page size granularity). */
-    const uintptr_t page = 4096;
+    /* The driver exports whole host pages: 4 KiB on x86, often 64 KiB on
+     * aarch64 (Grace). */
+    long ps = sysconf(_SC_PAGESIZE);
+    const uintptr_t page = ps > 0 ? (uintptr_t)ps : 4096;
     uintptr_t a = (uintptr_t)p, base = a & ~(page - 1);
     size_t alen = ((a + len + page - 1) & ~(page - 1)) - base;
     int fd = -1;

@@ -87,12 +87,25 @@ uint64_t hc_gdr_ptr_buffer_id(const void *p);
  * nothing is recorded: callers fall back to "?". */
 hcoll_status_t hc_gdr_gpu_info(int dev, char *bdf, size_t bdflen, int *cc_major_out, int *dmabuf_out);
 
-/* A dma-buf fd for the device range [p, p+len) (page-aligned as the
- * driver wants; *offset_out is p's offset inside it, *len_out the aligned
- * length). The caller closes the fd. A probe: HCOLL_ERR_UNSUPPORTED (no
- * driver, or one without dma-buf export) or HCOLL_ERR_CUDA leave the
- * reason in why, and the caller, which falls back to another registration,
- * decides whether it is an error and records it; nothing is logged here. */
+/* CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING of device ordinal dev:
+ * 0 (NONE), HC_GDR_ORDERING_OWNER (100), 200 (ALL_DEVICES); -1 when the
+ * driver does not say (no driver, or one older than CUDA 11.3). */
+#define HC_GDR_ORDERING_OWNER 100
+int hc_gdr_rdma_ordering(int dev);
+
+/* Flush reads after GPUDirect writes: HCOLL_GDR_FLUSH 1/0 force it; auto
+ * (-1) wants it unless the device orders the NIC's writes for itself
+ * (ordering >= OWNER), and, where the driver does not say (ordering -1),
+ * before Hopper (cc_major < 9). */
+int hc_gdr_flush_decide(int64_t knob, int cc_major, int ordering);
+
+/* A dma-buf fd for the device range [p, p+len) (aligned to the host page
+ * size, sysconf(_SC_PAGESIZE), as the driver wants; *offset_out is p's
+ * offset inside it, *len_out the aligned length). The caller closes the
+ * fd. A probe: HCOLL_ERR_UNSUPPORTED (no driver, or one without dma-buf
+ * export) or HCOLL_ERR_CUDA leave the reason in why, and the caller,
+ * which falls back to another registration, decides whether it is an
+ * error and records it; nothing is logged here. */
 hcoll_status_t hc_gdr_dmabuf_fd(void *p, size_t len, int *fd_out, uint64_t *offset_out, size_t *len_out,
                      char *why, size_t whylen);
 

@@ -38,7 +38,10 @@
  *   HCMOCK_POISON    byte that fresh allocations are filled with (default
  *                    0xa5; -1: no fill). Device memory is not zeroed.
  *   HCMOCK_CAPTURE   1: every stream reports CU_STREAM_CAPTURE_STATUS_ACTIVE
- *   HCMOCK_DMABUF    1: CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED is 1 (default 0)
+ *   HCMOCK_DMABUF    1: CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED is 1 but the export
+ *                    fails; 2: the export works too (default 0: neither)
+ *   HCMOCK_RDMA_ORDERING  GPU_DIRECT_RDMA_WRITES_ORDERING (default 100 from
+ *                    sm_90, else 0)
  *   HCMOCK_MEM_GB    device memory per GPU (default 80)
  *   HCMOCK_TRACE     1: print every queued op as it runs (stderr)
  *   HCMOCK_RACE      unordered device-memory accesses of two streams: 0
@@ -181,6 +184,7 @@ typedef struct mmem {
     size_t span;     /* reserved: size rounded to the alignment */
     void *host;      /* backing */
     int pinned;      /* cuMemHostAlloc memory (identity mapped) */
+    int managed;     /* cuMemAllocManaged: identity mapped too, freed by cuMemFree */
     mctx_t *ctx;
     unsigned gen;
     uint64_t id;     /* CU_POINTER_ATTRIBUTE_BUFFER_ID: never reused */
@@ -481,7 +485,7 @@ CUAPI int cuInit(unsigned flags)
         g.delay_us = d > 0 ? (unsigned)d : 0;
         g.poison = (int)env_long("HCMOCK_POISON", 0xa5);
         g.capture_all = env_long("HCMOCK_CAPTURE", 0) == 1;
-        g.dmabuf = env_long("HCMOCK_DMABUF", 0) == 1;
+        g.dmabuf = (int)env_long("HCMOCK_DMABUF", 0);
         g.trace = env_long("HCMOCK_TRACE", 0) == 1;
         g.race = (int)env_long("HCMOCK_RACE", 1);
         g.mem_per_dev = (size_t)env_long("HCMOCK_MEM_GB", 80) << 30;
@@ -569,6 +573,8 @@ static int dev_bus(int dev)
     return dev < 8 ? bus[dev] : 0xe0 + dev;
 }
 
+static int rdma_ordering(void);
+
 CUAPI int cuDeviceGetAttribute(int *pi, int attrib, int dev)
 {
     CHECK_INIT();
@@ -610,7 +616,8 @@ CUAPI int cuDeviceGetAttribute(int *pi, int attrib, int dev)
     case 116: v = 1; break;          /* GPU_DIRECT_RDMA_SUPPORTED */
     case 122: v = 1; break;          /* CAN_USE_64_BIT_STREAM_MEM_OPS */
     case 123: v = 1; break;          /* CAN_USE_STREAM_WAIT_VALUE_NOR */
-    case 124: v = g.dmabuf; break;   /* DMA_BUF_SUPPORTED */
+    case 124: v = g.dmabuf >= 1; break; /* DMA_BUF_SUPPORTED */
+    case 118: v = rdma_ordering(); break; /* GPU_DIRECT_RDMA_WRITES_ORDERING */
     default: break;
     }
     *pi = v;
@@ -1613,7 +1620,7 @@ static int mem_free_common(uint64_t p, int pinned, const char *who)
     long i = p ? mem_find(p) : -1;
     mmem_t *m = i >= 0 ? g.mem[i] : NULL;
     int r = CUDA_SUCCESS;
-    if (!m || m->base != p || m->pinned != pinned) {
+    if (!m || m->base != p || (m->pinned && !m->managed) != pinned) {
         r = CUDA_ERROR_INVALID_VALUE;
     } else if (!m->ctx->active || m->gen != m->ctx->gen) {
         r = CUDA_ERROR_CONTEXT_IS_DESTROYED;
@@ -1854,7 +1861,7 @@ CUAPI int cuPointerGetAttribute(void *data, int attr, unsigned long long ptr)
     switch (attr) {
     case PA_CONTEXT: *(void **)data = m->ctx; break;
     case PA_MEMORY_TYPE:
-        *(unsigned *)data = m->pinned ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+        *(unsigned *)data = m->pinned && !m->managed ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
         break;
     case PA_DEVICE_POINTER: *(unsigned long long *)data = ptr; break;
     case PA_HOST_POINTER:
@@ -1865,7 +1872,7 @@ CUAPI int cuPointerGetAttribute(void *data, int attr, unsigned long long ptr)
         break;
     case PA_SYNC_MEMOPS: *(unsigned *)data = 0; break;
     case PA_BUFFER_ID: *(unsigned long long *)data = m->id; break;
-    case PA_IS_MANAGED: *(unsigned *)data = 0; break;
+    case PA_IS_MANAGED: *(unsigned *)data = (unsigned)m->managed; break;
     case PA_DEVICE_ORDINAL: *(int *)data = m->ctx->dev; break;
     case PA_IS_LEGACY_CUDA_IPC_CAPABLE: *(unsigned *)data = !m->pinned; break;
     case PA_RANGE_START_ADDR: *(unsigned long long *)data = m->base; break;
@@ -1879,15 +1886,71 @@ out:
     return r;
 }
 
-/* dma-buf export would need a kernel driver; the attribute says no. */
+/* ---- dma-buf export and GPUDirect write ordering (verbs emulation) ------- */
+
+/* HCMOCK_DMABUF=2: a dma-buf fd that the emulated libibverbs imports
+ * (hcmock.h's hcmock_dmabuf_t in a memfd). As the driver wants, dptr and
+ * size are multiples of the host page size (sysconf: 4 KiB, or 64 KiB on
+ * Grace-like hosts, HCMOCK_PAGE_SIZE under libhcmock_page.so), and dptr
+ * lies in device memory. 1: the attribute says yes, the export fails. */
 CUAPI int cuMemGetHandleForAddressRange(void *handle, unsigned long long dptr, size_t size,
                                         int type, unsigned long long flags)
 {
     CHECK_INIT();
-    (void)dptr, (void)size, (void)type, (void)flags;
-    if (!handle)
+    if (!handle || type != 1 /* DMA_BUF_FD */ || flags)
         return CUDA_ERROR_INVALID_VALUE;
-    return CUDA_ERROR_NOT_SUPPORTED;
+    if (g.dmabuf != 2)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    const unsigned long long page = (unsigned long long)sysconf(_SC_PAGESIZE);
+    if (!size || dptr % page || size % page)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g.lock);
+    int in = g.va_base && dptr >= (uint64_t)(uintptr_t)g.va_base && dptr + size <= g.va_end;
+    pthread_mutex_unlock(&g.lock);
+    if (!in)
+        return CUDA_ERROR_INVALID_VALUE;
+    int fd = memfd_create("hcmock-dmabuf", MFD_CLOEXEC);
+    if (fd < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    const hcmock_dmabuf_t d = { HCMOCK_DMABUF_MAGIC, dptr, size };
+    if (pwrite(fd, &d, sizeof d, 0) != (ssize_t)sizeof d) {
+        close(fd);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *(int *)handle = fd;
+    return CUDA_SUCCESS;
+}
+
+/* Managed memory, for the verbs tests: host-addressable (as on a GPU with
+ * unified memory) and, to the NIC, neither dma-buf exportable (its address
+ * is outside the device range) nor pinnable through nvidia-peermem (the
+ * emulated libibverbs refuses it). */
+CUAPI int cuMemAllocManaged(unsigned long long *dptr, size_t size, unsigned flags)
+{
+    CHECK_INIT();
+    if (!dptr || size == 0 || (flags != 1 && flags != 2)) /* GLOBAL, HOST */
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g.lock);
+    mctx_t *c;
+    mmem_t *m = NULL;
+    int r = ctx_current(&c);
+    if (r == CUDA_SUCCESS)
+        r = mem_new(c, size, 1, &m);
+    if (r == CUDA_SUCCESS)
+        m->managed = 1;
+    pthread_mutex_unlock(&g.lock);
+    if (r != CUDA_SUCCESS)
+        return r;
+    *dptr = m->base;
+    return CUDA_SUCCESS;
+}
+
+/* CU_GPU_DIRECT_RDMA_WRITES_ORDERING_*: NONE (0) before Hopper, OWNER
+ * (100) from sm_90; HCMOCK_RDMA_ORDERING overrides (a platform whose
+ * path orders nothing, say). */
+static int rdma_ordering(void)
+{
+    return (int)env_long("HCMOCK_RDMA_ORDERING", g.cc_major >= 9 ? 100 : 0);
 }
 
 /* ---- Stream memory operations --------------------------------------------- */

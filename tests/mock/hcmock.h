@@ -35,6 +35,16 @@ HCMOCK_API int hcmock_stream_enqueue(void *stream, hcmock_fn fn, void *arg);
  * is not inside one live device allocation. */
 HCMOCK_API void *hcmock_dev_to_host(uint64_t p, size_t len);
 
+/* What a dma-buf fd of the emulated driver holds (cuMemGetHandleForAddressRange
+ * with HCMOCK_DMABUF=2): the exported device range, read back by the
+ * emulated libibverbs' ibv_reg_dmabuf_mr. */
+#define HCMOCK_DMABUF_MAGIC 0x6863646d61627566ull /* "hcdmabuf" */
+typedef struct hcmock_dmabuf {
+    uint64_t magic;
+    uint64_t dptr; /* page-aligned start */
+    uint64_t size; /* page-aligned length */
+} hcmock_dmabuf_t;
+
 /* Device ordinal of the calling thread's current context, or -1. */
 HCMOCK_API int hcmock_current_device(void);
 

@@ -32,13 +32,29 @@
  *   - Registration pins: an unmapped range is EFAULT, and so is a read-only
  *     one asked for write access; REMOTE_WRITE without LOCAL_WRITE is
  *     EINVAL. Device addresses of the mock CUDA driver (tests/mock/cuda.c,
- *     found with dlopen RTLD_NOLOAD) are registered as nvidia-peermem would,
- *     and the MR dies with the allocation (a freed buffer is not reachable
- *     through it, even if its addresses are reused).
+ *     found with dlopen RTLD_NOLOAD) are registered as nvidia-peermem would
+ *     (only when the sysfs tree shows it loaded; EFAULT otherwise), and the
+ *     MR dies with the allocation (a freed buffer is not reachable through
+ *     it, even if its addresses are reused). Host MRs count against
+ *     HCMOCK_IB_MEMLOCK_KB (ENOMEM past it, as RLIMIT_MEMLOCK).
+ *   - dma-buf: ibv_reg_dmabuf_mr imports the emulated driver's export (a
+ *     memfd naming a page-aligned device range) and honours the offset into
+ *     it; a NIC without import answers EOPNOTSUPP first (the probe with fd
+ *     -1 that NCCL uses; EBADF where import exists).
+ *   - HCMOCK_IB_GDR_LAZY=1: the NIC's writes into device memory stay
+ *     invisible until a read of device memory through the same NIC (the
+ *     GPUDirect flush), as on a platform that does not order them.
+ *   - Async events on context->async_fd (blocking unless the caller sets
+ *     O_NONBLOCK): a CQ overrun is IBV_EVENT_CQ_ERR (polling goes on,
+ *     completions are lost), and hcmock_verbs_inject_async raises a port
+ *     down, a fatal QP or an access error with its effect.
+ *   - fork: a fork with live MRs before ibv_fork_init (or RDMAV_FORK_SAFE)
+ *     is counted as unsafe, unless HCMOCK_IB_COPY_ON_FORK=1 (a kernel that
+ *     copies pinned pages, where ibv_is_fork_initialized says UNNEEDED).
  *   - Queues: posting past max_send_wr/max_recv_wr outstanding is ENOMEM; a
  *     slot is free once a completion at or after it has been polled (so
  *     unsignaled WRs hold theirs); a CQ holds exactly cqe entries, one more
- *     is an overrun and poll fails from then on.
+ *     is an overrun (an async event; the CQ loses everything after it).
  *   - modify_qp follows the RC state table and its attribute masks (EINVAL);
  *     RoCE needs a GRH and a valid source GID, and a destination GID of the
  *     other IP family has no route (EHOSTUNREACH).
@@ -55,18 +71,22 @@
  *     undefined: opcode, byte_len, imm_data, flags.
  * Counters of each event, and of objects alive: hcmock_verbs_stat(name).
  *
- * Simplified: RC only, no SEND/atomics/SRQ/UD/completion channels/events;
+ * Simplified: RC only, no SEND/atomics/SRQ/UD/completion channels;
  * one "packet" per request (PSNs still advance per MTU); a READ returns a
  * snapshot taken when the request is served; RNR is decided by the
  * responder; the retry window is capped (HCMOCK_IB_RETRY_MS) and floored
- * (100 ms: an emulated round trip is milliseconds); no fork support after
- * ibv_open_device. Knobs:
+ * (100 ms: an emulated round trip is milliseconds); a forked child cannot
+ * use the parent's contexts. Knobs:
  *   HCMOCK_IB_SYSFS        tree to read instead of HCOLL_SYSFS_ROOT
  *   HCMOCK_IB_RETRY_MS     cap of the retry window (default 2000)
  *   HCMOCK_IB_MTU          active MTU in bytes of every port (default 4096)
  *   HCMOCK_IB_TX_DELAY_US  hold every WR that long before sending it, so
  *                          that a source reused before its completion shows
  *   HCMOCK_IB_TRACE        1: print every drop, NAK and timeout on stderr
+ *   HCMOCK_IB_DMABUF       0: no dma-buf import (EOPNOTSUPP); default 1
+ *   HCMOCK_IB_MEMLOCK_KB   locked-memory limit for host MRs (default none)
+ *   HCMOCK_IB_GDR_LAZY     1: device writes visible only after a flush read
+ *   HCMOCK_IB_COPY_ON_FORK 1: the kernel copies pinned pages at fork
  */
 #include <dirent.h>
 #include <dlfcn.h>
@@ -83,6 +103,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/auxv.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -115,14 +136,17 @@ enum stat_id {
     ST_WRITES, ST_READS, ST_BYTES, ST_RNR_NAKS, ST_RNR_EXC, ST_RETRY_EXC, ST_REM_ACCESS,
     ST_REM_INV, ST_LOC_PROT, ST_CQ_OVERRUN, ST_DROPPED, ST_MUTED, ST_FLUSHED, ST_QPS,
     ST_MR_REGS, /* memory regions ever registered (a registration's cost) */
+    ST_MEMLOCK_FAILS, ST_DEV_NO_PEERMEM, ST_DMABUF_REGS, ST_GDR_HELD, ST_ASYNC_EVENTS,
+    ST_UNSAFE_FORKS,
     /* objects alive now (a leak shows as non-zero after teardown) */
     ST_LIVE_CTX, ST_LIVE_PD, ST_LIVE_MR, ST_LIVE_CQ, ST_LIVE_QP, ST_COUNT
 };
 static const char *const stat_names[ST_COUNT] = {
     "writes", "reads", "bytes", "rnr_naks", "rnr_exceeded", "retry_exceeded", "rem_access_errors",
     "rem_inv_req", "loc_prot_errors", "cq_overruns", "dropped_conns", "muted_conns", "flushed",
-    "qps_created", "mr_registrations", "live_contexts", "live_pds", "live_mrs", "live_cqs",
-    "live_qps",
+    "qps_created", "mr_registrations", "memlock_failures", "device_reg_without_peermem",
+    "dmabuf_registrations", "gdr_writes_held", "async_events", "unsafe_forks", "live_contexts",
+    "live_pds", "live_mrs", "live_cqs", "live_qps",
 };
 /* Per process, like a NIC's port counters; read by tests. */
 static _Atomic uint64_t g_stats[ST_COUNT];
@@ -334,6 +358,7 @@ typedef struct mdev {
 /* Device objects live as long as the process: contexts point at them and
  * the list that named them may be freed first. */
 static pthread_mutex_t g_devs_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct mctx *g_ctxs; /* open contexts, oldest first (g_devs_mu) */
 static mdev_t *g_devs;
 
 typedef struct mctx mctx_t;
@@ -353,6 +378,8 @@ typedef struct mmr {
     void *(*d2h)(uint64_t, size_t); /* its translation */
     ptrattr_fn attr;
     unsigned long long buf_id; /* the allocation registered (device) */
+    int64_t dev_delta; /* dma-buf: device address = MR address + this */
+    int host_pinned;   /* host bytes counted against HCMOCK_IB_MEMLOCK */
     struct mmr *next_l, *next_r;
 } mmr_t;
 
@@ -416,7 +443,7 @@ typedef struct hello {
 } hello_t;
 
 enum { IN_HDR = 0, IN_PAY, IN_RNR };
-enum { PAY_DISCARD = 0, PAY_MR, PAY_SMALL, PAY_SGE };
+enum { PAY_DISCARD = 0, PAY_MR, PAY_SMALL, PAY_SGE, PAY_LAZY };
 #define SMALL_PAYLOAD 64
 
 typedef struct conn {
@@ -434,6 +461,7 @@ typedef struct conn {
     uint64_t pay_addr;
     int pay_err;      /* enum ibv_wc_status to answer once drained, 0 none */
     uint8_t small[SMALL_PAYLOAD];
+    struct lazy_write *lazy_w; /* PAY_LAZY: the held write being received */
     uint8_t hello_buf[sizeof(hello_t)];
     /* responder */
     int bound;        /* a valid HELLO came */
@@ -491,6 +519,13 @@ struct mctx {
     mqp_t *qps;
     mmr_t *by_l[256], *by_r[256];
     uint64_t rnd;
+    /* async events (faults.h section below) */
+    int async_fd;     /* eventfd (semaphore): one count per queued event */
+    struct ibv_async_event *aq;
+    int naq, aqcap, unacked;
+    int port_down;
+    struct lazy_write *lazy; /* HCMOCK_IB_GDR_LAZY: device writes not yet visible */
+    struct mctx *next_ctx;
 };
 
 static mctx_t *ctx_of(struct ibv_context *c)
@@ -527,13 +562,16 @@ static mqp_t *qp_by_num(mctx_t *c, uint32_t qpn)
     return NULL;
 }
 
+static void async_push(mctx_t *c, enum ibv_event_type type, void *obj, int port);
+
 static void cq_push(mcq_t *cq, const struct ibv_wc *wc, int is_send, uint64_t seq)
 {
-    if (cq->count == cq->cap) {
+    if (cq->overrun || cq->count == cq->cap) {
         /* A NIC raises IBV_EVENT_CQ_ERR and the CQ is unusable from here. */
         if (!cq->overrun) {
             stat_add(ST_CQ_OVERRUN, 1);
             trace("CQ overrun: %d entries", cq->cap);
+            async_push(ctx_of(cq->cq.context), IBV_EVENT_CQ_ERR, &cq->cq, 0);
         }
         cq->overrun = 1;
         return;
@@ -621,11 +659,8 @@ static int mock_poll_cq(struct ibv_cq *ibcq, int n, struct ibv_wc *wc)
     mctx_t *c = ctx_of(ibcq->context);
     pthread_mutex_lock(&c->mu);
     int k = 0;
-    if (cq->overrun) {
-        pthread_mutex_unlock(&c->mu);
-        errno = EOVERFLOW;
-        return -1;
-    }
+    /* An overrun CQ goes on answering: what it lost is not there, and only
+     * the async event (IBV_EVENT_CQ_ERR) says so, as on a NIC. */
     while (k < n && cq->count) {
         cqe_t *e = &cq->ring[cq->head];
         wc[k++] = e->wc;
@@ -694,6 +729,7 @@ static void *mr_ptr(const mmr_t *m, uint64_t addr, size_t len)
     /* Translated at every access. nvidia-peermem invalidates the MR when the
      * allocation is freed, even if a new one takes its addresses later: it
      * must still be the allocation registered. */
+    addr += (uint64_t)m->dev_delta;
     if (!m->d2h || dev_buffer_id(m->attr, addr) != m->buf_id)
         return NULL;
     return m->d2h(addr, len);
@@ -725,7 +761,9 @@ static int mr_covers(const mmr_t *m, uint64_t addr, uint64_t len)
  * get_user_pages checks when a NIC pins memory. */
 static int host_range_ok(const void *p, size_t len, int need_write)
 {
-    long pg = sysconf(_SC_PAGESIZE);
+    /* The kernel's page size (mincore's unit), even where a test makes
+     * sysconf answer a bigger one (libhcmock_page.so). */
+    long pg = (long)getauxval(AT_PAGESZ);
     uintptr_t a = (uintptr_t)p & ~(uintptr_t)(pg - 1);
     uintptr_t e = ((uintptr_t)p + len + (uintptr_t)pg - 1) & ~(uintptr_t)(pg - 1);
     size_t npg = (e - a) / (size_t)pg;
@@ -805,6 +843,158 @@ static struct ibv_mr *mr_create(struct ibv_pd *pd, void *addr, size_t len, int a
     return &m->mr;
 }
 
+/* ------------------------------------------------------------------------ */
+/* Where registration meets the host: peermem, locked memory, dma-buf,       */
+/* GPUDirect write visibility, async events, fork                            */
+/* ------------------------------------------------------------------------ */
+
+/* Is nvidia-peermem (or its predecessors) loaded, in the tree the devices
+ * come from? Without it a NIC cannot pin device memory through
+ * ibv_reg_mr: get_user_pages fails on the GPU's addresses (EFAULT). */
+static int peermem_loaded(void)
+{
+    static const char *const files[] = { "sys/kernel/mm/memory_peers/nv_mem/version",
+                                         "sys/module/nvidia_peermem", "sys/module/nv_peer_mem" };
+    char path[PATH_MAX];
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", sysfs_root(), files[i]);
+        if (access(path, F_OK) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+/* Device memory, not the driver's pinned host memory (which is host
+ * memory to the NIC). */
+static int is_device_memory(const void *p)
+{
+    ptrattr_fn attr = ptr_attr();
+    unsigned mt = 0;
+    return attr && attr(&mt, 2 /* CU_POINTER_ATTRIBUTE_MEMORY_TYPE */, (uintptr_t)p) == 0 &&
+           mt == 2 /* CU_MEMORYTYPE_DEVICE */;
+}
+
+/* Managed memory: nvidia-peermem does not take it, and pinning its host
+ * pages would register a copy the GPU does not use. */
+static int is_managed_memory(const void *p)
+{
+    ptrattr_fn attr = ptr_attr();
+    unsigned v = 0;
+    return attr && attr(&v, 8 /* CU_POINTER_ATTRIBUTE_IS_MANAGED */, (uintptr_t)p) == 0 && v;
+}
+
+/* Host bytes pinned by live MRs, against HCMOCK_IB_MEMLOCK (RLIMIT_MEMLOCK:
+ * ib_umem_get answers ENOMEM past it). */
+static _Atomic uint64_t g_pinned;
+
+static int memlock_take(size_t len)
+{
+    long lim = env_int("HCMOCK_IB_MEMLOCK_KB", 0);
+    uint64_t now = atomic_fetch_add(&g_pinned, len) + len;
+    if (lim > 0 && now > (uint64_t)lim * 1024) {
+        atomic_fetch_sub(&g_pinned, len);
+        stat_add(ST_MEMLOCK_FAILS, 1);
+        trace("ibv_reg_mr of %zu bytes: %llu KiB would be locked, limit %ld KiB", len,
+              (unsigned long long)(now / 1024), lim);
+        return -1;
+    }
+    return 0;
+}
+
+/* HCMOCK_IB_GDR_LAZY=1: what the NIC writes into device memory stays
+ * invisible (to kernels and copies) until a read of device memory through
+ * the same NIC has pushed it ahead: a PCIe read does not pass the posted
+ * writes before it. Pre-Hopper GPUs, or a path that orders nothing, behave
+ * so; hcoll must flush. */
+typedef struct lazy_write {
+    mmr_t *m;
+    uint64_t addr;
+    size_t len;
+    struct lazy_write *next;
+    uint8_t data[];
+} lazy_write_t;
+
+static int gdr_lazy(const mmr_t *m)
+{
+    return m->device && env_int("HCMOCK_IB_GDR_LAZY", 0) == 1;
+}
+
+/* A write of len bytes at addr of device region m, held back (NULL: no
+ * memory, written at once by the caller). Appended in arrival order. */
+static lazy_write_t *lazy_new(mctx_t *c, mmr_t *m, uint64_t addr, size_t len)
+{
+    lazy_write_t *w = malloc(sizeof *w + len);
+    if (!w)
+        return NULL;
+    w->m = m;
+    w->addr = addr;
+    w->len = len;
+    w->next = NULL;
+    lazy_write_t **pp = &c->lazy;
+    while (*pp)
+        pp = &(*pp)->next;
+    *pp = w;
+    stat_add(ST_GDR_HELD, 1);
+    return w;
+}
+
+/* A read of device memory went through this NIC: everything before it
+ * lands. Writes whose region went away are lost, as on the bus. */
+static void lazy_flush(mctx_t *c)
+{
+    while (c->lazy) {
+        lazy_write_t *w = c->lazy;
+        c->lazy = w->next;
+        void *p = mr_ptr(w->m, w->addr, w->len);
+        if (p)
+            memcpy(p, w->data, w->len);
+        free(w);
+    }
+}
+
+static void lazy_drop_mr(mctx_t *c, const mmr_t *m)
+{
+    for (lazy_write_t **pp = &c->lazy; *pp;) {
+        lazy_write_t *w = *pp;
+        if (w->m == m) {
+            *pp = w->next;
+            free(w);
+        } else {
+            pp = &w->next;
+        }
+    }
+}
+
+/* Queue an async event (the caller holds c->mu); ibv_get_async_event
+ * returns it. */
+static void async_push(mctx_t *c, enum ibv_event_type type, void *obj, int port)
+{
+    if (c->naq == c->aqcap) {
+        int ncap = c->aqcap ? c->aqcap * 2 : 8;
+        struct ibv_async_event *n = realloc(c->aq, (size_t)ncap * sizeof *n);
+        if (!n)
+            return;
+        c->aq = n;
+        c->aqcap = ncap;
+    }
+    struct ibv_async_event *e = &c->aq[c->naq++];
+    memset(e, 0, sizeof *e);
+    e->event_type = type;
+    if (type == IBV_EVENT_CQ_ERR)
+        e->element.cq = obj;
+    else if (type == IBV_EVENT_PORT_ERR || type == IBV_EVENT_PORT_ACTIVE ||
+             type == IBV_EVENT_GID_CHANGE)
+        e->element.port_num = port;
+    else
+        e->element.qp = obj;
+    uint64_t one = 1;
+    if (write(c->async_fd, &one, sizeof one) < 0) {
+        /* the count saturated: ibv_get_async_event still finds the queue */
+    }
+    stat_add(ST_ASYNC_EVENTS, 1);
+    trace("async event %d queued", (int)type);
+}
+
 static int access_valid(int access)
 {
     const int known = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
@@ -827,15 +1017,37 @@ HCMOCK_API struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t lengt
     const int write = access & (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                                 IBV_ACCESS_REMOTE_ATOMIC);
     dev2host_fn f = dev2host();
-    if (f && f((uintptr_t)addr, length))
+    if (f && f((uintptr_t)addr, length) && is_managed_memory(addr)) {
+        trace("ibv_reg_mr of managed memory %p: EFAULT", addr);
+        errno = EFAULT;
+        return NULL;
+    }
+    if (f && f((uintptr_t)addr, length) && is_device_memory(addr)) {
+        /* Device memory: reachable through nvidia-peermem only. */
+        if (!peermem_loaded()) {
+            stat_add(ST_DEV_NO_PEERMEM, 1);
+            trace("ibv_reg_mr of device address %p without nvidia-peermem: EFAULT", addr);
+            errno = EFAULT;
+            return NULL;
+        }
         return mr_create(pd, addr, length, access, f);
-    /* Plain host memory, or an address nobody mapped (a device pointer with
-     * no peermem, a freed buffer): pinning fails with EFAULT. */
+    }
+    /* Plain host memory, or an address nobody mapped (a freed buffer):
+     * pinning fails with EFAULT. */
     if (!host_range_ok(addr, length, write)) {
         errno = EFAULT;
         return NULL;
     }
-    return mr_create(pd, addr, length, access, NULL);
+    if (memlock_take(length) != 0) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    struct ibv_mr *mr = mr_create(pd, addr, length, access, NULL);
+    if (!mr)
+        atomic_fetch_sub(&g_pinned, length);
+    else
+        ((mmr_t *)mr)->host_pinned = 1;
+    return mr;
 }
 
 HCMOCK_API struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length,
@@ -848,30 +1060,51 @@ HCMOCK_API struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t
     return ibv_reg_mr(pd, addr, length, (int)(access & ~IBV_ACCESS_OPTIONAL_RANGE));
 }
 
-/* dma-buf: the exporter's fd must be open; the NIC then reaches the pages
- * at iova, which for the mock CUDA driver is the device address. */
+/* dma-buf: HCMOCK_IB_DMABUF=0 is a NIC or kernel without dma-buf import
+ * (EOPNOTSUPP, before anything else is looked at: NCCL's probe with fd -1
+ * relies on it); otherwise the fd must be the emulated driver's export
+ * (hcmock_dmabuf_t), and the MR covers [offset, offset + length) of the
+ * exported range, addressed from iova. */
 HCMOCK_API struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length,
                                             uint64_t iova, int fd, int access)
 {
-    (void)offset;
+    if (env_int("HCMOCK_IB_DMABUF", 1) == 0) {
+        errno = EOPNOTSUPP;
+        return NULL;
+    }
+    if (fd < 0 || fcntl(fd, F_GETFD) < 0) {
+        errno = EBADF;
+        return NULL;
+    }
     if (!pd || !access_valid(access) || length == 0) {
         errno = EINVAL;
         return NULL;
     }
-    if (fcntl(fd, F_GETFD) < 0) {
-        errno = EBADF;
-        return NULL;
-    }
+    hcmock_dmabuf_t d;
     dev2host_fn f = dev2host();
-    if (!f) {
-        errno = EOPNOTSUPP;
+    if (pread(fd, &d, sizeof d, 0) != (ssize_t)sizeof d || d.magic != HCMOCK_DMABUF_MAGIC || !f) {
+        errno = EINVAL; /* not a dma-buf */
         return NULL;
     }
-    if (!f(iova, length)) {
+    if (offset > d.size || length > d.size - offset) {
+        trace("ibv_reg_dmabuf_mr: [%llu, +%zu) outside the %llu-byte dma-buf",
+              (unsigned long long)offset, length, (unsigned long long)d.size);
+        errno = EINVAL;
+        return NULL;
+    }
+    const uint64_t dev = d.dptr + offset;
+    if (!f(dev, length)) {
         errno = EFAULT;
         return NULL;
     }
-    return mr_create(pd, (void *)(uintptr_t)iova, length, access, f);
+    struct ibv_mr *mr = mr_create(pd, (void *)(uintptr_t)iova, length, access, f);
+    if (mr) {
+        mmr_t *m = (mmr_t *)mr;
+        m->dev_delta = (int64_t)(dev - iova);
+        m->buf_id = dev_buffer_id(m->attr, dev);
+        stat_add(ST_DMABUF_REGS, 1);
+    }
+    return mr;
 }
 
 HCMOCK_API int ibv_dereg_mr(struct ibv_mr *mr)
@@ -896,7 +1129,10 @@ HCMOCK_API int ibv_dereg_mr(struct ibv_mr *mr)
         for (conn_t *k = q->inc; k; k = k->next)
             if (k->pay_mr == m)
                 k->pay_mr = NULL;
+    lazy_drop_mr(c, m);
     pthread_mutex_unlock(&c->mu);
+    if (m->host_pinned)
+        atomic_fetch_sub(&g_pinned, m->mr.length);
     free(m);
     stat_sub(ST_LIVE_MR);
     return 0;
@@ -935,6 +1171,7 @@ static void conn_close(mctx_t *c, conn_t *k)
         return;
     close(k->fd);
     free(k->ob);
+    free(k->lazy_w);
     free(k);
     c->gen++;
 }
@@ -1357,6 +1594,8 @@ static int in_execute(mctx_t *c, mqp_t *q, conn_t *k)
     if (f->type == F_READ_REQ) {
         mmr_t *m = f->len ? mr_by_rkey(c, f->rkey) : NULL;
         void *p = NULL;
+        if (m && m->device)
+            lazy_flush(c); /* the read pushes the NIC's earlier writes ahead */
         int st = 0;
         if (!(q->access & IBV_ACCESS_REMOTE_READ))
             st = IBV_WC_REM_INV_REQ_ERR;
@@ -1428,6 +1667,36 @@ static void in_request(mctx_t *c, mqp_t *q, conn_t *k)
     k->pay_mr = m;
     k->pay_key = m->mr.rkey;
     k->pay_addr = f->raddr;
+    if (gdr_lazy(m)) {
+        free(k->lazy_w);
+        k->lazy_w = malloc(sizeof *k->lazy_w + f->len);
+        if (k->lazy_w)
+            k->pay_mode = PAY_LAZY;
+    }
+}
+
+/* A held write came in whole: queued behind the others, invisible until a
+ * flush read (its region may have gone meanwhile). */
+static void lazy_land(mctx_t *c, conn_t *k)
+{
+    lazy_write_t *w = k->lazy_w;
+    k->lazy_w = NULL;
+    mmr_t *m = k->pay_mr;
+    if (!w || !m || mr_by_rkey(c, k->pay_key) != m) {
+        free(w);
+        if (w)
+            k->pay_err = IBV_WC_REM_ACCESS_ERR;
+        return;
+    }
+    lazy_write_t *q = lazy_new(c, m, k->pay_addr, k->ih.len);
+    if (q) {
+        memcpy(q->data, w->data, k->ih.len);
+    } else {
+        void *p = mr_ptr(m, k->pay_addr, k->ih.len);
+        if (p)
+            memcpy(p, w->data, k->ih.len);
+    }
+    free(w);
 }
 
 static void small_land(mctx_t *c, conn_t *k)
@@ -1457,6 +1726,10 @@ static void *in_sink(mctx_t *c, mqp_t *q, conn_t *k, size_t *n)
     if (k->pay_mode == PAY_SMALL) {
         *n = (size_t)k->ileft;
         return k->small + k->idone;
+    }
+    if (k->pay_mode == PAY_LAZY) {
+        *n = want;
+        return k->lazy_w->data + k->idone;
     }
     if (k->pay_mode == PAY_MR) {
         mmr_t *m = k->pay_mr;
@@ -1593,6 +1866,8 @@ static int in_read(mctx_t *c, mqp_t *q, conn_t *k)
                    q->qp.state != IBV_QPS_RESET) {
             if (k->pay_mode == PAY_SMALL)
                 small_land(c, k);
+            if (k->pay_mode == PAY_LAZY)
+                lazy_land(c, k);
             if (in_execute(c, q, k))
                 return 0; /* RNR: this connection waits for a receive WR */
         }
@@ -1911,7 +2186,9 @@ HCMOCK_API struct ibv_context *ibv_open_device(struct ibv_device *dev)
     ic->ops.post_send = mock_post_send;
     ic->ops.post_recv = mock_post_recv;
     ic->cmd_fd = -1;
-    ic->async_fd = -1;
+    /* Blocking, as the kernel's: a caller that polls sets O_NONBLOCK. */
+    c->async_fd = eventfd(0, EFD_CLOEXEC | EFD_SEMAPHORE);
+    ic->async_fd = c->async_fd;
     ic->num_comp_vectors = 1;
     pthread_mutex_init(&ic->mutex, NULL);
     /* An extended context, as every provider of this rdma-core builds: the
@@ -1925,15 +2202,24 @@ HCMOCK_API struct ibv_context *ibv_open_device(struct ibv_device *dev)
         seed = (uint64_t)getpid() * 0x9e3779b97f4a7c15ull ^ (uint64_t)now_ms();
     c->rnd = seed | 1;
     c->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (c->wake_fd < 0 || pthread_create(&c->thr, NULL, progress_main, c) != 0) {
+    if (c->wake_fd < 0 || c->async_fd < 0 ||
+        pthread_create(&c->thr, NULL, progress_main, c) != 0) {
         int e = errno;
         if (c->wake_fd >= 0)
             close(c->wake_fd);
+        if (c->async_fd >= 0)
+            close(c->async_fd);
         free(c);
         errno = e ? e : EAGAIN;
         return NULL;
     }
     c->thr_started = 1;
+    pthread_mutex_lock(&g_devs_mu);
+    mctx_t **pp = &g_ctxs;
+    while (*pp)
+        pp = &(*pp)->next_ctx;
+    *pp = c;
+    pthread_mutex_unlock(&g_devs_mu);
     stat_add(ST_LIVE_CTX, 1);
     return ic;
 }
@@ -1958,6 +2244,22 @@ HCMOCK_API int ibv_close_device(struct ibv_context *ic)
         qp_free(c, q);
     }
     close(c->wake_fd);
+    pthread_mutex_lock(&g_devs_mu);
+    for (mctx_t **pp = &g_ctxs; *pp; pp = &(*pp)->next_ctx)
+        if (*pp == c) {
+            *pp = c->next_ctx;
+            break;
+        }
+    pthread_mutex_unlock(&g_devs_mu);
+    if (c->unacked)
+        trace("ibv_close_device with %d async event(s) not acknowledged", c->unacked);
+    close(c->async_fd);
+    free(c->aq);
+    while (c->lazy) {
+        lazy_write_t *w = c->lazy;
+        c->lazy = w->next;
+        free(w);
+    }
     pthread_mutex_destroy(&c->mu);
     free(c);
     stat_sub(ST_LIVE_CTX);
@@ -1970,7 +2272,7 @@ static int port_attr_fill(mctx_t *c, uint8_t port, struct ibv_port_attr *a)
     if (port < 1 || port > c->nports || port_load(c->root, c->dev->dev.name, port, &pi) != 0)
         return EINVAL;
     memset(a, 0, sizeof *a);
-    a->state = (enum ibv_port_state)pi.state;
+    a->state = c->port_down ? IBV_PORT_DOWN : (enum ibv_port_state)pi.state;
     a->max_mtu = IBV_MTU_4096;
     a->active_mtu = (enum ibv_mtu)pi.active_mtu;
     a->gid_tbl_len = pi.gid_tbl_len;
@@ -2581,4 +2883,178 @@ HCMOCK_API uint64_t hcmock_verbs_stat(const char *name)
         if (strcmp(name, stat_names[i]) == 0)
             return atomic_load_explicit(&g_stats[i], memory_order_relaxed);
     return UINT64_MAX;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Async events                                                              */
+/* ------------------------------------------------------------------------ */
+
+/* The next event: blocks on a blocking async_fd, EAGAIN on one the caller
+ * made O_NONBLOCK (the fd's count is the queue's length). */
+HCMOCK_API int ibv_get_async_event(struct ibv_context *ic, struct ibv_async_event *event)
+{
+    if (!ic || !event) {
+        errno = EINVAL;
+        return -1;
+    }
+    mctx_t *c = ctx_of(ic);
+    uint64_t one;
+    if (read(c->async_fd, &one, sizeof one) != (ssize_t)sizeof one)
+        return -1; /* errno: EAGAIN when non-blocking and none is queued */
+    pthread_mutex_lock(&c->mu);
+    int got = c->naq > 0;
+    if (got) {
+        *event = c->aq[0];
+        memmove(c->aq, c->aq + 1, (size_t)(c->naq - 1) * sizeof *c->aq);
+        c->naq--;
+        c->unacked++;
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (!got) {
+        errno = EAGAIN;
+        return -1;
+    }
+    return 0;
+}
+
+HCMOCK_API void ibv_ack_async_event(struct ibv_async_event *event)
+{
+    if (!event)
+        return;
+    struct ibv_context *ic = NULL;
+    if (event->event_type == IBV_EVENT_CQ_ERR && event->element.cq)
+        ic = event->element.cq->context;
+    else if (event->event_type != IBV_EVENT_PORT_ERR &&
+             event->event_type != IBV_EVENT_PORT_ACTIVE &&
+             event->event_type != IBV_EVENT_GID_CHANGE &&
+             event->event_type != IBV_EVENT_DEVICE_FATAL && event->element.qp)
+        ic = event->element.qp->context;
+    pthread_mutex_lock(&g_devs_mu);
+    for (mctx_t *c = g_ctxs; c; c = c->next_ctx)
+        if (!ic || &c->vc.context == ic) {
+            pthread_mutex_lock(&c->mu);
+            if (c->unacked > 0) {
+                c->unacked--;
+                pthread_mutex_unlock(&c->mu);
+                break;
+            }
+            pthread_mutex_unlock(&c->mu);
+        }
+    pthread_mutex_unlock(&g_devs_mu);
+}
+
+/* A QP of c connected to another QP, in RTS (NULL: none). */
+static mqp_t *busy_qp(mctx_t *c)
+{
+    for (mqp_t *q = c->qps; q; q = q->next)
+        if (q->qp.state == IBV_QPS_RTS && q->dest_qpn != q->qp.qp_num)
+            return q;
+    return NULL;
+}
+
+/*
+ * For tests: raise an async event on this process's oldest context that has
+ * a connected QP, with the fault behind it. Returns 0, or -1 (unknown kind,
+ * no such context). kind:
+ *   "port_down"   IBV_EVENT_PORT_ERR; the port reads DOWN, every QP fails
+ *   "qp_fatal"    IBV_EVENT_QP_FATAL on one QP, which fails (WRs flushed)
+ *   "access_err"  IBV_EVENT_QP_ACCESS_ERR on one QP, which fails
+ *   "cq_overrun"  IBV_EVENT_CQ_ERR on that QP's CQ, which loses every
+ *                 completion from now on (polling it still answers)
+ */
+HCMOCK_API int hcmock_verbs_inject_async(const char *kind)
+{
+    int rc = -1;
+    pthread_mutex_lock(&g_devs_mu);
+    for (mctx_t *c = g_ctxs; c && rc != 0; c = c->next_ctx) {
+        pthread_mutex_lock(&c->mu);
+        mqp_t *q = busy_qp(c);
+        if (q && strcmp(kind, "port_down") == 0) {
+            c->port_down = 1;
+            async_push(c, IBV_EVENT_PORT_ERR, NULL, q->port ? q->port : 1);
+            for (mqp_t *x = c->qps; x; x = x->next)
+                qp_error(x, 0);
+            rc = 0;
+        } else if (q && strcmp(kind, "qp_fatal") == 0) {
+            async_push(c, IBV_EVENT_QP_FATAL, &q->qp, 0);
+            qp_error(q, 0);
+            rc = 0;
+        } else if (q && strcmp(kind, "access_err") == 0) {
+            async_push(c, IBV_EVENT_QP_ACCESS_ERR, &q->qp, 0);
+            qp_error(q, 0);
+            rc = 0;
+        } else if (q && strcmp(kind, "cq_overrun") == 0) {
+            mcq_t *cq = (mcq_t *)q->qp.recv_cq;
+            if (!cq->overrun)
+                stat_add(ST_CQ_OVERRUN, 1);
+            cq->overrun = 1;
+            async_push(c, IBV_EVENT_CQ_ERR, &cq->cq, 0);
+            rc = 0;
+        }
+        pthread_mutex_unlock(&c->mu);
+        if (rc == 0)
+            wake(c);
+    }
+    pthread_mutex_unlock(&g_devs_mu);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* fork                                                                      */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * A child forked while MRs are live shares their pages copy-on-write; the
+ * NIC keeps the parent's old physical pages, so the parent's next write to
+ * a registered buffer lands where the NIC no longer looks (kernels before
+ * 5.13 lack copy-on-fork for pinned pages). ibv_fork_init (or
+ * RDMAV_FORK_SAFE) marks registered ranges MADV_DONTFORK first. Here such
+ * a fork is counted ("unsafe_forks"); HCMOCK_IB_COPY_ON_FORK=1 is a kernel
+ * that copies pinned pages at fork, where nothing is needed.
+ */
+static atomic_int g_fork_inited;
+
+static int copy_on_fork(void)
+{
+    return env_int("HCMOCK_IB_COPY_ON_FORK", 0) == 1;
+}
+
+static int fork_safe_env(void)
+{
+    const char *a = getenv("RDMAV_FORK_SAFE"), *b = getenv("IBV_FORK_SAFE");
+    return (a && *a && strcmp(a, "0") != 0) || (b && *b && strcmp(b, "0") != 0);
+}
+
+static void fork_prepare(void)
+{
+    if (atomic_load(&g_stats[ST_LIVE_MR]) > 0 && !copy_on_fork() && !atomic_load(&g_fork_inited) &&
+        !fork_safe_env()) {
+        stat_add(ST_UNSAFE_FORKS, 1);
+        trace("fork with %llu live MR(s) and no ibv_fork_init: the parent's registered pages "
+              "may go astray",
+              (unsigned long long)atomic_load(&g_stats[ST_LIVE_MR]));
+    }
+}
+
+__attribute__((constructor)) static void fork_hook(void)
+{
+    pthread_atfork(fork_prepare, NULL, NULL);
+}
+
+/* Too late once a region exists (rdma-core: EINVAL). */
+HCMOCK_API int ibv_fork_init(void)
+{
+    if (copy_on_fork())
+        return 0;
+    if (atomic_load(&g_stats[ST_MR_REGS]) > 0 && !atomic_load(&g_fork_inited))
+        return EINVAL;
+    atomic_store(&g_fork_inited, 1);
+    return 0;
+}
+
+HCMOCK_API enum ibv_fork_status ibv_is_fork_initialized(void)
+{
+    if (copy_on_fork())
+        return IBV_FORK_UNNEEDED;
+    return atomic_load(&g_fork_inited) || fork_safe_env() ? IBV_FORK_ENABLED : IBV_FORK_DISABLED;
 }

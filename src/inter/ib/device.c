@@ -10,6 +10,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <string.h>
 
 #include "base/log.h"
@@ -106,7 +107,41 @@ hcoll_status_t ib_dev_open(hc_transport_t *tr)
     tr->pd = tr->v->alloc_pd(tr->ctx);
     if (!tr->pd)
         return ib_fail(tr, HCOLL_ERR_RDMA, "ibv_alloc_pd failed (errno %d)", errno);
+    /* Progress reads the async events between sweeps: never block there. */
+    int fl = fcntl(tr->ctx->async_fd, F_GETFL);
+    tr->async_ok = tr->v->get_async_event && tr->v->ack_async_event && fl >= 0 &&
+                   fcntl(tr->ctx->async_fd, F_SETFL, fl | O_NONBLOCK) == 0;
+    if (!tr->async_ok)
+        HC_WARN(HC_NET, tr->p.log_rank, "NET/IB: the NIC's async events cannot be read: port "
+                "and QP errors will show only as failed completions");
     return HCOLL_SUCCESS;
+}
+
+/* ---- GPUDirect -------------------------------------------------------------- */
+
+/* dma-buf import on this NIC and kernel, asked as NCCL asks: a registration
+ * of nothing from fd -1 answers EOPNOTSUPP or EPROTONOSUPPORT where import
+ * is missing (a kernel before 5.12, a driver without it), EBADF where it
+ * exists. The kernel's version alone says nothing about the NIC's driver. */
+static int dmabuf_probe(hc_transport_t *tr, char *why, size_t len)
+{
+    if (!tr->v->reg_dmabuf_mr) {
+        snprintf(why, len, "libibverbs has no ibv_reg_dmabuf_mr (rdma-core < 34)");
+        return 0;
+    }
+    errno = 0;
+    struct ibv_mr *mr = tr->v->reg_dmabuf_mr(tr->pd, 0, 0, 0, -1, 0);
+    int e = errno;
+    if (mr) {
+        tr->v->dereg_mr(mr);
+        return 1;
+    }
+    if (e == EOPNOTSUPP || e == EPROTONOSUPPORT) {
+        snprintf(why, len, "%s refuses dma-buf registration (%s)", tr->choice.port.dev,
+                 strerror(e));
+        return 0;
+    }
+    return 1;
 }
 
 void ib_gdr_decide(hc_transport_t *tr)
@@ -139,20 +174,27 @@ void ib_gdr_decide(hc_transport_t *tr)
     hc_gdr_caps_t caps;
     hc_gdr_probe(c->sysfs_root, &caps);
     tr->peermem = caps.peermem;
+    char dwhy[160] = "";
+    tr->dmabuf_ok = dmabuf_probe(tr, dwhy, sizeof dwhy);
+    caps.dmabuf_kernel = tr->dmabuf_ok; /* the probe answers for kernel and NIC both */
     tr->gdr_reg = hc_gdr_reg_choose(&caps, gpu_dmabuf, tr->v->reg_dmabuf_mr != NULL);
     if (tr->gdr_reg == HC_GDR_REG_STAGING) {
         snprintf(tr->gdr_why, sizeof tr->gdr_why,
-                 "GPU %d / HCA %.64s: neither dma-buf (kernel %.64s, GPU %s, libibverbs %s) nor "
-                 "nvidia-peermem available",
-                 gpu, tr->choice.port.dev, caps.kernel[0] ? caps.kernel : "?",
-                 gpu_dmabuf ? "yes" : "no", tr->v->reg_dmabuf_mr ? "yes" : "no");
+                 "GPU %d / HCA %.64s: neither dma-buf (GPU %s; NIC: %.160s) nor nvidia-peermem "
+                 "available",
+                 gpu, tr->choice.port.dev, gpu_dmabuf ? "yes" : "no",
+                 dwhy[0] ? dwhy : "yes");
         HC_INFO(HC_GDR, tr->p.log_rank, "%s: host staging", tr->gdr_why);
         return;
     }
     tr->gdr = 1;
-    tr->flush = hc_gdr_flush_needed(c->gdr_flush, cc);
-    HC_INFO(HC_GDR, tr->p.log_rank, "GPU %d (%s, sm_%d): registration through %s, flush %s", gpu,
-            bdf, cc * 10, hc_gdr_reg_name(tr->gdr_reg), tr->flush ? "on" : "off");
+    const int ordering = hc_gdr_rdma_ordering(gpu);
+    tr->flush = hc_gdr_flush_decide(c->gdr_flush, cc, ordering);
+    HC_INFO(HC_GDR, tr->p.log_rank,
+            "GPU %d (%s, sm_%d): registration through %s, flush %s (RDMA write ordering %s)", gpu,
+            bdf, cc * 10, hc_gdr_reg_name(tr->gdr_reg), tr->flush ? "on" : "off",
+            ordering < 0 ? "unknown" : ordering >= 200 ? "all devices" : ordering >= 100 ? "owner"
+                                                                                   : "none");
 }
 
 #else /* !HCOLL_BUILD_VERBS */

@@ -118,10 +118,11 @@ static hcoll_status_t credits_setup(hc_transport_t *tr)
 static void gdr_setup(hc_transport_t *tr)
 {
     ib_gdr_decide(tr);
-    if (tr->gdr && tr->flush && ib_flush_setup(tr) != 0) {
+    char why[240] = "";
+    if (tr->gdr && tr->flush && ib_flush_setup(tr, why, sizeof why) != 0) {
         ib_flush_free(tr);
-        snprintf(tr->gdr_why, sizeof tr->gdr_why,
-                 "GPU %d: no device word or loopback QP for GPUDirect flush reads", tr->gpu);
+        snprintf(tr->gdr_why, sizeof tr->gdr_why, "GPU %d: no GPUDirect flush reads: %s",
+                 tr->gpu, why);
         HC_INFO(HC_GDR, tr->p.log_rank, "%s: host staging", tr->gdr_why);
         tr->gdr = 0;
     }
@@ -168,6 +169,8 @@ static hcoll_status_t ib_create(const hc_transport_params_t *params, hc_transpor
         st = ib_fail(tr, HCOLL_ERR_RDMA, "%s", tr->v->why);
         goto clean_tr;
     }
+    /* Before the process's first registration (the credit words). */
+    const char *fork_state = ib_fork_setup();
     HC_CHECK(ib_dev_open(tr), clean_tr);
     HC_CHECK(credits_setup(tr), clean_tr);
     if (getrandom(&tr->psn, sizeof tr->psn, 0) != (ssize_t)sizeof tr->psn)
@@ -175,6 +178,7 @@ static hcoll_status_t ib_create(const hc_transport_params_t *params, hc_transpor
     tr->psn &= 0xffffff;
     gdr_setup(tr);
     log_choice(tr);
+    HC_INFO(HC_NET, tr->p.log_rank, "NET/IB: fork safety: %s", fork_state);
     *tr_out = tr;
     return HCOLL_SUCCESS;
 

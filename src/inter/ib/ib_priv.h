@@ -10,9 +10,11 @@
  *   mr_cache.c  the registration cache (generic, mr_cache.h)
  *   send.c      puts, the send FIFO, receive credits, queued puts
  *   poll.c      completions, flush hold-back, progress and poll
+ *   async.c     the NIC's async events (read by progress and by ib_fail)
  *
  * Calls run one way: ib.c -> {poll, mr, qp, device} ; poll -> {send, qp};
- * mr -> {qp, mr_cache}; device -> loader; everything -> seam (ib_fail).
+ * mr -> {qp, mr_cache}; device -> loader; everything -> seam and async
+ * (ib_fail).
  */
 #ifndef HC_INTER_IB_PRIV_H
 #define HC_INTER_IB_PRIV_H
@@ -63,10 +65,19 @@ typedef struct ib_verbs {
     struct ibv_mr *(*reg_mr)(struct ibv_pd *, void *, size_t, int);
     struct ibv_mr *(*reg_dmabuf_mr)(struct ibv_pd *, uint64_t, size_t, uint64_t, int, int);
     int (*dereg_mr)(struct ibv_mr *);
+    /* optional (NULL when the library lacks them) */
+    int (*get_async_event)(struct ibv_context *, struct ibv_async_event *);
+    void (*ack_async_event)(struct ibv_async_event *);
+    int (*fork_init)(void);
+    enum ibv_fork_status (*is_fork_initialized)(void);
 } ib_verbs_t;
 
 /* The process's table, loaded on first use; read-only afterwards. */
 const ib_verbs_t *ib_verbs_get(void);
+
+/* Fork safety before the process's first registration (once); returns
+ * what was done, for the log. */
+const char *ib_fork_setup(void);
 
 /* ibv_query_port as verbs.h's inline wrapper does it. */
 int ib_port_query(const ib_verbs_t *v, struct ibv_context *ctx, uint8_t port,
@@ -186,22 +197,49 @@ struct hc_transport {
     int neps;
     hc_compq_t cq; /* found, not yet reported */
     hcoll_status_t err;
+    /* device.c: registration and the NIC's async events */
+    int dmabuf_ok;          /* the probe found dma-buf import on this NIC */
+    int async_ok;           /* the async fd polls without blocking */
+    unsigned async_sweeps;  /* progress sweeps since the last look */
+    char async_why[240];    /* the first fatal event, named */
 };
 
-/* The transport's first failure is recorded and logged as "NET/IB rank R,
- * rail K (dev port P): ..."; later ones return it (seam.c's recorder). */
-static inline hcoll_status_t ib_fail(hc_transport_t *tr, hcoll_status_t st, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static inline hcoll_status_t ib_fail(hc_transport_t *tr, hcoll_status_t st, const char *fmt, ...)
+/* async.c: read the NIC's pending async events (never blocks); the first
+ * fatal one is kept in tr->async_why. */
+void ib_async_drain(hc_transport_t *tr);
+
+static inline hcoll_status_t ib_fail_str(hc_transport_t *tr, hcoll_status_t st, const char *who,
+                                         const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static inline hcoll_status_t ib_fail_str(hc_transport_t *tr, hcoll_status_t st, const char *who,
+                                         const char *fmt, ...)
 {
-    char who[96];
-    snprintf(who, sizeof who, "NET/IB rank %d, rail %d (%s port %d)", tr->p.log_rank,
-             tr->p.rail, tr->choice.port.dev, tr->choice.port.port);
     va_list ap;
     va_start(ap, fmt);
     st = hc_tp_failv(&tr->p, &tr->err, st, who, fmt, ap);
     va_end(ap);
     return st;
+}
+
+/* The transport's first failure is recorded and logged as "NET/IB rank R,
+ * rail K (dev port P): ...", with the NIC's own account when it sent one
+ * (an async event: port down, fatal QP, access error, CQ overrun); later
+ * ones return it (seam.c's recorder). */
+static inline hcoll_status_t ib_fail(hc_transport_t *tr, hcoll_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static inline hcoll_status_t ib_fail(hc_transport_t *tr, hcoll_status_t st, const char *fmt, ...)
+{
+    char who[96], msg[320];
+    snprintf(who, sizeof who, "NET/IB rank %d, rail %d (%s port %d)", tr->p.log_rank,
+             tr->p.rail, tr->choice.port.dev, tr->choice.port.port);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (tr->err == HCOLL_SUCCESS)
+        ib_async_drain(tr);
+    return ib_fail_str(tr, st, who, "%s%s%s", msg, tr->async_why[0] ? "; the NIC reported: " : "",
+                       tr->async_why);
 }
 
 /* ---- device.c -------------------------------------------------------------- */
@@ -211,6 +249,10 @@ hcoll_status_t ib_dev_open(hc_transport_t *tr);
 /* GPUDirect for this rank's GPU and NIC: sets gdr, gdr_reg, peermem, flush
  * and gdr_why, with the INFO line saying what was decided. */
 void ib_gdr_decide(hc_transport_t *tr);
+/* async.c: every 64th progress sweep, the NIC's async events; a fatal one
+ * fails the transport, named (port down, fatal QP, access error, CQ
+ * overrun). */
+hcoll_status_t ib_async_poll(hc_transport_t *tr);
 
 /* ---- qp.c ------------------------------------------------------------------ */
 
@@ -237,9 +279,10 @@ hcoll_status_t ib_mem_pin(hc_transport_t *tr, void *base, size_t len, hc_mr_t **
 void ib_mem_unpin(hc_transport_t *tr, hc_mr_t *pin);
 /* The cache's deregistration callback (ctx: the transport). */
 void ib_mrc_dereg(void *ctx, hc_mrc_entry_t *e);
-/* The flush word and its loopback QP; -1 when either cannot be had
- * (ib_flush_free undoes whatever was set up). */
-int ib_flush_setup(hc_transport_t *tr);
+/* The flush word (registered as device buffers are: dma-buf or peermem)
+ * and its loopback QP; -1 with the reason in why when either cannot be had
+ * (ib_flush_free undoes whatever was set up; the transport stays sound). */
+int ib_flush_setup(hc_transport_t *tr, char *why, size_t whylen);
 void ib_flush_free(hc_transport_t *tr);
 
 /* ---- send.c ---------------------------------------------------------------- */

@@ -9,6 +9,7 @@
 #include "inter/ib/ib_priv.h"
 
 #include <dlfcn.h>
+#include <errno.h>
 #include <pthread.h>
 #include <string.h>
 
@@ -51,7 +52,60 @@ static void verbs_load(void)
 #undef SYM
     /* rdma-core >= 34 only: dma-buf is then simply not offered. */
     *(void **)&g_verbs.reg_dmabuf_mr = dlsym(h, "ibv_reg_dmabuf_mr");
+    /* Every libibverbs has these; without them events go unread. */
+    *(void **)&g_verbs.get_async_event = dlsym(h, "ibv_get_async_event");
+    *(void **)&g_verbs.ack_async_event = dlsym(h, "ibv_ack_async_event");
+    *(void **)&g_verbs.fork_init = dlsym(h, "ibv_fork_init");
+    /* rdma-core >= 35: tells whether the kernel copies pinned pages at fork. */
+    *(void **)&g_verbs.is_fork_initialized = dlsym(h, "ibv_is_fork_initialized");
     g_verbs.ok = 1;
+}
+
+/*
+ * Fork safety, once per process and before the first registration: a child
+ * forked while regions are live (hcoll_perf --plot's gnuplot, an
+ * application's workers) takes the registered pages copy-on-write, and on
+ * kernels without copy-on-fork for pinned pages (before 5.13) the parent's
+ * next write lands on a copy the NIC never sees. ibv_fork_init marks
+ * registered ranges MADV_DONTFORK. Not needed where
+ * ibv_is_fork_initialized says IBV_FORK_UNNEEDED (or already done:
+ * RDMAV_FORK_SAFE, the application's own call).
+ */
+static pthread_once_t g_fork_once = PTHREAD_ONCE_INIT;
+static char g_fork_state[160];
+
+static void fork_setup(void)
+{
+    const ib_verbs_t *v = &g_verbs;
+    if (v->is_fork_initialized) {
+        enum ibv_fork_status fs = v->is_fork_initialized();
+        if (fs == IBV_FORK_UNNEEDED) {
+            snprintf(g_fork_state, sizeof g_fork_state, "not needed (the kernel copies pinned "
+                     "pages at fork)");
+            return;
+        }
+        if (fs == IBV_FORK_ENABLED) {
+            snprintf(g_fork_state, sizeof g_fork_state, "enabled (before hcoll)");
+            return;
+        }
+    }
+    int rc = v->fork_init ? v->fork_init() : ENOSYS;
+    if (rc == 0)
+        snprintf(g_fork_state, sizeof g_fork_state, "ibv_fork_init done");
+    else
+        snprintf(g_fork_state, sizeof g_fork_state,
+                 "ibv_fork_init failed (%s): regions were registered before hcoll's first; "
+                 "set RDMAV_FORK_SAFE=1 if this process forks",
+                 strerror(rc));
+}
+
+const char *ib_fork_setup(void)
+{
+    ib_verbs_get();
+    if (!g_verbs.ok)
+        return "libibverbs not loaded";
+    pthread_once(&g_fork_once, fork_setup);
+    return g_fork_state;
 }
 
 const ib_verbs_t *ib_verbs_get(void)

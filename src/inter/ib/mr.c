@@ -21,6 +21,7 @@
 #include "inter/ib/ib_priv.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -45,14 +46,34 @@ void ib_mrc_dereg(void *ctx, hc_mrc_entry_t *e)
     free(mr);
 }
 
-/* A loopback QP on our own NIC for flush reads of device memory. */
-static hcoll_status_t loop_qp_setup(hc_transport_t *tr)
+/* A registration that failed: this call's error, recorded, never the
+ * transport's sticky failure. The caller (the ring starting an operation,
+ * hcoll_mem_register, the device slots at set-up) decides what it means;
+ * the QPs and every other region are untouched. */
+static hcoll_status_t mr_refuse(hc_transport_t *tr, hcoll_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static hcoll_status_t mr_refuse(hc_transport_t *tr, hcoll_status_t st, const char *fmt, ...)
+{
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return hc_err_set(tr->p.errbuf, HC_NET, tr->p.log_rank, st,
+                      "NET/IB rank %d, rail %d (%s port %d): %s", tr->p.log_rank, tr->p.rail,
+                      tr->choice.port.dev, tr->choice.port.port, msg);
+}
+
+/* A loopback QP on our own NIC for flush reads of device memory; -1 with
+ * the reason in why (GPUDirect then stays off: not a failure). */
+static int loop_qp_setup(hc_transport_t *tr, char *why, size_t whylen)
 {
     if (tr->loop_qp)
-        return HCOLL_SUCCESS;
-    if (ib_qp_create(tr, &tr->loop_cq, &tr->loop_qp) != 0)
-        return ib_fail(tr, HCOLL_ERR_RDMA, "creating the GPUDirect flush QP failed (errno %d)",
-                       errno);
+        return 0;
+    if (ib_qp_create(tr, &tr->loop_cq, &tr->loop_qp) != 0) {
+        snprintf(why, whylen, "creating the GPUDirect flush QP failed (%s)", strerror(errno));
+        return -1;
+    }
     ib_addr_t self;
     memset(&self, 0, sizeof self);
     self.psn = tr->psn;
@@ -61,23 +82,40 @@ static hcoll_status_t loop_qp_setup(hc_transport_t *tr)
     self.mtu = (uint8_t)tr->pattr.active_mtu;
     memcpy(self.gid, tr->gid.raw, 16);
     int mtu;
-    if (ib_qp_connect(tr, tr->loop_qp, &self, tr->loop_qp->qp_num, &mtu) != 0)
-        return ib_fail(tr, HCOLL_ERR_RDMA, "connecting the GPUDirect flush QP failed (errno %d)",
-                       errno);
-    return HCOLL_SUCCESS;
+    if (ib_qp_connect(tr, tr->loop_qp, &self, tr->loop_qp->qp_num, &mtu) != 0) {
+        snprintf(why, whylen, "connecting the GPUDirect flush QP failed (%s)", strerror(errno));
+        return -1;
+    }
+    return 0;
 }
 
-int ib_flush_setup(hc_transport_t *tr)
+static void mr_register(hc_transport_t *tr, ib_mrent_t *mr, int kind, char *why, size_t whylen);
+
+int ib_flush_setup(hc_transport_t *tr, char *why, size_t whylen)
 {
-    if (hc_gdr_dmem_alloc(tr->gpu, IB_FLUSH_BYTES, &tr->flush_mem) != 0)
+    if (hc_gdr_dmem_alloc(tr->gpu, IB_FLUSH_BYTES, &tr->flush_mem) != 0) {
+        snprintf(why, whylen, "no device memory for the flush word");
         return -1;
-    tr->flush_mr = tr->v->reg_mr(tr->pd, (void *)(uintptr_t)tr->flush_mem.ptr, IB_FLUSH_BYTES,
-                                 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
-    if (tr->flush_mr)
-        hc_tp_count(HC_TP_REG);
-    if (!tr->flush_mr || loop_qp_setup(tr) != HCOLL_SUCCESS)
-        return -1; /* ib_flush_free undoes the rest */
-    return 0;
+    }
+    /* Registered as device buffers are: through dma-buf where that was
+     * chosen (a dma-buf-only host has no peermem for a plain ibv_reg_mr). */
+    ib_mrent_t w;
+    memset(&w, 0, sizeof w);
+    w.e.base = (void *)(uintptr_t)tr->flush_mem.ptr;
+    w.e.len = IB_FLUSH_BYTES;
+    w.e.dmabuf_fd = -1;
+    w.device = 1;
+    char rwhy[200] = "";
+    mr_register(tr, &w, HC_MEM_DEVICE, rwhy, sizeof rwhy);
+    if (w.e.dmabuf_fd >= 0)
+        close(w.e.dmabuf_fd); /* the region holds the dma-buf now */
+    tr->flush_mr = w.mr;
+    if (!tr->flush_mr) {
+        snprintf(why, whylen, "registering the flush word through %s failed (%s)",
+                 hc_gdr_reg_name(tr->gdr_reg), rwhy[0] ? rwhy : strerror(errno));
+        return -1;
+    }
+    return loop_qp_setup(tr, why, whylen); /* on failure ib_flush_free undoes the rest */
 }
 
 void ib_flush_free(hc_transport_t *tr)
@@ -154,13 +192,18 @@ static hcoll_status_t mrent_new(hc_transport_t *tr, void *base, size_t len, int 
                                 uint64_t gen, ib_mrent_t **out)
 {
     if (kind != HC_MEM_HOST && !tr->gdr)
-        return ib_fail(tr, HCOLL_ERR_UNSUPPORTED,
+        return mr_refuse(tr, HCOLL_ERR_UNSUPPORTED,
                        "device buffer %p (GPU %d) cannot be registered for the NIC: %s; the "
                        "caller must stage it through host memory",
                        base, dev, tr->gdr_why[0] ? tr->gdr_why : "GPUDirect RDMA disabled");
+    if (kind == HC_MEM_MANAGED)
+        return mr_refuse(tr, HCOLL_ERR_UNSUPPORTED,
+                         "%p is managed memory (GPU %d): neither dma-buf nor nvidia-peermem pins "
+                         "it; the caller must stage it through host memory",
+                         base, dev);
     ib_mrent_t *mr = calloc(1, sizeof *mr);
     if (!mr)
-        return ib_fail(tr, HCOLL_ERR_NO_MEMORY, "out of memory registering %zu bytes", len);
+        return mr_refuse(tr, HCOLL_ERR_NO_MEMORY, "out of memory registering %zu bytes", len);
     mr->e.base = base;
     mr->e.len = len;
     mr->e.gen = gen;
@@ -173,14 +216,15 @@ static hcoll_status_t mrent_new(hc_transport_t *tr, void *base, size_t len, int 
         if (mr->e.dmabuf_fd >= 0)
             close(mr->e.dmabuf_fd);
         free(mr);
-        return ib_fail(tr, HCOLL_ERR_RDMA,
-                       "registering %zu bytes of %s memory at %p failed (%s%s%s)%s", len,
-                       kind == HC_MEM_HOST ? "host" : "device", base, why[0] ? why : strerror(e),
-                       kind == HC_MEM_HOST ? "" : ", via ",
-                       kind == HC_MEM_HOST ? "" : hc_gdr_reg_name(tr->gdr_reg),
-                       kind == HC_MEM_HOST && (e == ENOMEM || e == EPERM)
-                           ? "; check `ulimit -l` (locked memory)"
-                           : "");
+        return mr_refuse(tr, HCOLL_ERR_RDMA,
+                         "registering %zu bytes of %s memory at %p failed (%s%s%s)%s", len,
+                         kind == HC_MEM_HOST ? "host" : "device", base,
+                         why[0] ? why : strerror(e), kind == HC_MEM_HOST ? "" : ", via ",
+                         kind == HC_MEM_HOST ? "" : hc_gdr_reg_name(tr->gdr_reg),
+                         kind == HC_MEM_HOST && (e == ENOMEM || e == EPERM)
+                             ? "; the locked-memory limit (`ulimit -l`, RLIMIT_MEMLOCK) is "
+                               "too low for it"
+                             : "");
     }
     mr->e.handle = mr->mr;
     *out = mr;
@@ -195,7 +239,7 @@ hcoll_status_t ib_mr_reg(hc_transport_t *tr, void *base, size_t len, hc_mr_t **m
     hcoll_status_t st;
     hc_mr_t *h = calloc(1, sizeof *h);
     if (!h)
-        return ib_fail(tr, HCOLL_ERR_NO_MEMORY, "out of memory registering %zu bytes", len);
+        return mr_refuse(tr, HCOLL_ERR_NO_MEMORY, "out of memory registering %zu bytes", len);
     h->base = base;
     h->len = len;
     int dev = -1;
@@ -257,8 +301,8 @@ hcoll_status_t ib_mem_pin(hc_transport_t *tr, void *base, size_t len, hc_mr_t **
         return tr->err;
     int dev = -1;
     int kind = hc_gdr_cuda_in_process() ? hc_gdr_ptr_kind(base, &dev) : HC_MEM_HOST;
-    if (kind != HC_MEM_HOST && !tr->gdr) {
-        *pin_out = NULL; /* staged through hcoll's own host memory: never registered */
+    if (kind != HC_MEM_HOST && (!tr->gdr || kind == HC_MEM_MANAGED)) {
+        *pin_out = NULL; /* staged through hcoll's own memory: never registered */
         return HCOLL_SUCCESS;
     }
     uint64_t gen = kind == HC_MEM_HOST ? 0 : hc_gdr_ptr_buffer_id(base);

@@ -188,7 +188,9 @@ static hcoll_status_t ep_progress(hc_ep_t *ep)
 
 hcoll_status_t ib_progress(hc_transport_t *tr)
 {
-    hcoll_status_t st;
+    hcoll_status_t st = ib_async_poll(tr);
+    if (st != HCOLL_SUCCESS)
+        return st;
     for (int i = 0; i < tr->neps; i++) {
         if (tr->credits[tr->eps[i]->peer] == IB_CREDIT_RESET)
             return ib_fail(tr, HCOLL_ERR_PEER_FAILED,
