@@ -166,7 +166,7 @@ step probe_three_stage 120 "$probe" three-stage
 step probe_handles 60 "$probe" handles
 step probe_managed 60 "$probe" managed
 step probe_capture 60 "$probe" capture
-step probe_kernels 120 "$probe" kernels --bench
+step probe_kernels 120 "$probe" kernels --bench $([ $mock -eq 1 ] && echo --quick)
 
 if [ $probes_only -eq 0 ]; then
   for t in test_gpu_devpath test_gpu_kernels test_gpu_allreduce test_gpu_coll test_gpu_late; do
