@@ -4,9 +4,10 @@
 Reads the SQLite export of an nsys trace of `gpu_probe three-stage --bytes
 268435456` (scripts/gpu-check.sh makes it) and, per rank process, takes the
 NCCL reduce-scatter kernels of the big calls (the longest ones: `calls` x 4
-segments) and counts how many ran while a staging copy of the ring (a
-device-to-host or host-to-device copy on another stream of the same process:
-stage 2 of an earlier segment) was running. The design (docs/design.md,
+segments; RS and AG together where NCCL runs them as generic kernels) and
+counts how many ran while a staging copy of the ring (a device-to-host or
+host-to-device copy on another stream of the same process: stage 2 of an
+earlier segment) was running. The design (docs/design.md,
 README "GPU buffers") has RS(k+1) on the caller's stream overlap the ring of
 segment k on hcoll's.
 
@@ -58,15 +59,22 @@ def main():
     except sqlite3.Error as e:
         print(f"PROBE nsys.rs_ring_overlap: SKIP the trace has no kernel/memcpy tables ({e})")
         return 0
-    pids = sorted({k[0] for k in kernels if "ReduceScatter" in k[4]})
+    # NCCL names its specialised kernels after the collective; others run
+    # as ncclDevKernel_Generic, which tells RS from AG apart no more.
+    what, per_call = "reduce-scatter", 4
+    is_rs = lambda name: "ReduceScatter" in name
+    if not any(is_rs(k[4]) for k in kernels):
+        what, per_call = "NCCL (RS or AG: generic kernel names)", 8
+        is_rs = lambda name: name.startswith("nccl")
+    pids = sorted({k[0] for k in kernels if is_rs(k[4])})
     if not pids:
-        print("PROBE nsys.rs_ring_overlap: SKIP no NCCL ReduceScatter kernel in the trace "
+        print("PROBE nsys.rs_ring_overlap: SKIP no NCCL kernel in the trace "
               "(did the three-stage plan run?)")
         return 0
     total = hit = 0
     for pid in pids:
-        rs = [k for k in kernels if k[0] == pid and "ReduceScatter" in k[4]]
-        big = sorted(sorted(rs, key=lambda k: k[2] - k[1], reverse=True)[: calls * 4],
+        rs = [k for k in kernels if k[0] == pid and is_rs(k[4])]
+        big = sorted(sorted(rs, key=lambda k: k[2] - k[1], reverse=True)[: calls * per_call],
                      key=lambda k: k[1])
         cp = [c for c in copies if c[0] == pid]
         n_ovl = 0
@@ -76,24 +84,24 @@ def main():
         rs_ms = sum(k[2] - k[1] for k in big) / 1e6
         cp_ms = sum(c[2] - c[1] for c in cp if big and c[1] >= big[0][1]) / 1e6
         print(f"OVERLAP process {pid >> 24 & 0xFFFFFF if pid > 1 << 24 else pid}: "
-              f"{n_ovl} of {len(big)} big reduce-scatter kernels ran during a staging copy "
+              f"{n_ovl} of {len(big)} big {what} kernels ran during a staging copy "
               f"on another stream (RS {rs_ms:.1f} ms, staging copies {cp_ms:.1f} ms)")
         total += len(big)
         hit += n_ovl
     # A timeline of the first big call of the first rank.
     pid = pids[0]
-    rs = [k for k in kernels if k[0] == pid and "ReduceScatter" in k[4]]
-    first = min(sorted(rs, key=lambda k: k[2] - k[1], reverse=True)[: calls * 4],
+    rs = [k for k in kernels if k[0] == pid and is_rs(k[4])]
+    first = min(sorted(rs, key=lambda k: k[2] - k[1], reverse=True)[: calls * per_call],
                 key=lambda k: k[1])
     t0 = first[1]
     ev = [(k[1], k[2], k[3], k[4][:40]) for k in kernels if k[0] == pid and k[1] >= t0]
     ev += [(c[1], c[2], c[3], ("HtoD" if c[4] == HTOD else "DtoH") + f" {c[5] >> 10} KiB")
            for c in copies if c[0] == pid and c[1] >= t0]
     print("timeline of the first big call (ms from its first RS; stream; what):")
-    for s, e, st, what in sorted(ev)[:32]:
-        print(f"  {(s - t0) / 1e6:9.3f} .. {(e - t0) / 1e6:9.3f}  stream {st:3}  {what}")
+    for s, e, st, label in sorted(ev)[:32]:
+        print(f"  {(s - t0) / 1e6:9.3f} .. {(e - t0) / 1e6:9.3f}  stream {st:3}  {label}")
     verdict = "PASS" if hit > 0 else "FAIL"
-    print(f"PROBE nsys.rs_ring_overlap: {verdict} {hit} of {total} big reduce-scatter kernels "
+    print(f"PROBE nsys.rs_ring_overlap: {verdict} {hit} of {total} big {what} kernels "
           f"(all ranks) overlapped a staging copy of an earlier segment's ring "
           f"(the design pipelines RS(k+1) with the ring of segment k)")
     return 0
