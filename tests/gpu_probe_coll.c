@@ -360,7 +360,7 @@ int probe_three_stage(size_t bytes, int iters)
     dlclose(nccl);
     ts_bytes = bytes;
     ts_iters = iters > 0 ? iters : 1;
-    return run_ranks("three_stage", rank_three_stage, 4, 2, bytes ? 240 : 90);
+    return run_ranks("three_stage", rank_three_stage, 4, 2, bytes ? 150 : 90);
 }
 
 /* ---- stream handles ------------------------------------------------------------ */
