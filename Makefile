@@ -223,6 +223,17 @@ $(BUILD)/tests/split_ranks: tests/cluster/split_ranks.c $(STATIC_LIB) | $(GEN)/h
 	@$(if $(Q),echo "  CCLD    $@")
 	$(Q)$(CC) $(ALL_CFLAGS) -MF $@.d -o $@ $< $(STATIC_LIB) $(LIB_LDLIBS)
 
+# scripts/gpu-check.sh's probes of what a real GPU does (tests/gpu_probe.c;
+# its second half, the collective probes, in gpu_probe_coll.c). Not a test
+# binary (no test_ prefix): tests/gpu-probe.test.sh runs it on the mock.
+tests: $(BUILD)/tests/gpu_probe
+$(BUILD)/tests/gpu_probe: tests/gpu_probe.c tests/gpu_probe_coll.c $(BUILD)/tests/common/ranks.o \
+    $(STATIC_LIB) | $(GEN)/hc_build.h
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CCLD    $@")
+	$(Q)$(CC) $(ALL_CFLAGS) -Itests -MF $@.d -o $@ tests/gpu_probe.c tests/gpu_probe_coll.c \
+	    $(BUILD)/tests/common/ranks.o $(STATIC_LIB) $(LIB_LDLIBS)
+
 # Driver emulations for the GPU tests on hosts without a GPU
 # (tests/mock/hcmock.h): a libcuda.so.1 and a libnccl.so.2 that tests load
 # through LD_LIBRARY_PATH=$(BUILD)/mock. Never installed, never in libhcoll.
