@@ -280,7 +280,7 @@ done
 if awk -v a="${frac[1]}" -v b="${frac[2]}" 'BEGIN { exit !(a > 0 && 2 * b >= 1.6 * a) }'; then
   echo "aggregate: 2 rails carry $(awk -v a="${frac[1]}" -v b="${frac[2]}" 'BEGIN{printf "%.2f", 2*b/a}')x what 1 rail does"
 else
-  fail "aggregate: 2 rails carry only $(awk -v a="${frac[1]}" -v b="${frac[2]}" 'BEGIN{printf "%.2f", a > 0 ? 2*b/a : 0}')x what 1 rail does (want >= 1.6x)"
+  fail "aggregate: 2 rails carry only $(awk -v a="${frac[1]}" -v b="${frac[2]}" 'BEGIN{printf "%.2f", (a > 0 ? 2*b/a : 0)}')x what 1 rail does (want >= 1.6x)"
 fi
 
 # ---- 4. faults ------------------------------------------------------------
