@@ -9,8 +9,9 @@ Every rank makes one hcoll group (the default group, "hcoll") and one gloo
 group over the same ranks, then alternates the two for --rounds rounds of
 --steps timed steps (after 3 warm-up steps each), so that both see the same
 load. A step is forward, backward (DDP's bucketed all-reduces overlap it)
-and an SGD update; the time is the slowest rank's mean step. Rank 0 prints
-one line per backend and round, then the median over rounds.
+and an SGD update; the time is the slowest rank's mean step. Then, for
+comparison, one all-reduce of the whole gradient alone (10 times). Rank 0
+prints one line per backend and round, then the medians over rounds.
 Under torchrun, workers with LOCAL_RANK 0-1 / 2-3 are node0 / node1
 (HCOLL_HOSTID), unless HCOLL_HOSTID is set already or --one-node is given.
 """
@@ -71,6 +72,19 @@ def run(pg):
     return float(mean[0])
 
 
+def comm_only(pg, nfloat, iters=10):
+    """Mean time of one all-reduce of the whole gradient (nfloat floats)."""
+    t = torch.ones(nfloat)
+    dist.all_reduce(t, group=pg)
+    dist.barrier(group=pg)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        dist.all_reduce(t, group=pg)
+    mean = torch.tensor([(time.perf_counter() - t0) / iters])
+    dist.all_reduce(mean, op=dist.ReduceOp.MAX, group=pg)
+    return float(mean[0])
+
+
 def main():
     dist.init_process_group("hcoll")
     gloo = dist.new_group(backend="gloo")
@@ -83,16 +97,22 @@ def main():
                   args.rounds, args.bucket_mb, torch.__version__, torch.get_num_threads()),
               flush=True)
     times = {"hcoll": [], "gloo": []}
+    comm = {"hcoll": [], "gloo": []}
     for r in range(args.rounds):
         for name, pg in (("gloo", gloo), ("hcoll", None)):
             t = run(pg)
+            c = comm_only(pg, nparams)
             times[name].append(t)
+            comm[name].append(c)
             if rank == 0:
-                print("round %d %-5s %.2f ms/step" % (r, name, t * 1e3), flush=True)
+                print("round %d %-5s %.2f ms/step, all-reduce of the whole gradient alone "
+                      "%.2f ms" % (r, name, t * 1e3, c * 1e3), flush=True)
     if rank == 0:
         g, h = statistics.median(times["gloo"]), statistics.median(times["hcoll"])
-        print("median: gloo %.2f ms/step, hcoll %.2f ms/step, gloo/hcoll %.2fx" % (
-            g * 1e3, h * 1e3, g / h), flush=True)
+        gc, hc = statistics.median(comm["gloo"]), statistics.median(comm["hcoll"])
+        print("median: step gloo %.2f ms, hcoll %.2f ms (gloo/hcoll %.2fx); gradient "
+              "all-reduce alone gloo %.2f ms, hcoll %.2f ms (%.2fx)" % (
+                  g * 1e3, h * 1e3, g / h, gc * 1e3, hc * 1e3, gc / hc), flush=True)
     dist.barrier(group=gloo)
     os._exit(0)
 

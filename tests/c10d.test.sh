@@ -70,7 +70,7 @@ fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 
 # What each rank must report ok (c10d_ranks.py's checks, by name).
 required="allreduce_sum allreduce_avg allreduce_product allreduce_min allreduce_max
-  allreduce_premul_sum allreduce_async_future future_then broadcast_root0 broadcast_root3
+  allreduce_premul_sum allreduce_premul_sum_tensor allreduce_async_future future_then callback_wait_refused broadcast_root0 broadcast_root3
   broadcast_bool all_gather _all_gather_base reduce_scatter _reduce_scatter_base_max barrier
   unsupported_reduce unsupported_alltoall unsupported_band unsupported_dtype non_contiguous
   usable_after_errors ddp_integer_finite ddp_integer_buffers ddp_integer_buckets

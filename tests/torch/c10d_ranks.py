@@ -76,6 +76,9 @@ def phase_coll():
         ("max", dist.ReduceOp.MAX, torch.int32, values(world - 1, dtype=torch.int32)),
         ("premul_sum", dist._make_nccl_premul_sum(0.5), torch.float64,
          sum(values(r, dtype=torch.float64) for r in range(world)) * 0.5),
+        # A factor per rank, as a tensor: sum over r of (r + 1) x input_r.
+        ("premul_sum_tensor", dist._make_nccl_premul_sum([torch.tensor([rank + 1.0])]),
+         torch.float32, sum((r + 1) * values(r) for r in range(world))),
     ]:
         t = values(rank, n, dt)
         dist.all_reduce(t, op=op)
@@ -93,6 +96,28 @@ def phase_coll():
     t = values(rank)
     chained = dist.all_reduce(t, async_op=True).get_future().then(lambda f: f.value()[0] * 2)
     check("future_then", torch.equal(chained.wait(), 2 * sum(values(r) for r in range(world))))
+
+    # From a future callback on hcoll's thread: issuing works, waiting for
+    # the new operation is refused (it cannot finish before the callback
+    # returns). The last rank issues late, so the others' callbacks run on
+    # hcoll's thread; its own may run at once on this thread, where waiting
+    # is fine.
+    if rank == world - 1:
+        time.sleep(0.5)
+    t1, t2 = values(rank), values(rank) * 2
+    later = {}
+
+    def issue_and_wait(fut):
+        later["work"] = dist.all_reduce(t2, async_op=True)
+        try:
+            later["work"].wait()
+            return "waited"
+        except RuntimeError as e:
+            return str(e)
+    said = dist.all_reduce(t1, async_op=True).get_future().then(issue_and_wait).wait()
+    later["work"].wait()
+    check("callback_wait_refused", (rank == world - 1 or "would deadlock" in said) and
+          torch.equal(t2, 2 * sum(values(r) for r in range(world))), "%s; %s" % (said, t2))
 
     for root in (0, world - 1):
         b = torch.full((7,), rank, dtype=torch.int64)
