@@ -42,7 +42,8 @@ _ext = None
 
 def _hcoll_paths():
     """(include dir, library dir) of hcoll: HCOLL_LIBRARY's directory,
-    the source tree this package sits in, or pkg-config."""
+    the source tree this package sits in, the prefix a `make install` copy
+    records, or pkg-config."""
     lib = os.environ.get("HCOLL_LIBRARY")
     if lib:
         libdir = os.path.dirname(os.path.abspath(lib))
@@ -56,6 +57,13 @@ def _hcoll_paths():
     if os.path.isfile(os.path.join(inc, "hcoll.h")) and \
             os.path.exists(os.path.join(libdir, "libhcoll.so")):
         return inc, libdir
+    try:  # a `make install` copy records its LIBDIR (hcoll/_prefix.py)
+        from hcoll import _prefix
+        inc = os.path.normpath(os.path.join(_prefix.LIBDIR, "..", "include"))
+        if os.path.isfile(os.path.join(inc, "hcoll.h")):
+            return inc, _prefix.LIBDIR
+    except ImportError:
+        pass
     if shutil.which("pkg-config"):
         try:
             out = subprocess.run(["pkg-config", "--variable=includedir", "hcoll"],
