@@ -284,6 +284,24 @@ install: lib $(USER_TOOLS)
 	    hcoll.pc.in > $(DESTDIR)$(PKGCONFIGDIR)/hcoll.pc
 	install -m 755 $(USER_TOOLS) $(DESTDIR)$(BINDIR)/
 
+# The Python package (python/hcoll, pure Python): under PYTHONDIR, with the
+# final LIBDIR recorded in hcoll/_prefix.py so that it loads this install's
+# libhcoll.so.0. The default is Debian's layout; a PREFIX other than /usr
+# needs PYTHONPATH=$(PYTHONDIR). (pip: see python/pyproject.toml.)
+PYTHONDIR ?= $(LIBDIR)/python3/dist-packages
+.PHONY: install-python uninstall-python
+install: install-python
+install-python:
+	install -d $(DESTDIR)$(PYTHONDIR)/hcoll
+	$(Q)cd python && find hcoll -name __pycache__ -prune -o -type f \( -name '*.py' -o \
+	    -path 'hcoll/csrc/*' \) -print | while read -r f; do \
+	    install -D -m 644 "$$f" "$(DESTDIR)$(PYTHONDIR)/$$f" || exit 1; done
+	$(Q)printf '%s\n' '"""Written by make install: where this copy loads libhcoll from."""' \
+	    'LIBDIR = "$(LIBDIR)"' > $(DESTDIR)$(PYTHONDIR)/hcoll/_prefix.py
+uninstall: uninstall-python
+uninstall-python:
+	rm -rf $(DESTDIR)$(PYTHONDIR)/hcoll
+
 uninstall:
 	rm -f $(DESTDIR)$(INCLUDEDIR)/hcoll.h $(DESTDIR)$(LIBDIR)/libhcoll.so* \
 	      $(DESTDIR)$(LIBDIR)/libhcoll.a $(DESTDIR)$(PKGCONFIGDIR)/hcoll.pc \

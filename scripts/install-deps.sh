@@ -20,6 +20,12 @@ pkgs=(
   python3             # JSON checks in the perf and cluster tests
   python3-torch       # torchrun (python3 -m torch.distributed.run) for tests/torchrun.test.sh:
                       # hcoll_comm_init_env under a real torchrun job (skipped without it)
+  python3-numpy       # the Python binding's tests (tests/python.test.sh)
+  libtorch-dev        # the c10d backend's C++ extension (python/hcoll/csrc)
+  python3-pybind11
+  python3-venv        # tests/python.test.sh: offline pip install into a venv
+  python3-pip
+  python3-setuptools
 )
 
 missing=()

@@ -34,6 +34,22 @@ out=$(LD_LIBRARY_PATH=$prefix/lib "$tmp/user")
 [ "$out" = "HCOLL_ERR_TIMEOUT timed out" ] || { echo "FAIL: program printed '$out'"; exit 1; }
 readelf -d "$tmp/user" | grep -q 'NEEDED.*libhcoll.so.0' || { echo "FAIL: program does not need libhcoll.so.0"; exit 1; }
 
+# The Python package: imported from PYTHONDIR, it loads the prefix's
+# library (recorded by make install), with no LD_LIBRARY_PATH or
+# HCOLL_LIBRARY, from outside the source tree.
+pydir=$prefix/lib/python3/dist-packages
+[ -f "$pydir/hcoll/__init__.py" ] && [ -f "$pydir/hcoll/torch.py" ] ||
+  { echo "FAIL: install did not put the Python package in $pydir"; exit 1; }
+if [ -x /usr/bin/python3 ]; then
+  out=$(cd "$tmp" && env -u HCOLL_LIBRARY -u LD_LIBRARY_PATH PYTHONPATH="$pydir" /usr/bin/python3 -c \
+    'import hcoll; print(hcoll.__file__, hcoll.library_path, hcoll.version())')
+  code=$(awk '/^#define HCOLL_VERSION_(MAJOR|MINOR|PATCH) /{v[$2] = $3} END {print \
+    v["HCOLL_VERSION_MAJOR"] * 10000 + v["HCOLL_VERSION_MINOR"] * 100 + v["HCOLL_VERSION_PATCH"]}' \
+    include/hcoll.h)
+  [ "$out" = "$pydir/hcoll/__init__.py $prefix/lib/libhcoll.so.0 $code" ] ||
+    { echo "FAIL: installed Python package: '$out'"; exit 1; }
+fi
+
 make --no-print-directory -s uninstall PREFIX="$prefix" >/dev/null
 left=$(find "$prefix" -type f -o -type l)
 [ -z "$left" ] || { echo "FAIL: uninstall left: $left"; exit 1; }
