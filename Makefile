@@ -293,6 +293,16 @@ test-cluster: deps
 	$(Q)$(MAKE) --no-print-directory all
 	$(Q)tests/cluster/cluster-test.sh
 
+# The torch.distributed backend "hcoll" (python/hcoll/csrc, a C++ extension
+# against the system's torch): built ahead of its first use, cached in
+# build/torch_ext. Skipped, with a note, where torch or its headers are absent.
+TORCH_PY ?= /usr/bin/python3
+.PHONY: python
+python: lib
+	$(Q)if $(TORCH_PY) -c 'import torch' 2>/dev/null; then \
+	  PYTHONPATH=$(abspath python) $(TORCH_PY) -c 'import hcoll._c10d as c; c.load(verbose=$(if $(Q),False,True)); print("  TORCHEXT build/torch_ext/_hcoll_c10d.so")'; \
+	else echo "python: $(TORCH_PY) has no torch; the c10d extension is not built"; fi
+
 # ---------------------------------------------------------------------------
 install: lib $(USER_TOOLS)
 	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(PKGCONFIGDIR) $(DESTDIR)$(BINDIR)

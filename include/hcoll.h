@@ -200,7 +200,7 @@ typedef struct hcoll_unique_id {
 /* ------------------------------------------------------------------------ */
 
 #define HCOLL_CONFIG_MAGIC   0x48434f4cu /* "HCOL" */
-#define HCOLL_CONFIG_VERSION 2u /* 2: blocking, rail */
+#define HCOLL_CONFIG_VERSION 3u /* 2: blocking, rail; 3: op_timeout_ms */
 /* A field left at this value is taken from the environment or default. */
 #define HCOLL_CONFIG_UNDEF_INT (-2147483647 - 1)
 
@@ -235,12 +235,19 @@ typedef struct hcoll_config {
      * uses. -1 = HCOLL_RAIL, else the default: the local rank for
      * hcoll_comm_init, the rank's rail in the parent for hcoll_comm_split. */
     int rail;
+    /* Version 3. How long an operation waits without progress for peers
+     * that are alive but late, in milliseconds (HCOLL_OP_TIMEOUT_MS, same
+     * bounds: 0..86400000, 0 = no limit); a per-communicator value, as a
+     * framework's group timeout needs (torch's "hcoll" backend passes its
+     * process group's timeout here). HCOLL_CONFIG_UNDEF_INT =
+     * environment/default; a split with config NULL keeps the parent's. */
+    int op_timeout_ms;
 } hcoll_config_t;
 
 #define HCOLL_CONFIG_INITIALIZER                                              \
     {                                                                         \
         sizeof(hcoll_config_t), HCOLL_CONFIG_MAGIC, HCOLL_CONFIG_VERSION,     \
-        HCOLL_CONFIG_UNDEF_INT, 0, NULL, NULL, 1, -1                          \
+        HCOLL_CONFIG_UNDEF_INT, 0, NULL, NULL, 1, -1, HCOLL_CONFIG_UNDEF_INT  \
     }
 
 /* ------------------------------------------------------------------------ */

@@ -320,6 +320,46 @@ START_TEST(config_field_over_bad_env)
 }
 END_TEST
 
+/* Config version 3's op_timeout_ms: a per-communicator HCOLL_OP_TIMEOUT_MS
+ * (torch's "hcoll" backend passes its group timeout there). It wins over
+ * the environment, keeps the variable's bounds (0 = no limit) and is not
+ * read from a version-2 struct. */
+START_TEST(config_op_timeout_field)
+{
+    clear_env();
+    setenv("HCOLL_OP_TIMEOUT_MS", "5000", 1);
+    hcoll_config_t cfg = HCOLL_CONFIG_INITIALIZER;
+    hc_params_t p;
+    char err[256] = "";
+    ck_assert_int_eq(cfg.op_timeout_ms, HCOLL_CONFIG_UNDEF_INT);
+    ck_assert_int_eq(hc_params_load(&p, &cfg, err, sizeof err), HCOLL_SUCCESS);
+    ck_assert_int_eq(p.op_timeout_ms, 5000);
+    cfg.op_timeout_ms = 1234;
+    ck_assert_int_eq(hc_params_load(&p, &cfg, err, sizeof err), HCOLL_SUCCESS);
+    ck_assert_int_eq(p.op_timeout_ms, 1234);
+    cfg.op_timeout_ms = 0;
+    ck_assert_int_eq(hc_params_load(&p, &cfg, err, sizeof err), HCOLL_SUCCESS);
+    ck_assert_int_eq(p.op_timeout_ms, 0);
+    cfg.op_timeout_ms = -1;
+    ck_assert_int_eq(hc_params_load(&p, &cfg, err, sizeof err), HCOLL_ERR_INVALID_ARG);
+    ck_assert_msg(strstr(err, "config field op_timeout_ms (same rules as the variable): "
+                              "HCOLL_OP_TIMEOUT_MS='-1': out of range (expected 0..86400000)"),
+                  "%s", err);
+    /* A version-2 struct ends before the field: the environment rules. */
+    struct {
+        hcoll_config_t c;
+    } v2;
+    memset(&v2, 0, sizeof v2);
+    v2.c = (hcoll_config_t)HCOLL_CONFIG_INITIALIZER;
+    v2.c.size = offsetof(hcoll_config_t, op_timeout_ms);
+    v2.c.version = 2;
+    v2.c.op_timeout_ms = 99; /* past size: never read */
+    ck_assert_int_eq(hc_params_load(&p, &v2.c, err, sizeof err), HCOLL_SUCCESS);
+    ck_assert_int_eq(p.op_timeout_ms, 5000);
+    clear_env();
+}
+END_TEST
+
 START_TEST(size_parser)
 {
     uint64_t v;
@@ -720,6 +760,7 @@ static Suite *config_suite(void)
     tcase_add_test(tc, config_struct_rules);
     tcase_add_loop_test(tc, config_field_bounds, 0, (int)HC_ARRAY_LEN(field_bounds));
     tcase_add_test(tc, config_field_over_bad_env);
+    tcase_add_test(tc, config_op_timeout_field);
     tcase_add_test(tc, size_parser);
     tcase_add_test(tc, table_is_documented);
     suite_add_tcase(s, tc);

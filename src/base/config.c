@@ -469,6 +469,12 @@ static hcoll_status_t apply_config(hc_params_t *p, const hcoll_config_t *cfg, ch
             return field_error("rail", err, errlen);
         p->rail = cfg->rail;
     }
+    if (CFG_HAS(cfg, op_timeout_ms) && cfg->op_timeout_ms != HCOLL_CONFIG_UNDEF_INT) {
+        if (int_check(hc_knob_find("HCOLL_OP_TIMEOUT_MS"), cfg->op_timeout_ms, NULL, err,
+                      errlen) != HCOLL_SUCCESS)
+            return field_error("op_timeout_ms", err, errlen);
+        p->op_timeout_ms = cfg->op_timeout_ms;
+    }
     return HCOLL_SUCCESS;
 }
 
