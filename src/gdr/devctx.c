@@ -5,8 +5,15 @@
 #include "gdr/devctx.h"
 
 #include <stdlib.h>
+#include <time.h>
 
+#include "base/clock.h"
 #include "base/log.h"
+#include "gdr/mem.h"
+
+/* How long close waits for the internal stream before it gives up reusing
+ * the staging buffers. */
+#define DEV_CLOSE_DRAIN_MS 2000
 
 #define CU_TRY(g, call, what, label)                                                         \
     do {                                                                                     \
@@ -41,17 +48,42 @@ void hc_gdr_dev_pop(hc_gdr_dev_t *g)
     g->cu->ctx_pop(&popped);
 }
 
-/* Free what open made; the context must be current. */
+/* Has the internal stream run everything queued so far? Polled with a
+ * bound: it never holds work of the application's, but a wait of its own
+ * that never ends must not hang a destroy. */
+static int dev_istream_idle(hc_gdr_dev_t *g)
+{
+    const hc_cu_api_t *cu = g->cu;
+    if (!g->ev_fence || cu->event_record(g->ev_fence, g->istream) != HC_CU_SUCCESS)
+        return 0;
+    const double deadline = hc_now_ms() + DEV_CLOSE_DRAIN_MS;
+    for (;;) {
+        hc_cu_res_t r = cu->event_query(g->ev_fence);
+        if (r != HC_CU_ERROR_NOT_READY)
+            return r == HC_CU_SUCCESS;
+        if (hc_now_ms() > deadline)
+            return 0;
+        struct timespec ts = { 0, 100000 };
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Free what open made; the context must be current. Nothing here may
+ * synchronise the device (gdr/mem.h): the kernels stay loaded for the next
+ * communicator, the staging buffers go back to the GPU's pinned pool. */
 static void dev_free_locals(hc_gdr_dev_t *g)
 {
     const hc_cu_api_t *cu = g->cu;
-    hc_gdr_kern_unload(g->kern);
     g->kern = NULL;
+    const int idle = (g->stage[0] || g->stage[1]) && dev_istream_idle(g);
+    if ((g->stage[0] || g->stage[1]) && !idle)
+        HC_WARN(HC_GDR, g->rp.rank, "hcoll's internal stream did not drain within %d ms; its "
+                "staging buffers are left allocated", DEV_CLOSE_DRAIN_MS);
     for (int i = 0; i < 2; i++) {
         if (g->ev_d2h[i])
             cu->event_destroy(g->ev_d2h[i]);
-        if (g->stage[i])
-            cu->host_free(g->stage[i]);
+        if (idle)
+            hc_gdr_pin_put(g->cudev, g->stage[i], g->stage_bytes);
         g->ev_d2h[i] = g->stage[i] = NULL;
     }
     if (g->ev_fence)
@@ -83,14 +115,14 @@ static hcoll_status_t dev_make_locals(hc_gdr_dev_t *g)
     CU_TRY(g, cu->stream_synchronize(g->istream), "cuStreamSynchronize (stream flag)", out);
     CU_TRY(g, cu->event_create(&g->ev_fence, HC_CU_EVENT_DISABLE_TIMING), "cuEventCreate", out);
     for (int i = 0; g->stage_bytes && i < 2; i++) {
-        CU_TRY(g, cu->host_alloc(&g->stage[i], g->stage_bytes, 0), "cuMemHostAlloc (staging)",
-               out);
+        CU_TRY(g, hc_gdr_pin_get(cu, g->cudev, g->stage_bytes, &g->stage[i]),
+               "cuMemHostAlloc (staging)", out);
         CU_TRY(g, cu->event_create(&g->ev_d2h[i], HC_CU_EVENT_DISABLE_TIMING), "cuEventCreate",
                out);
     }
     /* The kernels are optional: only AVG on one node and a GPUDirect ring
      * need them. */
-    if (hc_gdr_kern_load(&g->kern, g->kern_why, sizeof g->kern_why) != HCOLL_SUCCESS)
+    if (hc_gdr_kern_shared(g->cudev, &g->kern, g->kern_why, sizeof g->kern_why) != HCOLL_SUCCESS)
         g->kern = NULL;
 out:
     return st;
@@ -110,6 +142,13 @@ hcoll_status_t hc_gdr_dev_open(const hc_cu_api_t *cu, int ordinal, size_t stage_
     g->stage_bytes = stage_bytes;
     CU_TRY(g, cu->device_get(&g->cudev, ordinal), "cuDeviceGet", clean_dev);
     CU_TRY(g, cu->primary_retain(&g->ctx, g->cudev), "cuDevicePrimaryCtxRetain", clean_dev);
+    /* Our release at close must never destroy the context: that would
+     * synchronise the device, and free what the GPU's pool keeps. */
+    if (hc_gdr_keep_ctx(cu, g->cudev) != 0) {
+        st = hc_err_set(rp->err, HC_GDR, rp->rank, HCOLL_ERR_CUDA,
+                        "GPU %d's primary context cannot be retained", ordinal);
+        goto clean_ctx;
+    }
     CU_TRY(g, cu->ctx_push(g->ctx), "cuCtxPushCurrent", clean_ctx);
     st = dev_make_locals(g);
     if (st != HCOLL_SUCCESS)

@@ -190,7 +190,17 @@ int hc_gdr_kern_built(void);
  * HCOLL_ERR_NO_MEMORY or HCOLL_ERR_CUDA (no SASS/PTX for this GPU) leave
  * the reason in why for the caller to report; nothing is logged here. */
 hcoll_status_t hc_gdr_kern_load(hc_gdr_kern_t **out, char *why, size_t whylen);
+/* Unloading synchronises the device (cuModuleUnload waits for every
+ * stream on real drivers): the library itself never does it after
+ * set-up, see hc_gdr_kern_shared. */
 void hc_gdr_kern_unload(hc_gdr_kern_t *k);
+
+/* The kernels of CUdevice cudev, loaded into its primary context (current
+ * on the calling thread) on the first call and kept, with one reference on
+ * that context, for the process life (gdr/mem.h): never unloaded, shared
+ * by every communicator on the GPU. Errors as hc_gdr_kern_load; a failed
+ * load is tried again by the next call. Thread-safe. */
+hcoll_status_t hc_gdr_kern_shared(int cudev, hc_gdr_kern_t **out, char *why, size_t whylen);
 
 /* Enqueue on stream (a CUstream; NULL: the legacy default stream). dtype,
  * op as hcoll_dtype_t / hcoll_op_t; AVG reduces as SUM. Return a CUresult. */

@@ -1,8 +1,10 @@
 /*
- * Device memory that hcoll itself owns (not a user's buffer): a small
+ * Memory that hcoll itself owns (not a user's buffer): a small device
  * allocation on one GPU that lives as long as its owner wants, whatever
- * the application does with its own buffers and contexts. The verbs
- * transport's GPUDirect flush reads target such a word.
+ * the application does with its own buffers and contexts (the verbs
+ * transport's GPUDirect flush reads target such a word); and what hcoll
+ * keeps per GPU for the process life so that no destroy synchronises the
+ * device.
  */
 #ifndef HC_GDR_MEM_H
 #define HC_GDR_MEM_H
@@ -25,5 +27,29 @@ int hc_gdr_dmem_alloc(int gpu, size_t bytes, hc_gdr_dmem_t *m);
  * for the application's streams) and release the context. A cleared m is
  * a no-op. */
 void hc_gdr_dmem_free(hc_gdr_dmem_t *m);
+
+/* ---- Kept per GPU for the process life ----------------------------------
+ * cuMemFreeHost, cuModuleUnload and the destruction of a context
+ * synchronise the device on real drivers (they wait for the application's
+ * streams too), so hcoll never calls them after set-up: per GPU it keeps
+ * one reference on the primary context, the kernels' module (kern.c) and
+ * its idle pinned buffers, for reuse by later communicators. cudev is a
+ * CUdevice. Thread-safe. */
+
+/* Retain cudev's primary context once for the process life. 0, or -1 (no
+ * such device). */
+int hc_gdr_keep_ctx(const hc_cu_api_t *cu, int cudev);
+
+/* A pinned host buffer of at least bytes: an idle one of cudev's, or a new
+ * one (cuMemHostAlloc in the calling thread's current context, which must
+ * be cudev's primary context). Returns a CUresult. */
+hc_cu_res_t hc_gdr_pin_get(const hc_cu_api_t *cu, int cudev, size_t bytes, void **out);
+
+/* Give p (bytes long, from hc_gdr_pin_get) back for reuse: no copy may use
+ * it any more. Never frees, never blocks. NULL is a no-op. */
+void hc_gdr_pin_put(int cudev, void *p, size_t bytes);
+
+/* How many of cudev's pinned buffers are idle (tests). */
+size_t hc_gdr_pin_idle(int cudev);
 
 #endif

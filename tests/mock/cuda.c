@@ -55,8 +55,9 @@
  *   - the release of a primary context to refcount 0 abandons queued work
  *     and invalidates its memory, streams, events and modules (a retain
  *     starts a new life of the same handle);
- *   - cuMemFree synchronises the allocation's context (the driver's implicit
- *     synchronisation); cuMemFreeHost does not (undocumented either way);
+ *   - cuMemFree, cuMemFreeHost and cuModuleUnload synchronise the
+ *     context (the implicit synchronisation real drivers do: a stream held
+ *     by the application holds them too);
  *   - async copies touch host memory when they run, never when queued (the
  *     driver may do either for pageable memory: the strict reading);
  *   - cuMemsetD32 goes on the legacy stream and returns (it is asynchronous
@@ -1618,14 +1619,12 @@ static int mem_free_common(uint64_t p, int pinned, const char *who)
     } else if (!m->ctx->active || m->gen != m->ctx->gen) {
         r = CUDA_ERROR_CONTEXT_IS_DESTROYED;
     } else {
-        /* cuMemFree synchronises the allocation's context: work queued
-         * before it finishes first (a stream that never gets there hangs
-         * the free, as on a GPU). Whether cuMemFreeHost does is not
-         * documented; it does not here, and copies hold their pinned
-         * buffer until they ran. */
+        /* cuMemFree and cuMemFreeHost synchronise the allocation's
+         * context, as real drivers do: work queued before them finishes
+         * first (a stream that never gets there hangs the free, as on a
+         * GPU). Copies also hold their pinned buffer until they ran. */
         m->refs++;
-        if (!pinned)
-            ctx_drain(m->ctx, who);
+        ctx_drain(m->ctx, who);
         if (m->live) {
             m->live = 0;
             if (!pinned)
@@ -2164,12 +2163,20 @@ CUAPI int cuModuleUnload(void *hmod)
     mmodule_t *m = module_find(hmod);
     int r = CUDA_ERROR_INVALID_HANDLE;
     if (m) {
-        mmodule_t **pp = &g.modules;
-        while (*pp != m)
-            pp = &(*pp)->next;
-        *pp = m->next;
+        /* Real drivers synchronise the context first (the module's code
+         * may still run): a stream that never gets there hangs it. */
+        m->refs++;
+        if (m->ctx->active && m->gen == m->ctx->gen)
+            ctx_drain(m->ctx, "cuModuleUnload");
+        if (module_find(hmod) == m) { /* not unloaded by another thread meanwhile */
+            mmodule_t **pp = &g.modules;
+            while (*pp != m)
+                pp = &(*pp)->next;
+            *pp = m->next;
+            module_unref(m);
+            r = CUDA_SUCCESS;
+        }
         module_unref(m);
-        r = CUDA_SUCCESS;
     }
     pthread_mutex_unlock(&g.lock);
     return r;
