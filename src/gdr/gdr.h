@@ -156,11 +156,25 @@ typedef struct hc_cu_api {
     hc_cu_res_t (*launch_kernel)(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                  unsigned by, unsigned bz, unsigned shmem, void *s,
                                  void **params, void **extra);
+    /* Graph capture (cuThreadExchangeStreamCaptureMode; CUDA >= 10.1). */
+    hc_cu_res_t (*thread_exchange_capture_mode)(int *mode);
 } hc_cu_api_t;
+
+/* cuStreamBeginCapture's interaction modes (CUstreamCaptureMode). */
+#define HC_CU_STREAM_CAPTURE_MODE_GLOBAL 0
+#define HC_CU_STREAM_CAPTURE_MODE_RELAXED 2
 
 /* The table, or NULL (why gets the reason) without a usable driver. The
  * stream memory operations (cuStreamWaitValue32_v2, CUDA >= 11.7) are
- * required: without them the table is NULL too. Thread-safe. */
+ * required: without them the table is NULL too. Thread-safe.
+ * Graph capture: the calls a capture may forbid (allocation, free, module
+ * load/unload, stream and event synchronisation and queries: mem_alloc,
+ * mem_free, host_alloc, host_free, module_load_data, module_unload,
+ * stream_synchronize, event_query, event_synchronize) run in the relaxed
+ * capture mode, the thread's mode restored after: they are hcoll's own,
+ * never part of a captured sequence, and in the default global mode the
+ * driver would fail them, and invalidate the application's capture, while
+ * any thread captures (PyTorch's default). */
 const hc_cu_api_t *hc_gdr_cu(char *why, size_t whylen);
 
 /* "CUDA_ERROR_NOT_READY: device not ready"-style text for a CUresult;

@@ -49,6 +49,11 @@
  *   - no stream priorities, no per-thread default stream (0x2 is the legacy
  *     stream), no peer access control for copies, no graphs beyond an empty
  *     handle from cuStreamEndCapture;
+ *   - captures enforce the threads' interaction modes
+ *     (cuThreadExchangeStreamCaptureMode): an allocation, free, module
+ *     load/unload, synchronisation or query that a capture forbids to the
+ *     calling thread fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and
+ *     invalidates that capture, also from another thread (global mode);
  *   - a kernel's threads are not run: the launch's effect is computed on
  *     the host, each element once per (gridDim.y*z x blockDim.y*z), since the
  *     kernels index with x only;
@@ -124,6 +129,9 @@ enum {
 #define CU_STREAM_CAPTURE_STATUS_NONE 0
 #define CU_STREAM_CAPTURE_STATUS_ACTIVE 1
 #define CU_STREAM_CAPTURE_STATUS_INVALIDATED 2
+#define CU_STREAM_CAPTURE_MODE_GLOBAL 0
+#define CU_STREAM_CAPTURE_MODE_THREAD_LOCAL 1
+#define CU_STREAM_CAPTURE_MODE_RELAXED 2
 #define CU_MEMORYTYPE_HOST 1
 #define CU_MEMORYTYPE_DEVICE 2
 #define CU_LAUNCH_PARAM_END ((void *)0x0)
@@ -248,6 +256,8 @@ typedef struct mstream {
     int legacy;
     int destroyed; /* no more work; the worker leaves when the queue is empty */
     int capture;   /* CU_STREAM_CAPTURE_STATUS_* */
+    int capmode;   /* the capture's CU_STREAM_CAPTURE_MODE_*, and its thread */
+    pthread_t capthread;
     int refs;      /* registry, worker, waiters, OP_AFTER entries */
     unsigned id;
     pthread_cond_t cv;
@@ -328,6 +338,7 @@ static struct {
 
 static __thread mctx_t *t_stack[CTX_STACK];
 static __thread int t_depth;
+static __thread int t_capmode; /* cuThreadExchangeStreamCaptureMode; 0: GLOBAL */
 
 static void mock_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void mock_say(const char *fmt, ...)
@@ -656,6 +667,7 @@ static int ctx_current(mctx_t **out)
 
 static void stream_unref(mstream_t *s);
 static void mem_unref(mmem_t *m);
+static int capture_forbids(const char *who);
 static void mem_table_remove(mmem_t *m);
 
 CUAPI int cuDevicePrimaryCtxRetain(void **pctx, int dev)
@@ -1278,6 +1290,8 @@ CUAPI int cuStreamSynchronize(void *h)
         s->capture = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
         r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     }
+    if (r == CUDA_SUCCESS)
+        r = capture_forbids("cuStreamSynchronize");
     if (r == CUDA_SUCCESS) {
         if (s->legacy) {
             /* Synchronising the legacy stream also waits for the blocking
@@ -1304,6 +1318,8 @@ CUAPI int cuStreamQuery(void *h)
         s->capture = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
         r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     }
+    if (r == CUDA_SUCCESS)
+        r = capture_forbids("cuStreamQuery");
     if (r == CUDA_SUCCESS)
         r = s->done < s->enq ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
     pthread_mutex_unlock(&g.lock);
@@ -1352,9 +1368,61 @@ CUAPI int cuStreamBeginCapture_v2(void *h, int mode)
         r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; /* the legacy stream cannot capture */
     else if (r == CUDA_SUCCESS && s->capture != CU_STREAM_CAPTURE_STATUS_NONE)
         r = CUDA_ERROR_ILLEGAL_STATE;
-    if (r == CUDA_SUCCESS)
+    if (r == CUDA_SUCCESS) {
         s->capture = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+        s->capmode = mode;
+        s->capthread = pthread_self();
+    }
     pthread_mutex_unlock(&g.lock);
+    return r;
+}
+
+/* The thread's interaction mode with captures (cuStreamBeginCapture's
+ * rules): GLOBAL (the default) forbids potentially unsafe calls while this
+ * thread captures in a mode other than RELAXED or any thread captures in
+ * GLOBAL mode; THREAD_LOCAL only the former; RELAXED neither. */
+CUAPI int cuThreadExchangeStreamCaptureMode(int *mode)
+{
+    CHECK_INIT();
+    if (!mode || *mode < CU_STREAM_CAPTURE_MODE_GLOBAL || *mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_ERROR_INVALID_VALUE;
+    int prev = t_capmode;
+    t_capmode = *mode;
+    *mode = prev;
+    return CUDA_SUCCESS;
+}
+
+/*
+ * A potentially unsafe call (one that is not stream-ordered, so a graph
+ * could not replay it: allocation, free, module load/unload, host
+ * synchronisation and queries) made while a capture forbids it for this
+ * thread (cuThreadExchangeStreamCaptureMode): it fails with
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the captures it
+ * conflicts with, as on a real driver. Lock held.
+ */
+static int capture_forbids(const char *who)
+{
+    if (t_capmode == CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_SUCCESS;
+    int r = CUDA_SUCCESS;
+    const pthread_t self = pthread_self();
+    for (mstream_t *s = g.streams; s; s = s->next) {
+        if (s->capture != CU_STREAM_CAPTURE_STATUS_ACTIVE || s->destroyed)
+            continue;
+        int mine = pthread_equal(s->capthread, self);
+        if ((mine && s->capmode != CU_STREAM_CAPTURE_MODE_RELAXED) ||
+            (!mine && s->capmode == CU_STREAM_CAPTURE_MODE_GLOBAL &&
+             t_capmode == CU_STREAM_CAPTURE_MODE_GLOBAL)) {
+            mock_say("%s while stream %u (GPU %d) is being captured in %s mode%s: "
+                     "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, and the capture is invalidated "
+                     "(cuThreadExchangeStreamCaptureMode(RELAXED) around it avoids this)",
+                     who, s->id, s->ctx->dev,
+                     s->capmode == CU_STREAM_CAPTURE_MODE_GLOBAL ? "global" : "thread-local",
+                     mine ? " by this thread" : " by another thread");
+            s->capture = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+            r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+        }
+    }
     return r;
 }
 
@@ -1481,6 +1549,8 @@ CUAPI int cuEventQuery(void *he)
     int r = event_check(e);
     if (r == CUDA_SUCCESS && e->captured)
         r = CUDA_ERROR_CAPTURED_EVENT;
+    if (r == CUDA_SUCCESS)
+        r = capture_forbids("cuEventQuery");
     if (r == CUDA_SUCCESS && e->done < e->rec)
         r = CUDA_ERROR_NOT_READY;
     pthread_mutex_unlock(&g.lock);
@@ -1519,6 +1589,8 @@ CUAPI int cuEventSynchronize(void *he)
     int r = event_check(e);
     if (r == CUDA_SUCCESS && e->captured)
         r = CUDA_ERROR_CAPTURED_EVENT;
+    if (r == CUDA_SUCCESS)
+        r = capture_forbids("cuEventSynchronize");
     if (r == CUDA_SUCCESS) {
         uint64_t target = e->rec;
         time_t t0 = time(NULL);
@@ -1597,6 +1669,8 @@ CUAPI int cuMemAlloc_v2(unsigned long long *dptr, size_t size)
     mmem_t *m = NULL;
     int r = ctx_current(&c);
     if (r == CUDA_SUCCESS)
+        r = capture_forbids("cuMemAlloc");
+    if (r == CUDA_SUCCESS)
         r = mem_new(c, size, 0, &m);
     pthread_mutex_unlock(&g.lock);
     if (r != CUDA_SUCCESS)
@@ -1618,6 +1692,8 @@ static int mem_free_common(uint64_t p, int pinned, const char *who)
         r = CUDA_ERROR_INVALID_VALUE;
     } else if (!m->ctx->active || m->gen != m->ctx->gen) {
         r = CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    } else if ((r = capture_forbids(who)) != CUDA_SUCCESS) {
+        /* refused: nothing freed */
     } else {
         /* cuMemFree and cuMemFreeHost synchronise the allocation's
          * context, as real drivers do: work queued before them finishes
@@ -1699,6 +1775,8 @@ CUAPI int cuMemHostAlloc(void **pp, size_t size, unsigned flags)
     mctx_t *c;
     mmem_t *m = NULL;
     int r = ctx_current(&c);
+    if (r == CUDA_SUCCESS)
+        r = capture_forbids("cuMemHostAlloc");
     if (r == CUDA_SUCCESS)
         r = mem_new(c, size, 1, &m);
     pthread_mutex_unlock(&g.lock);
@@ -2129,6 +2207,8 @@ CUAPI int cuModuleLoadData(void **pmod, const void *image)
     mctx_t *c;
     int r = ctx_current(&c);
     mmodule_t *m = NULL;
+    if (r == CUDA_SUCCESS)
+        r = capture_forbids("cuModuleLoadData");
     if (r == CUDA_SUCCESS && !(m = calloc(1, sizeof *m)))
         r = CUDA_ERROR_OUT_OF_MEMORY;
     if (r == CUDA_SUCCESS)
@@ -2161,8 +2241,9 @@ CUAPI int cuModuleUnload(void *hmod)
     CHECK_INIT();
     pthread_mutex_lock(&g.lock);
     mmodule_t *m = module_find(hmod);
-    int r = CUDA_ERROR_INVALID_HANDLE;
-    if (m) {
+    int r = m ? capture_forbids("cuModuleUnload") : CUDA_ERROR_INVALID_HANDLE;
+    if (m && r == CUDA_SUCCESS) {
+        r = CUDA_ERROR_INVALID_HANDLE;
         /* Real drivers synchronise the context first (the module's code
          * may still run): a stream that never gets there hangs it. */
         m->refs++;
@@ -2778,6 +2859,8 @@ CUAPI int cuCtxSynchronize(void)
     pthread_mutex_lock(&g.lock);
     mctx_t *c;
     int r = ctx_current(&c);
+    if (r == CUDA_SUCCESS)
+        r = capture_forbids("cuCtxSynchronize");
     if (r == CUDA_SUCCESS) {
         if (c->legacy) {
             mop_t *op = op_new(OP_NOP);
