@@ -7,6 +7,10 @@
  *     device call (its set-up allocates, loads the kernels, synchronises
  *     and polls events): the call works and the capture stays valid,
  *     because hcoll makes those calls in relaxed capture mode;
+ *   - no_memory_pools: a GPU without memory pools (cuMemFreeAsync fails):
+ *     three communicators one after the other, each with all-reduces and
+ *     growing reduce-scatters, lose no device memory (hcoll keeps its own
+ *     for reuse instead of leaking it or freeing it with cuMemFree);
  * Needs a GPU (or the emulated driver); prints "SKIP: no GPU: <why>" and
  * exits 77 otherwise.
  */
@@ -26,17 +30,18 @@
 
 #define TIMEOUT_MS 60000
 
+/* One id slot per communicator a test makes, in order. */
 typedef struct shared {
-    hct_id_slot_t id;
+    hct_id_slot_t id[4];
 } shared_t;
 
-static hcoll_comm_t rank_init(shared_t *sh, int rank, int nranks)
+static hcoll_comm_t rank_init(shared_t *sh, int k, int rank, int nranks)
 {
     hcoll_unique_id_t id;
     hcoll_comm_t comm = NULL;
     setenv("HCOLL_SOCKET_IFNAME", "lo", 1);
     setenv("HCOLL_NET", "tcp", 1);
-    if (hct_share_unique_id(&sh->id, rank, 20000, &id) != 0)
+    if (hct_share_unique_id(&sh->id[k], rank, 20000, &id) != 0)
         return NULL;
     hcoll_config_t cfg = HCOLL_CONFIG_INITIALIZER;
     cfg.timeout_ms = 30000;
@@ -122,7 +127,7 @@ static int rank_capture_other_thread(int rank, int nranks, void *arg)
     c.graph_destroy = lib ? (graph_destroy_fn)dlsym(lib, "cuGraphDestroy") : NULL;
     HCT_REQUIRE(c.begin && c.end, "the driver has no stream capture");
     GPU_OK(cu->ctx_get_current(&c.ctx));
-    hcoll_comm_t comm = rank_init(sh, rank, nranks);
+    hcoll_comm_t comm = rank_init(sh, 0, rank, nranks);
     HCT_REQUIRE(comm, "init failed");
     void *stream;
     hc_cu_dptr_t d;
@@ -151,6 +156,81 @@ static int rank_capture_other_thread(int rank, int nranks, void *arg)
     return 0;
 }
 
+/* ---- A GPU without memory pools ------------------------------------------ */
+
+typedef int (*mem_get_info_fn)(size_t *, size_t *);
+
+/* One communicator's life: all-reduces, and reduce-scatters of growing
+ * sizes (each growth replaces the device vector behind the stream). */
+static int pools_cycle(shared_t *sh, int k, int rank, int nranks, const hc_cu_api_t *cu,
+                       void *stream, hc_cu_dptr_t d)
+{
+    hcoll_comm_t comm = rank_init(sh, k, rank, nranks);
+    HCT_REQUIRE(comm, "init failed");
+    if (sum_check(comm, cu, stream, d, nranks, 1.0f))
+        return 1;
+    for (size_t n = 64; n <= 4096; n *= 4) {
+        float *h = malloc(n * nranks * sizeof *h);
+        HCT_REQUIRE(h, "no memory");
+        for (size_t i = 0; i < n * nranks; i++)
+            h[i] = (float)(i % 7);
+        hc_cu_dptr_t s, r;
+        GPU_OK(cu->mem_alloc(&s, n * nranks * sizeof *h));
+        GPU_OK(cu->mem_alloc(&r, n * sizeof *h));
+        GPU_OK(cu->memcpy_htod_async(s, h, n * nranks * sizeof *h, stream));
+        HCT_OK(comm, hcoll_reduce_scatter(comm, (void *)(uintptr_t)s, (void *)(uintptr_t)r, n,
+                                          HCOLL_FLOAT32, HCOLL_SUM, stream));
+        GPU_OK(cu->memcpy_dtoh_async(h, r, n * sizeof *h, stream));
+        GPU_OK(cu->stream_synchronize(stream));
+        for (size_t i = 0; i < n; i++)
+            HCT_REQUIRE(h[i] == (float)(((size_t)rank * n + i) % 7) * (float)nranks,
+                        "reduce-scatter of %zu: element %zu = %g", n, i, h[i]);
+        GPU_OK(cu->mem_free(s));
+        GPU_OK(cu->mem_free(r));
+        free(h);
+    }
+    HCT_OK(comm, hcoll_comm_destroy(comm));
+    return 0;
+}
+
+/* CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED 0 (HCMOCK_MEMPOOLS=0 on the
+ * emulated driver): cuMemFreeAsync fails, and hcoll's device memory must
+ * neither leak with every communicator nor be freed with cuMemFree (which
+ * waits for the application's streams): after the first communicator,
+ * later ones reuse it, so the GPU's free memory stays put. */
+static int rank_no_pools(int rank, int nranks, void *arg)
+{
+    shared_t *sh = arg;
+    setenv("HCMOCK_MEMPOOLS", "0", 1); /* read at cuInit, below */
+    const hc_cu_api_t *cu = gpu_open(0);
+    HCT_REQUIRE(cu, "no GPU");
+    int cudev = -1, pools = -1;
+    GPU_OK(cu->device_get(&cudev, 0));
+    GPU_OK(cu->device_attr(&pools, 115 /* MEMORY_POOLS_SUPPORTED */, cudev));
+    const int mock = gpu_mock_driver() != NULL;
+    HCT_REQUIRE(!mock || pools == 0, "HCMOCK_MEMPOOLS=0 but the attribute says %d", pools);
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    mem_get_info_fn info = lib ? (mem_get_info_fn)dlsym(lib, "cuMemGetInfo_v2") : NULL;
+    HCT_REQUIRE(info, "the driver has no cuMemGetInfo_v2");
+    void *stream;
+    hc_cu_dptr_t d;
+    GPU_OK(cu->stream_create(&stream, HC_CU_STREAM_NON_BLOCKING));
+    GPU_OK(cu->mem_alloc(&d, 4096));
+    size_t free1 = 0, free3 = 0, total;
+    for (int cycle = 1; cycle <= 3; cycle++) {
+        if (pools_cycle(sh, cycle, rank, nranks, cu, stream, d))
+            return 1;
+        GPU_OK(info(cycle == 1 ? &free1 : &free3, &total));
+    }
+    /* A real GPU's pools and caches move the figure: only the emulation's
+     * is exact. */
+    HCT_REQUIRE(!mock || free3 == free1,
+                "device memory lost with each communicator: %zu bytes free after the first, "
+                "%zu after the third",
+                free1, free3);
+    return 0;
+}
+
 /* ---- Harness ---------------------------------------------------------------- */
 
 static void run(hct_rank_fn fn, int nranks)
@@ -165,6 +245,8 @@ static void run(hct_rank_fn fn, int nranks)
 
 START_TEST(capture_other_thread) { run(rank_capture_other_thread, 2); }
 END_TEST
+START_TEST(no_memory_pools) { run(rank_no_pools, 2); }
+END_TEST
 
 int main(void)
 {
@@ -175,6 +257,7 @@ int main(void)
     TCase *tc = tcase_create("driver");
     tcase_set_timeout(tc, 90);
     tcase_add_test(tc, capture_other_thread);
+    tcase_add_test(tc, no_memory_pools);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

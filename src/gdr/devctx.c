@@ -68,6 +68,19 @@ static int dev_istream_idle(hc_gdr_dev_t *g)
     }
 }
 
+/* Give device memory of hcoll's back behind stream's work (mem.h), and say
+ * once per GPU when it is kept for reuse rather than freed. */
+static void dev_put(hc_gdr_dev_t *g, hc_cu_dptr_t p, void *stream, const char *what)
+{
+    int r = hc_gdr_dbuf_put(g->cu, g->cudev, p, stream);
+    if (r == 2)
+        HC_INFO(HC_GDR, g->rp.rank, "GPU %d has no memory pools (cuMemFreeAsync): hcoll keeps "
+                "its device memory for reuse instead of freeing it, as cuMemFree would wait "
+                "for the application's streams", g->ordinal);
+    else if (r < 0)
+        HC_WARN(HC_GDR, g->rp.rank, "%s could not be freed; left allocated", what);
+}
+
 /* Free what open made; the context must be current. Nothing here may
  * synchronise the device (gdr/mem.h): the kernels stay loaded for the next
  * communicator, the staging buffers go back to the GPU's pinned pool. */
@@ -90,7 +103,9 @@ static void dev_free_locals(hc_gdr_dev_t *g)
         cu->event_destroy(g->ev_fence);
     /* Stream-ordered: cuMemFree would wait for every stream of the context,
      * the application's included, and destroy must not hang on those. */
-    if (g->flag && (!g->istream || cu->mem_free_async(g->flag, g->istream) != HC_CU_SUCCESS))
+    if (g->flag && g->istream)
+        dev_put(g, g->flag, g->istream, "the stream flag");
+    else if (g->flag)
         HC_WARN(HC_GDR, g->rp.rank, "the stream flag could not be freed; left allocated");
     if (g->istream)
         cu->stream_destroy(g->istream);
@@ -104,7 +119,7 @@ static hcoll_status_t dev_make_locals(hc_gdr_dev_t *g)
     hcoll_status_t st = HCOLL_SUCCESS;
     const hc_cu_api_t *cu = g->cu;
     CU_TRY(g, cu->stream_create(&g->istream, HC_CU_STREAM_NON_BLOCKING), "cuStreamCreate", out);
-    CU_TRY(g, cu->mem_alloc(&g->flag, 256), "cuMemAlloc (stream flag)", out);
+    CU_TRY(g, hc_gdr_dbuf_get(cu, g->cudev, 256, &g->flag), "cuMemAlloc (stream flag)", out);
     /* The flag is 0 before any stream waits on it (fresh memory holds
      * anything). On the internal stream, not with cuMemsetD32: that goes on
      * the legacy stream, which is unordered with non-blocking streams and
@@ -359,12 +374,7 @@ out:
 
 void hc_gdr_dev_free_async(hc_gdr_dev_t *g, void *p, void *stream)
 {
-    hc_cu_res_t r = g->cu->mem_free_async(dptr(p), stream);
-    if (r != HC_CU_SUCCESS) {
-        char eb[160];
-        HC_WARN(HC_GDR, g->rp.rank, "cuMemFreeAsync: %s (the memory leaks)",
-                hc_gdr_cu_errstr(r, eb, sizeof eb));
-    }
+    dev_put(g, dptr(p), stream, "device memory");
 }
 
 hcoll_status_t hc_gdr_dev_stream_wait_event(hc_gdr_dev_t *g, void *stream, void *ev)
@@ -400,7 +410,8 @@ hcoll_status_t hc_gdr_dev_alloc(hc_gdr_dev_t *g, size_t bytes, void **out)
 {
     hc_cu_dptr_t p = 0;
     hc_gdr_dev_push(g);
-    hcoll_status_t st = devop_done(g, g->cu->mem_alloc(&p, bytes), "cuMemAlloc (device slots)");
+    hcoll_status_t st =
+        devop_done(g, hc_gdr_dbuf_get(g->cu, g->cudev, bytes, &p), "cuMemAlloc (device slots)");
     *out = (void *)(uintptr_t)p;
     return st;
 }
@@ -409,7 +420,8 @@ void hc_gdr_dev_free(hc_gdr_dev_t *g, void *p)
 {
     hc_gdr_dev_push(g);
     /* Stream-ordered, like the flag: never waits for other streams. */
-    devop_done(g, g->cu->mem_free_async(dptr(p), g->istream), "cuMemFreeAsync (device slots)");
+    dev_put(g, dptr(p), g->istream, "device slots");
+    hc_gdr_dev_pop(g);
 }
 
 hcoll_status_t hc_gdr_dev_reduce(hc_gdr_dev_t *g, void *dst, const void *a, const void *b,

@@ -39,6 +39,10 @@
  *                    0xa5; -1: no fill). Device memory is not zeroed.
  *   HCMOCK_CAPTURE   1: every stream reports CU_STREAM_CAPTURE_STATUS_ACTIVE
  *   HCMOCK_DMABUF    1: CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED is 1 (default 0)
+ *   HCMOCK_MEMPOOLS  0: no memory-pool support, as on some vGPU/MIG setups:
+ *                    CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED is 0 and
+ *                    cuMemFreeAsync fails with CUDA_ERROR_NOT_SUPPORTED
+ *                    (default 1)
  *   HCMOCK_MEM_GB    device memory per GPU (default 80)
  *   HCMOCK_TRACE     1: print every queued op as it runs (stderr)
  *   HCMOCK_RACE      unordered device-memory accesses of two streams: 0
@@ -312,6 +316,7 @@ static struct {
     int poison;
     int capture_all;
     int dmabuf;
+    int mempools; /* HCMOCK_MEMPOOLS */
     int trace;
     int race;  /* HCMOCK_RACE: 0 off, 1 report, 2 report and fail the op */
     int races; /* reported so far */
@@ -493,6 +498,7 @@ CUAPI int cuInit(unsigned flags)
         g.delay_us = d > 0 ? (unsigned)d : 0;
         g.poison = (int)env_long("HCMOCK_POISON", 0xa5);
         g.capture_all = env_long("HCMOCK_CAPTURE", 0) == 1;
+        g.mempools = env_long("HCMOCK_MEMPOOLS", 1) != 0;
         g.dmabuf = env_long("HCMOCK_DMABUF", 0) == 1;
         g.trace = env_long("HCMOCK_TRACE", 0) == 1;
         g.race = (int)env_long("HCMOCK_RACE", 1);
@@ -619,6 +625,7 @@ CUAPI int cuDeviceGetAttribute(int *pi, int attrib, int dev)
     case 83: v = 1; break;           /* MANAGED_MEMORY */
     case 97: v = 232448; break;      /* MAX_SHARED_MEMORY_PER_BLOCK_OPTIN */
     case 102: v = 1; break;          /* VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED */
+    case 115: v = g.mempools; break; /* MEMORY_POOLS_SUPPORTED */
     case 116: v = 1; break;          /* GPU_DIRECT_RDMA_SUPPORTED */
     case 122: v = 1; break;          /* CAN_USE_64_BIT_STREAM_MEM_OPS */
     case 123: v = 1; break;          /* CAN_USE_STREAM_WAIT_VALUE_NOR */
@@ -1682,6 +1689,23 @@ CUAPI int cuMemAlloc_v2(unsigned long long *dptr, size_t size)
     return CUDA_SUCCESS;
 }
 
+/* Device memory of the current context's GPU: what is left, and all. */
+CUAPI int cuMemGetInfo_v2(size_t *free_out, size_t *total_out)
+{
+    CHECK_INIT();
+    if (!free_out || !total_out)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g.lock);
+    mctx_t *c;
+    int r = ctx_current(&c);
+    if (r == CUDA_SUCCESS) {
+        *free_out = g.mem_per_dev - g.mem_used[c->dev];
+        *total_out = g.mem_per_dev;
+    }
+    pthread_mutex_unlock(&g.lock);
+    return r;
+}
+
 static int mem_free_common(uint64_t p, int pinned, const char *who)
 {
     pthread_mutex_lock(&g.lock);
@@ -1742,6 +1766,8 @@ static void mem_free_async_run(void *arg)
 CUAPI int cuMemFreeAsync(unsigned long long dptr, void *hstream)
 {
     CHECK_INIT();
+    if (!g.mempools)
+        return CUDA_ERROR_NOT_SUPPORTED; /* stream-ordered allocation needs pools */
     if (dptr == 0)
         return CUDA_SUCCESS;
     pthread_mutex_lock(&g.lock);
