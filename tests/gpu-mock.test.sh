@@ -5,7 +5,8 @@
 # dereference it; see tests/mock/hcmock.h):
 #   - test_gpu_devpath, test_gpu_kernels, test_gpu_allreduce, test_gpu_coll,
 #     test_gpu_late (a local rank late or dead in a device all-reduce),
-#     test_gpu_driver (real drivers' rules: capture modes, ...): the GPU tests
+#     test_gpu_driver (real drivers' rules: capture modes, memory pools,
+#     stream handles): the GPU tests
 #     that skip elsewhere, run whole (with 2 emulated GPUs, so the 2 x 2
 #     NCCL intra-node case runs too);
 #   - hcoll_perf --mem device, 2 emulated nodes x 1, then 2 x 2 with

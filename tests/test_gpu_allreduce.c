@@ -10,9 +10,10 @@
  *     call still returns at once (the host is not blocked), the request is
  *     not complete, and after the test releases the stream a kernel queued
  *     behind the all-reduce sees its result;
- *   - argument errors: device memory with stream NULL, host memory with a
- *     stream, a stream under graph capture (also as the very first device
- *     call), buffers on another GPU than the one current at init;
+ *   - argument errors: device memory with stream CU_STREAM_PER_THREAD,
+ *     host memory with a stream, a stream under graph capture (also as the
+ *     very first device call), buffers on another GPU than the one current
+ *     at init;
  *   - destroy does not wait for the application's own held streams;
  *   - a device request's completion callback runs once, by hcoll_wait;
  *   - a bandwidth line per size (BENCH), for scripts/gpu-check.sh.
@@ -404,9 +405,11 @@ static int rank_errors(int rank, int nranks, void *arg)
     GPU_OK(cu->mem_alloc(&d, 4096));
     float host[16] = { 0 };
     void *dp = (void *)(uintptr_t)d;
-    hcoll_status_t st = hcoll_allreduce(comm, dp, dp, 16, HCOLL_FLOAT32, HCOLL_SUM, NULL);
-    HCT_REQUIRE(st == HCOLL_ERR_INVALID_ARG && strstr(hcoll_comm_last_error(comm), "stream is NULL"),
-                "device memory with NULL stream: %s: %s", hcoll_status_name(st),
+    /* CU_STREAM_PER_THREAD names another stream on each thread. */
+    hcoll_status_t st = hcoll_allreduce(comm, dp, dp, 16, HCOLL_FLOAT32, HCOLL_SUM, (void *)0x2);
+    HCT_REQUIRE(st == HCOLL_ERR_INVALID_ARG &&
+                    strstr(hcoll_comm_last_error(comm), "CU_STREAM_PER_THREAD"),
+                "device memory with stream 0x2: %s: %s", hcoll_status_name(st),
                 hcoll_comm_last_error(comm));
     st = hcoll_allreduce(comm, host, host, 16, HCOLL_FLOAT32, HCOLL_SUM, stream);
     HCT_REQUIRE(st == HCOLL_ERR_INVALID_ARG && strstr(hcoll_comm_last_error(comm), "host memory"),

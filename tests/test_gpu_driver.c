@@ -11,6 +11,11 @@
  *     three communicators one after the other, each with all-reduces and
  *     growing reduce-scatters, lose no device memory (hcoll keeps its own
  *     for reuse instead of leaking it or freeing it with cuMemFree);
+ *   - stream_handles: CU_STREAM_PER_THREAD (0x2) is each thread's own
+ *     stream (the emulation is checked), and refused by hcoll with a
+ *     message that says what to pass; NULL and CU_STREAM_LEGACY (0x1) with
+ *     device buffers are the legacy stream, ordered after the
+ *     application's blocking streams;
  * Needs a GPU (or the emulated driver); prints "SKIP: no GPU: <why>" and
  * exits 77 otherwise.
  */
@@ -231,6 +236,104 @@ static int rank_no_pools(int rank, int nranks, void *arg)
     return 0;
 }
 
+/* ---- Stream handles 0, 0x1, 0x2 ---------------------------------------------- */
+
+typedef struct holder {
+    const hc_cu_api_t *cu;
+    void *ctx;
+    hc_cu_dptr_t gate;
+    atomic_int held, release;
+    int rc;
+} holder_t;
+
+/* Holds this thread's per-thread default stream on a gate until told,
+ * then opens the gate from a stream of its own. */
+static void *ptds_holder(void *arg)
+{
+    holder_t *h = arg;
+    void *s = NULL;
+    h->rc = h->cu->ctx_set_current(h->ctx) != HC_CU_SUCCESS ||
+            h->cu->stream_wait_value32(HC_CU_STREAM_PER_THREAD, h->gate, 1,
+                                       HC_CU_STREAM_WAIT_VALUE_GEQ) != HC_CU_SUCCESS;
+    atomic_store(&h->held, 1);
+    for (int i = 0; i < 5000 && !atomic_load(&h->release); i++)
+        usleep(1000);
+    if (h->cu->stream_create(&s, HC_CU_STREAM_NON_BLOCKING) != HC_CU_SUCCESS ||
+        h->cu->stream_write_value32(s, h->gate, 1, HC_CU_STREAM_WRITE_VALUE_DEFAULT) !=
+            HC_CU_SUCCESS ||
+        h->cu->stream_synchronize(HC_CU_STREAM_PER_THREAD) != HC_CU_SUCCESS)
+        h->rc = 1;
+    if (s)
+        h->cu->stream_destroy(s);
+    return NULL;
+}
+
+/* The driver's handles: 0x2 is each thread's own stream (one held on
+ * another thread does not hold this thread's); NULL and CU_STREAM_LEGACY
+ * (0x1) with device buffers are the legacy stream, ordered after the
+ * application's blocking streams; 0x2 is refused, saying what to pass. */
+static int rank_stream_handles(int rank, int nranks, void *arg)
+{
+    shared_t *sh = arg;
+    const hc_cu_api_t *cu = gpu_open(0);
+    HCT_REQUIRE(cu, "no GPU");
+    static holder_t h;
+    h.cu = cu;
+    GPU_OK(cu->ctx_get_current(&h.ctx));
+    hc_cu_dptr_t d;
+    GPU_OK(cu->mem_alloc(&d, 4096));
+    GPU_OK(cu->mem_alloc(&h.gate, 64));
+    static const uint32_t zero = 0;
+    GPU_OK(cu->memcpy_htod_async(h.gate, &zero, sizeof zero, NULL));
+    GPU_OK(cu->stream_synchronize(NULL));
+    pthread_t th;
+    HCT_REQUIRE(pthread_create(&th, NULL, ptds_holder, &h) == 0, "pthread_create");
+    while (!atomic_load(&h.held))
+        usleep(1000);
+    double t0 = hct_now_ms();
+    float one = 1.0f;
+    int r = cu->memcpy_htod_async(d, &one, sizeof one, HC_CU_STREAM_PER_THREAD);
+    if (r == HC_CU_SUCCESS)
+        r = cu->stream_synchronize(HC_CU_STREAM_PER_THREAD);
+    double ms = hct_now_ms() - t0;
+    atomic_store(&h.release, 1);
+    pthread_join(th, NULL);
+    HCT_REQUIRE(r == HC_CU_SUCCESS && h.rc == 0, "per-thread streams: CUresult %d / %d", r,
+                h.rc);
+    HCT_REQUIRE(ms < 2000, "this thread's CU_STREAM_PER_THREAD waited %.0f ms for another "
+                "thread's: the handle must name a stream per thread", ms);
+
+    hcoll_comm_t comm = rank_init(sh, 0, rank, nranks);
+    HCT_REQUIRE(comm, "init failed");
+    void *dp = (void *)(uintptr_t)d;
+    hcoll_status_t st = hcoll_allreduce(comm, dp, dp, 64, HCOLL_FLOAT32, HCOLL_SUM,
+                                        HC_CU_STREAM_PER_THREAD);
+    HCT_REQUIRE(st == HCOLL_ERR_INVALID_ARG &&
+                    strstr(hcoll_comm_last_error(comm), "CU_STREAM_PER_THREAD") &&
+                    strstr(hcoll_comm_last_error(comm), "CU_STREAM_LEGACY"),
+                "stream 0x2: %s: %s", hcoll_status_name(st), hcoll_comm_last_error(comm));
+    /* The input comes on a blocking stream of the application's, not
+     * synchronised: the legacy stream is ordered after it. */
+    void *blocking;
+    GPU_OK(cu->stream_create(&blocking, 0));
+    for (int k = 0; k < 2; k++) {
+        void *legacy = k == 0 ? NULL : HC_CU_STREAM_LEGACY;
+        float in[64], out[64];
+        for (int i = 0; i < 64; i++)
+            in[i] = (float)(i + k);
+        GPU_OK(cu->memcpy_htod_async(d, in, sizeof in, blocking));
+        HCT_OK(comm, hcoll_allreduce(comm, dp, dp, 64, HCOLL_FLOAT32, HCOLL_SUM, legacy));
+        GPU_OK(cu->memcpy_dtoh_async(out, d, sizeof out, legacy));
+        GPU_OK(cu->stream_synchronize(legacy));
+        for (int i = 0; i < 64; i++)
+            HCT_REQUIRE(out[i] == in[i] * (float)nranks, "stream %p: element %d = %g, want %g",
+                        legacy, i, out[i], in[i] * (float)nranks);
+    }
+    GPU_OK(cu->stream_synchronize(blocking));
+    HCT_OK(comm, hcoll_comm_destroy(comm));
+    return 0;
+}
+
 /* ---- Harness ---------------------------------------------------------------- */
 
 static void run(hct_rank_fn fn, int nranks)
@@ -247,6 +350,8 @@ START_TEST(capture_other_thread) { run(rank_capture_other_thread, 2); }
 END_TEST
 START_TEST(no_memory_pools) { run(rank_no_pools, 2); }
 END_TEST
+START_TEST(stream_handles) { run(rank_stream_handles, 2); }
+END_TEST
 
 int main(void)
 {
@@ -258,6 +363,7 @@ int main(void)
     tcase_set_timeout(tc, 90);
     tcase_add_test(tc, capture_other_thread);
     tcase_add_test(tc, no_memory_pools);
+    tcase_add_test(tc, stream_handles);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -229,6 +229,11 @@ const char *hc_gdr_cu_errstr(hc_cu_res_t r, char *buf, size_t buflen)
     return buf;
 }
 
+int hc_gdr_stream_per_thread(const void *stream)
+{
+    return stream == HC_CU_STREAM_PER_THREAD;
+}
+
 static int find_libcuda(struct dl_phdr_info *info, size_t size, void *data)
 {
     (void)size, (void)data;

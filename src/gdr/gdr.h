@@ -177,6 +177,18 @@ typedef struct hc_cu_api {
  * any thread captures (PyTorch's default). */
 const hc_cu_api_t *hc_gdr_cu(char *why, size_t whylen);
 
+/* Stream handles with a meaning of their own (cuda.h): NULL and
+ * CU_STREAM_LEGACY are the context's legacy default stream, the same one
+ * on every thread; CU_STREAM_PER_THREAD is the calling thread's per-thread
+ * default stream, a different one on each thread. */
+#define HC_CU_STREAM_LEGACY ((void *)0x1)
+#define HC_CU_STREAM_PER_THREAD ((void *)0x2)
+
+/* 1 when stream names a different stream on each thread
+ * (CU_STREAM_PER_THREAD, cudaStreamPerThread): such a handle cannot be
+ * handed to another thread, as hcoll's and NCCL's threads would be. */
+int hc_gdr_stream_per_thread(const void *stream);
+
 /* "CUDA_ERROR_NOT_READY: device not ready"-style text for a CUresult;
  * never NULL. */
 const char *hc_gdr_cu_errstr(hc_cu_res_t r, char *buf, size_t buflen);

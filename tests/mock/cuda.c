@@ -19,7 +19,7 @@
  *        ▼
  *   stream ──FIFO──► worker thread (one per stream, the stream's context
  *                    current) ──► random delay ──► op on the backing memory
- *   legacy stream (NULL, 0x1, 0x2): its own worker; "after stream S reaches
+ *   legacy stream (NULL, 0x1): its own worker; "after stream S reaches
  *   op n" entries added at enqueue order it against the blocking streams
  *   cuStreamSynchronize / cuEventQuery / cuEventSynchronize ──► counters
  *   a faulting op (bad address, misaligned) ──► sticky context error
@@ -50,9 +50,12 @@
  *                    and the op fails (sticky CUDA_ERROR_UNKNOWN)
  *
  * Simplified, on purpose (see also the comments at each point):
- *   - no stream priorities, no per-thread default stream (0x2 is the legacy
- *     stream), no peer access control for copies, no graphs beyond an empty
- *     handle from cuStreamEndCapture;
+ *   - no stream priorities, no peer access control for copies, no graphs
+ *     beyond an empty handle from cuStreamEndCapture;
+ *   - NULL and CU_STREAM_LEGACY (0x1) are the context's legacy stream;
+ *     CU_STREAM_PER_THREAD (0x2) is the calling thread's own per-thread
+ *     default stream (a blocking stream made on first use), a different
+ *     stream on each thread;
  *   - captures enforce the threads' interaction modes
  *     (cuThreadExchangeStreamCaptureMode): an allocation, free, module
  *     load/unload, synchronisation or query that a capture forbids to the
@@ -1038,15 +1041,36 @@ static int stream_new(mctx_t *c, unsigned flags, int legacy, mstream_t **out)
     return CUDA_SUCCESS;
 }
 
-/* A live user stream handle, or the current context's legacy stream for
- * NULL / CU_STREAM_LEGACY / CU_STREAM_PER_THREAD (per-thread streams are
- * not emulated). need_ctx: the call also needs a current context that owns
+/* The calling thread's per-thread default stream of each device (and the
+ * context life it belongs to): made on first use, a blocking stream like
+ * the driver's, so the legacy stream and it wait for each other. */
+static __thread mstream_t *t_ptds[MAX_DEV];
+static __thread unsigned t_ptds_gen[MAX_DEV];
+
+/* A live user stream handle, the current context's legacy stream for NULL
+ * and CU_STREAM_LEGACY, or the calling thread's own per-thread default
+ * stream for CU_STREAM_PER_THREAD (each thread a different stream, as on a
+ * real driver). need_ctx: the call also needs a current context that owns
  * the stream. Lock held. */
 static int stream_resolve(void *h, int need_ctx, mstream_t **out)
 {
     mctx_t *cur = NULL;
     int r = ctx_current(&cur);
-    if (!h || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD) {
+    if (h == CU_STREAM_PER_THREAD) {
+        if (r != CUDA_SUCCESS)
+            return r;
+        if (!t_ptds[cur->dev] || t_ptds_gen[cur->dev] != cur->gen) {
+            r = stream_new(cur, 0, 0, &t_ptds[cur->dev]);
+            if (r != CUDA_SUCCESS)
+                return r;
+            t_ptds_gen[cur->dev] = cur->gen;
+        }
+        if (cur->sticky)
+            return cur->sticky;
+        *out = t_ptds[cur->dev];
+        return CUDA_SUCCESS;
+    }
+    if (!h || h == CU_STREAM_LEGACY) {
         if (r != CUDA_SUCCESS)
             return r;
         if (!cur->legacy) {
