@@ -435,17 +435,26 @@ HCOLL_API hcoll_status_t hcoll_comm_node_count(hcoll_comm_t comm, int *node_coun
  * overlap. count, dtype and op must be the same on every rank; count may be
  * 0. Collective.
  * stream: a cudaStream_t passed as void * for device buffers, NULL for host
- * buffers. With NULL the call blocks until the result is in recvbuf. With a
- * stream the call is enqueued on it and returns without blocking the host:
+ * buffers. With host buffers and NULL the call blocks until the result is
+ * in recvbuf. Stream handles with device buffers: NULL (0, the handle of
+ * PyTorch's and CuPy's default stream) and CU_STREAM_LEGACY (0x1,
+ * cudaStreamLegacy) both mean the GPU's legacy default stream, which runs
+ * after the earlier work of every blocking stream (per-thread default
+ * streams included); CU_STREAM_PER_THREAD (0x2, cudaStreamPerThread) is
+ * HCOLL_ERR_INVALID_ARG, as it names another stream on each thread and
+ * hcoll's and NCCL's threads enqueue parts of the call: pass a stream of
+ * your own, or 0x1. With device buffers the call is enqueued on the
+ * stream and returns without blocking the host:
  * work queued on the stream after the call sees the result; the host sees
  * it after synchronising the stream (or an event recorded after the call).
  * Device buffers (both must be device or managed memory, on the GPU of the
  * stream): the first such call is collective over all ranks and sets the
  * device path up (that GPU's primary context, NCCL among the ranks of a
  * node); every rank must use the same GPU for every later call. Host-only
- * programs never initialise CUDA. Errors: device memory with stream NULL,
- * or host memory with a stream, HCOLL_ERR_INVALID_ARG; no CUDA driver or
- * GPU, or a stream being captured into a CUDA graph, HCOLL_ERR_UNSUPPORTED.
+ * programs never initialise CUDA. Errors: host memory with a stream (or
+ * with device memory), or stream CU_STREAM_PER_THREAD,
+ * HCOLL_ERR_INVALID_ARG; no CUDA driver or GPU, or a stream being
+ * captured into a CUDA graph, HCOLL_ERR_UNSUPPORTED.
  * If the inter-node stage fails, the stream is still released (the result
  * is then undefined) and the error is reported by later calls and
  * hcoll_comm_get_async_error.
@@ -550,7 +559,9 @@ HCOLL_API hcoll_status_t hcoll_op_destroy(hcoll_comm_t comm, hcoll_op_t op);
  * vector is in recvbuf; on a communicator still being set up returns
  * HCOLL_IN_PROGRESS and does nothing. Thread-safe as hcoll_allreduce: calls
  * on one communicator run one at a time, in the order they were issued.
- * stream: NULL for host buffers. With a CUDA stream, the buffers are
+ * stream: NULL for host buffers; with device buffers, a stream handle as
+ * hcoll_allreduce takes it (NULL, 0x1: the legacy stream). With a CUDA
+ * stream, the buffers are
  * device memory of the communicator's GPU (as hcoll_allreduce's) and the
  * call is stream-ordered like hcoll_allreduce on device buffers: it
  * returns once the broadcast is enqueued (the root's sendbuf is read and
@@ -620,7 +631,9 @@ HCOLL_API hcoll_status_t hcoll_barrier_async(hcoll_comm_t comm, hcoll_request_t 
  *              floating type multiplies each rank's input by 1/nranks and
  *              sums, AVG of an integer type sums and divides once by
  *              nranks, truncating; a PREMUL_SUM op of comm for dtype
- *   stream     NULL for host buffers. With a CUDA stream the buffers are
+ *   stream     NULL for host buffers; with device buffers, a stream
+ *              handle as hcoll_allreduce takes it (NULL, 0x1: the legacy
+ *              stream). With a CUDA stream the buffers are
  *              device memory and the call is stream-ordered exactly as
  *              hcoll_allreduce on device buffers (returns once enqueued;
  *              NCCL within the node, the rail rings across nodes staged

@@ -4,7 +4,9 @@
 # streams on threads and keep "device" memory where the host cannot
 # dereference it; see tests/mock/hcmock.h):
 #   - test_gpu_devpath, test_gpu_kernels, test_gpu_allreduce, test_gpu_coll,
-#     test_gpu_late (a local rank late or dead in a device all-reduce): the GPU tests
+#     test_gpu_late (a local rank late or dead in a device all-reduce),
+#     test_gpu_driver (real drivers' rules: capture modes, memory pools,
+#     stream handles): the GPU tests
 #     that skip elsewhere, run whole (with 2 emulated GPUs, so the 2 x 2
 #     NCCL intra-node case runs too);
 #   - hcoll_perf --mem device, 2 emulated nodes x 1, then 2 x 2 with
@@ -29,7 +31,8 @@ fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 
 # ---- the GPU tests, whole -------------------------------------------------
-for t in test_gpu_devpath test_gpu_kernels test_gpu_allreduce test_gpu_coll test_gpu_late; do
+for t in test_gpu_devpath test_gpu_kernels test_gpu_allreduce test_gpu_coll test_gpu_late \
+         test_gpu_driver; do
   bin=$build/tests/$t
   [ -x "$bin" ] || { fail "$bin not built"; continue; }
   out=$(timeout --kill-after=10 300 env CK_DEFAULT_TIMEOUT=240 "$bin" 2>&1); rc=$?

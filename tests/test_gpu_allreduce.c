@@ -10,9 +10,10 @@
  *     call still returns at once (the host is not blocked), the request is
  *     not complete, and after the test releases the stream a kernel queued
  *     behind the all-reduce sees its result;
- *   - argument errors: device memory with stream NULL, host memory with a
- *     stream, a stream under graph capture (also as the very first device
- *     call), buffers on another GPU than the one current at init;
+ *   - argument errors: device memory with stream CU_STREAM_PER_THREAD,
+ *     host memory with a stream, a stream under graph capture (also as the
+ *     very first device call), buffers on another GPU than the one current
+ *     at init;
  *   - destroy does not wait for the application's own held streams;
  *   - a device request's completion callback runs once, by hcoll_wait;
  *   - a bandwidth line per size (BENCH), for scripts/gpu-check.sh.
@@ -20,6 +21,8 @@
  */
 #include <check.h>
 #include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +30,7 @@
 
 #include "common/ranks.h"
 #include "base/reduce.h"
+#include "gdr/mem.h"
 #include "gpu/gpuhelp.h"
 #include "hc_build.h"
 
@@ -401,9 +405,11 @@ static int rank_errors(int rank, int nranks, void *arg)
     GPU_OK(cu->mem_alloc(&d, 4096));
     float host[16] = { 0 };
     void *dp = (void *)(uintptr_t)d;
-    hcoll_status_t st = hcoll_allreduce(comm, dp, dp, 16, HCOLL_FLOAT32, HCOLL_SUM, NULL);
-    HCT_REQUIRE(st == HCOLL_ERR_INVALID_ARG && strstr(hcoll_comm_last_error(comm), "stream is NULL"),
-                "device memory with NULL stream: %s: %s", hcoll_status_name(st),
+    /* CU_STREAM_PER_THREAD names another stream on each thread. */
+    hcoll_status_t st = hcoll_allreduce(comm, dp, dp, 16, HCOLL_FLOAT32, HCOLL_SUM, (void *)0x2);
+    HCT_REQUIRE(st == HCOLL_ERR_INVALID_ARG &&
+                    strstr(hcoll_comm_last_error(comm), "CU_STREAM_PER_THREAD"),
+                "device memory with stream 0x2: %s: %s", hcoll_status_name(st),
                 hcoll_comm_last_error(comm));
     st = hcoll_allreduce(comm, host, host, 16, HCOLL_FLOAT32, HCOLL_SUM, stream);
     HCT_REQUIRE(st == HCOLL_ERR_INVALID_ARG && strstr(hcoll_comm_last_error(comm), "host memory"),
@@ -481,9 +487,38 @@ static int rank_capture_first(int rank, int nranks, void *arg)
     return 0;
 }
 
+/* The application's gate: opened by a thread of its own after GATE_MS,
+ * the way an application releases a stream it holds (so a destroy that
+ * waits for that stream ends then, and the test fails instead of hanging). */
+#define GATE_MS 3000
+typedef struct gate {
+    const hc_cu_api_t *cu;
+    void *ctx;
+    hc_cu_dptr_t word;
+    atomic_int opened;
+    int rc;
+} gate_t;
+
+static void *gate_opener(void *arg)
+{
+    gate_t *g = arg;
+    void *s = NULL;
+    usleep(GATE_MS * 1000);
+    atomic_store(&g->opened, 1);
+    if (g->cu->ctx_set_current(g->ctx) != HC_CU_SUCCESS ||
+        g->cu->stream_create(&s, HC_CU_STREAM_NON_BLOCKING) != HC_CU_SUCCESS ||
+        g->cu->stream_write_value32(s, g->word, 1, HC_CU_STREAM_WRITE_VALUE_DEFAULT) !=
+            HC_CU_SUCCESS)
+        g->rc = 1;
+    if (s)
+        g->cu->stream_destroy(s);
+    return NULL;
+}
+
 /* hcoll_comm_destroy returns while the application's own stream is held by
- * a wait of its own (hcoll's flag must not be freed with a call that waits
- * for every stream of the context). */
+ * a wait that the application releases only later (from another thread):
+ * nothing destroy frees may synchronise the device (cuMemFree,
+ * cuMemFreeHost, cuModuleUnload do on real drivers). */
 static int rank_destroy_not_held(int rank, int nranks, void *arg)
 {
     job_t *j = arg;
@@ -495,22 +530,36 @@ static int rank_destroy_not_held(int rank, int nranks, void *arg)
     void *stream, *other;
     GPU_OK(cu->stream_create(&stream, HC_CU_STREAM_NON_BLOCKING));
     GPU_OK(cu->stream_create(&other, HC_CU_STREAM_NON_BLOCKING));
-    hc_cu_dptr_t d, gate;
+    hc_cu_dptr_t d;
+    static gate_t gate;
+    gate.cu = cu;
+    GPU_OK(cu->ctx_get_current(&gate.ctx));
     GPU_OK(cu->mem_alloc(&d, 4096));
-    GPU_OK(cu->mem_alloc(&gate, 64));
+    GPU_OK(cu->mem_alloc(&gate.word, 64));
     static const uint32_t zero = 0;
-    GPU_OK(cu->memcpy_htod_async(gate, &zero, sizeof zero, other));
+    GPU_OK(cu->memcpy_htod_async(gate.word, &zero, sizeof zero, other));
     GPU_OK(cu->stream_synchronize(other));
     if (sum_small(comm, cu, stream, d, nranks, 2.0f) != 0)
         return 1;
     /* The application's stream now waits for the application. */
-    GPU_OK(cu->stream_wait_value32(other, gate, 1, HC_CU_STREAM_WAIT_VALUE_GEQ));
+    GPU_OK(cu->stream_wait_value32(other, gate.word, 1, HC_CU_STREAM_WAIT_VALUE_GEQ));
+    pthread_t th;
+    HCT_REQUIRE(pthread_create(&th, NULL, gate_opener, &gate) == 0, "pthread_create");
     double t0 = hct_now_ms();
-    HCT_OK(comm, hcoll_comm_destroy(comm));
+    hcoll_status_t st = hcoll_comm_destroy(comm);
     double ms = hct_now_ms() - t0;
-    GPU_OK(cu->stream_write_value32(stream, gate, 1, HC_CU_STREAM_WRITE_VALUE_DEFAULT));
+    int opened = atomic_load(&gate.opened);
+    pthread_join(th, NULL);
+    HCT_REQUIRE(gate.rc == 0, "the gate could not be opened");
     GPU_OK(cu->stream_synchronize(other));
-    HCT_REQUIRE(ms < 5000, "hcoll_comm_destroy took %.0f ms while another stream was held", ms);
+    HCT_REQUIRE(st == HCOLL_SUCCESS, "hcoll_comm_destroy: %s", hcoll_status_name(st));
+    HCT_REQUIRE(!opened, "hcoll_comm_destroy returned only after the application released "
+                "its held stream (%.0f ms): it waited for that stream", ms);
+    /* The staging buffers went back to the GPU's pool, for the next one. */
+    int cudev = -1;
+    GPU_OK(cu->device_get(&cudev, 0));
+    HCT_REQUIRE(hc_gdr_pin_idle(cudev) >= 2, "%zu pinned buffers idle after destroy, want 2",
+                hc_gdr_pin_idle(cudev));
     return 0;
 }
 

@@ -38,16 +38,22 @@ static hcoll_status_t dev_validate(hc_coll_dev_t *d, const void *sendbuf, void *
                           why);
     int sdev = -1, rdev = -1;
     int sk = hc_gdr_ptr_kind(sendbuf, &sdev), rk = hc_gdr_ptr_kind(recvbuf, &rdev);
-    if (!stream)
+    /* NULL with device buffers is the legacy default stream, as
+     * CU_STREAM_LEGACY (hcoll.h): it reaches the driver as it is. */
+    if (hc_gdr_stream_per_thread(stream))
         return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
-                          "%s is device memory but stream is NULL: pass the CUDA stream to "
-                          "order the call on (NULL is for host buffers)",
-                          sk == HC_MEM_DEVICE ? "sendbuf" : "recvbuf");
+                          "stream is CU_STREAM_PER_THREAD (0x2, cudaStreamPerThread), which "
+                          "names a different stream on each thread, and parts of the call are "
+                          "enqueued by hcoll's and NCCL's threads: pass a stream of your own "
+                          "(cudaStreamCreate), or NULL / CU_STREAM_LEGACY (0x1) for the legacy "
+                          "default stream");
     if (sk == HC_MEM_HOST || rk == HC_MEM_HOST)
         return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
-                          "a CUDA stream was given but %s is host memory: with a stream both "
-                          "buffers must be device (or managed) memory; pass stream = NULL for "
-                          "host buffers",
+                          stream ? "a CUDA stream was given but %s is host memory: with a "
+                                   "stream both buffers must be device (or managed) memory; "
+                                   "pass stream = NULL for host buffers"
+                                 : "%s is host memory but the other buffer is device memory: "
+                                   "both must be device (or managed) memory, or both host",
                           sk == HC_MEM_HOST ? "sendbuf" : "recvbuf");
     if (sdev != rdev)
         return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,

@@ -5,8 +5,15 @@
 #include "gdr/devctx.h"
 
 #include <stdlib.h>
+#include <time.h>
 
+#include "base/clock.h"
 #include "base/log.h"
+#include "gdr/mem.h"
+
+/* How long close waits for the internal stream before it gives up reusing
+ * the staging buffers. */
+#define DEV_CLOSE_DRAIN_MS 2000
 
 #define CU_TRY(g, call, what, label)                                                         \
     do {                                                                                     \
@@ -41,24 +48,64 @@ void hc_gdr_dev_pop(hc_gdr_dev_t *g)
     g->cu->ctx_pop(&popped);
 }
 
-/* Free what open made; the context must be current. */
+/* Has the internal stream run everything queued so far? Polled with a
+ * bound: it never holds work of the application's, but a wait of its own
+ * that never ends must not hang a destroy. */
+static int dev_istream_idle(hc_gdr_dev_t *g)
+{
+    const hc_cu_api_t *cu = g->cu;
+    if (!g->ev_fence || cu->event_record(g->ev_fence, g->istream) != HC_CU_SUCCESS)
+        return 0;
+    const double deadline = hc_now_ms() + DEV_CLOSE_DRAIN_MS;
+    for (;;) {
+        hc_cu_res_t r = cu->event_query(g->ev_fence);
+        if (r != HC_CU_ERROR_NOT_READY)
+            return r == HC_CU_SUCCESS;
+        if (hc_now_ms() > deadline)
+            return 0;
+        struct timespec ts = { 0, 100000 };
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Give device memory of hcoll's back behind stream's work (mem.h), and say
+ * once per GPU when it is kept for reuse rather than freed. */
+static void dev_put(hc_gdr_dev_t *g, hc_cu_dptr_t p, void *stream, const char *what)
+{
+    int r = hc_gdr_dbuf_put(g->cu, g->cudev, p, stream);
+    if (r == 2)
+        HC_INFO(HC_GDR, g->rp.rank, "GPU %d has no memory pools (cuMemFreeAsync): hcoll keeps "
+                "its device memory for reuse instead of freeing it, as cuMemFree would wait "
+                "for the application's streams", g->ordinal);
+    else if (r < 0)
+        HC_WARN(HC_GDR, g->rp.rank, "%s could not be freed; left allocated", what);
+}
+
+/* Free what open made; the context must be current. Nothing here may
+ * synchronise the device (gdr/mem.h): the kernels stay loaded for the next
+ * communicator, the staging buffers go back to the GPU's pinned pool. */
 static void dev_free_locals(hc_gdr_dev_t *g)
 {
     const hc_cu_api_t *cu = g->cu;
-    hc_gdr_kern_unload(g->kern);
     g->kern = NULL;
+    const int idle = (g->stage[0] || g->stage[1]) && dev_istream_idle(g);
+    if ((g->stage[0] || g->stage[1]) && !idle)
+        HC_WARN(HC_GDR, g->rp.rank, "hcoll's internal stream did not drain within %d ms; its "
+                "staging buffers are left allocated", DEV_CLOSE_DRAIN_MS);
     for (int i = 0; i < 2; i++) {
         if (g->ev_d2h[i])
             cu->event_destroy(g->ev_d2h[i]);
-        if (g->stage[i])
-            cu->host_free(g->stage[i]);
+        if (idle)
+            hc_gdr_pin_put(g->cudev, g->stage[i], g->stage_bytes);
         g->ev_d2h[i] = g->stage[i] = NULL;
     }
     if (g->ev_fence)
         cu->event_destroy(g->ev_fence);
     /* Stream-ordered: cuMemFree would wait for every stream of the context,
      * the application's included, and destroy must not hang on those. */
-    if (g->flag && (!g->istream || cu->mem_free_async(g->flag, g->istream) != HC_CU_SUCCESS))
+    if (g->flag && g->istream)
+        dev_put(g, g->flag, g->istream, "the stream flag");
+    else if (g->flag)
         HC_WARN(HC_GDR, g->rp.rank, "the stream flag could not be freed; left allocated");
     if (g->istream)
         cu->stream_destroy(g->istream);
@@ -72,7 +119,7 @@ static hcoll_status_t dev_make_locals(hc_gdr_dev_t *g)
     hcoll_status_t st = HCOLL_SUCCESS;
     const hc_cu_api_t *cu = g->cu;
     CU_TRY(g, cu->stream_create(&g->istream, HC_CU_STREAM_NON_BLOCKING), "cuStreamCreate", out);
-    CU_TRY(g, cu->mem_alloc(&g->flag, 256), "cuMemAlloc (stream flag)", out);
+    CU_TRY(g, hc_gdr_dbuf_get(cu, g->cudev, 256, &g->flag), "cuMemAlloc (stream flag)", out);
     /* The flag is 0 before any stream waits on it (fresh memory holds
      * anything). On the internal stream, not with cuMemsetD32: that goes on
      * the legacy stream, which is unordered with non-blocking streams and
@@ -83,14 +130,14 @@ static hcoll_status_t dev_make_locals(hc_gdr_dev_t *g)
     CU_TRY(g, cu->stream_synchronize(g->istream), "cuStreamSynchronize (stream flag)", out);
     CU_TRY(g, cu->event_create(&g->ev_fence, HC_CU_EVENT_DISABLE_TIMING), "cuEventCreate", out);
     for (int i = 0; g->stage_bytes && i < 2; i++) {
-        CU_TRY(g, cu->host_alloc(&g->stage[i], g->stage_bytes, 0), "cuMemHostAlloc (staging)",
-               out);
+        CU_TRY(g, hc_gdr_pin_get(cu, g->cudev, g->stage_bytes, &g->stage[i]),
+               "cuMemHostAlloc (staging)", out);
         CU_TRY(g, cu->event_create(&g->ev_d2h[i], HC_CU_EVENT_DISABLE_TIMING), "cuEventCreate",
                out);
     }
     /* The kernels are optional: only AVG on one node and a GPUDirect ring
      * need them. */
-    if (hc_gdr_kern_load(&g->kern, g->kern_why, sizeof g->kern_why) != HCOLL_SUCCESS)
+    if (hc_gdr_kern_shared(g->cudev, &g->kern, g->kern_why, sizeof g->kern_why) != HCOLL_SUCCESS)
         g->kern = NULL;
 out:
     return st;
@@ -110,6 +157,13 @@ hcoll_status_t hc_gdr_dev_open(const hc_cu_api_t *cu, int ordinal, size_t stage_
     g->stage_bytes = stage_bytes;
     CU_TRY(g, cu->device_get(&g->cudev, ordinal), "cuDeviceGet", clean_dev);
     CU_TRY(g, cu->primary_retain(&g->ctx, g->cudev), "cuDevicePrimaryCtxRetain", clean_dev);
+    /* Our release at close must never destroy the context: that would
+     * synchronise the device, and free what the GPU's pool keeps. */
+    if (hc_gdr_keep_ctx(cu, g->cudev) != 0) {
+        st = hc_err_set(rp->err, HC_GDR, rp->rank, HCOLL_ERR_CUDA,
+                        "GPU %d's primary context cannot be retained", ordinal);
+        goto clean_ctx;
+    }
     CU_TRY(g, cu->ctx_push(g->ctx), "cuCtxPushCurrent", clean_ctx);
     st = dev_make_locals(g);
     if (st != HCOLL_SUCCESS)
@@ -320,12 +374,7 @@ out:
 
 void hc_gdr_dev_free_async(hc_gdr_dev_t *g, void *p, void *stream)
 {
-    hc_cu_res_t r = g->cu->mem_free_async(dptr(p), stream);
-    if (r != HC_CU_SUCCESS) {
-        char eb[160];
-        HC_WARN(HC_GDR, g->rp.rank, "cuMemFreeAsync: %s (the memory leaks)",
-                hc_gdr_cu_errstr(r, eb, sizeof eb));
-    }
+    dev_put(g, dptr(p), stream, "device memory");
 }
 
 hcoll_status_t hc_gdr_dev_stream_wait_event(hc_gdr_dev_t *g, void *stream, void *ev)
@@ -361,7 +410,8 @@ hcoll_status_t hc_gdr_dev_alloc(hc_gdr_dev_t *g, size_t bytes, void **out)
 {
     hc_cu_dptr_t p = 0;
     hc_gdr_dev_push(g);
-    hcoll_status_t st = devop_done(g, g->cu->mem_alloc(&p, bytes), "cuMemAlloc (device slots)");
+    hcoll_status_t st =
+        devop_done(g, hc_gdr_dbuf_get(g->cu, g->cudev, bytes, &p), "cuMemAlloc (device slots)");
     *out = (void *)(uintptr_t)p;
     return st;
 }
@@ -370,7 +420,8 @@ void hc_gdr_dev_free(hc_gdr_dev_t *g, void *p)
 {
     hc_gdr_dev_push(g);
     /* Stream-ordered, like the flag: never waits for other streams. */
-    devop_done(g, g->cu->mem_free_async(dptr(p), g->istream), "cuMemFreeAsync (device slots)");
+    dev_put(g, dptr(p), g->istream, "device slots");
+    hc_gdr_dev_pop(g);
 }
 
 hcoll_status_t hc_gdr_dev_reduce(hc_gdr_dev_t *g, void *dst, const void *a, const void *b,

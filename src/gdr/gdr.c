@@ -48,6 +48,7 @@ typedef struct cuda_fns {
     cu_result_t (*err_name)(cu_result_t, const char **);
     cu_result_t (*err_string)(cu_result_t, const char **);
     hc_cu_api_t api; /* the device path's calls */
+    hc_cu_api_t raw; /* the driver's own entry points, behind api's relaxed ones */
     int api_ok;
     char api_why[160];
 } cuda_fns_t;
@@ -55,6 +56,47 @@ typedef struct cuda_fns {
 /* Filled once, then read-only: not shared mutable state. */
 static cuda_fns_t g_cuda;
 static pthread_once_t g_cuda_once = PTHREAD_ONCE_INIT;
+
+/*
+ * The calls a graph capture may forbid, in the relaxed capture mode (gdr.h
+ * says why): the calling thread's mode is swapped for RELAXED around the
+ * driver's own entry point and restored after.
+ */
+#define RELAXED(name, params, args)                                                          \
+    static hc_cu_res_t relaxed_##name params                                                 \
+    {                                                                                        \
+        int mode = HC_CU_STREAM_CAPTURE_MODE_RELAXED;                                        \
+        int swapped = g_cuda.raw.thread_exchange_capture_mode(&mode) == CU_OK;               \
+        hc_cu_res_t r = g_cuda.raw.name args;                                                \
+        if (swapped)                                                                         \
+            g_cuda.raw.thread_exchange_capture_mode(&mode);                                  \
+        return r;                                                                            \
+    }
+RELAXED(mem_alloc, (hc_cu_dptr_t * p, size_t n), (p, n))
+RELAXED(mem_free, (hc_cu_dptr_t p), (p))
+RELAXED(host_alloc, (void **p, size_t n, unsigned flags), (p, n, flags))
+RELAXED(host_free, (void *p), (p))
+RELAXED(module_load_data, (void **m, const void *image), (m, image))
+RELAXED(module_unload, (void *m), (m))
+RELAXED(stream_synchronize, (void *s), (s))
+RELAXED(event_query, (void *e), (e))
+RELAXED(event_synchronize, (void *e), (e))
+#undef RELAXED
+
+static void cuda_relax(void)
+{
+    hc_cu_api_t *a = &g_cuda.api;
+    g_cuda.raw = *a;
+    a->mem_alloc = relaxed_mem_alloc;
+    a->mem_free = relaxed_mem_free;
+    a->host_alloc = relaxed_host_alloc;
+    a->host_free = relaxed_host_free;
+    a->module_load_data = relaxed_module_load_data;
+    a->module_unload = relaxed_module_unload;
+    a->stream_synchronize = relaxed_stream_synchronize;
+    a->event_query = relaxed_event_query;
+    a->event_synchronize = relaxed_event_synchronize;
+}
 
 /* The device path's entry points. The versioned names are what cuda.h
  * maps the plain ones to (without per-thread default streams); a driver
@@ -103,6 +145,8 @@ static void cuda_load_api(void *h)
         E(module_unload, "cuModuleUnload"),
         E(module_get_function, "cuModuleGetFunction"),
         E(launch_kernel, "cuLaunchKernel"),
+        /* Graph capture: see cuda_relax. */
+        E(thread_exchange_capture_mode, "cuThreadExchangeStreamCaptureMode"),
 #undef E
     };
     for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
@@ -116,6 +160,7 @@ static void cuda_load_api(void *h)
         }
         memcpy((char *)a + syms[i].off, &f, sizeof f);
     }
+    cuda_relax();
     g_cuda.api_ok = 1;
 }
 
@@ -184,6 +229,11 @@ const char *hc_gdr_cu_errstr(hc_cu_res_t r, char *buf, size_t buflen)
     snprintf(buf, buflen, "%s (CUresult %d)%s%s", name ? name : "CUDA error", r,
              text ? ": " : "", text ? text : "");
     return buf;
+}
+
+int hc_gdr_stream_per_thread(const void *stream)
+{
+    return stream == HC_CU_STREAM_PER_THREAD;
 }
 
 static int find_libcuda(struct dl_phdr_info *info, size_t size, void *data)

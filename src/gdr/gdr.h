@@ -169,12 +169,38 @@ typedef struct hc_cu_api {
     hc_cu_res_t (*launch_kernel)(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                  unsigned by, unsigned bz, unsigned shmem, void *s,
                                  void **params, void **extra);
+    /* Graph capture (cuThreadExchangeStreamCaptureMode; CUDA >= 10.1). */
+    hc_cu_res_t (*thread_exchange_capture_mode)(int *mode);
 } hc_cu_api_t;
+
+/* cuStreamBeginCapture's interaction modes (CUstreamCaptureMode). */
+#define HC_CU_STREAM_CAPTURE_MODE_GLOBAL 0
+#define HC_CU_STREAM_CAPTURE_MODE_RELAXED 2
 
 /* The table, or NULL (why gets the reason) without a usable driver. The
  * stream memory operations (cuStreamWaitValue32_v2, CUDA >= 11.7) are
- * required: without them the table is NULL too. Thread-safe. */
+ * required: without them the table is NULL too. Thread-safe.
+ * Graph capture: the calls a capture may forbid (allocation, free, module
+ * load/unload, stream and event synchronisation and queries: mem_alloc,
+ * mem_free, host_alloc, host_free, module_load_data, module_unload,
+ * stream_synchronize, event_query, event_synchronize) run in the relaxed
+ * capture mode, the thread's mode restored after: they are hcoll's own,
+ * never part of a captured sequence, and in the default global mode the
+ * driver would fail them, and invalidate the application's capture, while
+ * any thread captures (PyTorch's default). */
 const hc_cu_api_t *hc_gdr_cu(char *why, size_t whylen);
+
+/* Stream handles with a meaning of their own (cuda.h): NULL and
+ * CU_STREAM_LEGACY are the context's legacy default stream, the same one
+ * on every thread; CU_STREAM_PER_THREAD is the calling thread's per-thread
+ * default stream, a different one on each thread. */
+#define HC_CU_STREAM_LEGACY ((void *)0x1)
+#define HC_CU_STREAM_PER_THREAD ((void *)0x2)
+
+/* 1 when stream names a different stream on each thread
+ * (CU_STREAM_PER_THREAD, cudaStreamPerThread): such a handle cannot be
+ * handed to another thread, as hcoll's and NCCL's threads would be. */
+int hc_gdr_stream_per_thread(const void *stream);
 
 /* "CUDA_ERROR_NOT_READY: device not ready"-style text for a CUresult;
  * never NULL. */
@@ -203,7 +229,17 @@ int hc_gdr_kern_built(void);
  * HCOLL_ERR_NO_MEMORY or HCOLL_ERR_CUDA (no SASS/PTX for this GPU) leave
  * the reason in why for the caller to report; nothing is logged here. */
 hcoll_status_t hc_gdr_kern_load(hc_gdr_kern_t **out, char *why, size_t whylen);
+/* Unloading synchronises the device (cuModuleUnload waits for every
+ * stream on real drivers): the library itself never does it after
+ * set-up, see hc_gdr_kern_shared. */
 void hc_gdr_kern_unload(hc_gdr_kern_t *k);
+
+/* The kernels of CUdevice cudev, loaded into its primary context (current
+ * on the calling thread) on the first call and kept, with one reference on
+ * that context, for the process life (gdr/mem.h): never unloaded, shared
+ * by every communicator on the GPU. Errors as hc_gdr_kern_load; a failed
+ * load is tried again by the next call. Thread-safe. */
+hcoll_status_t hc_gdr_kern_shared(int cudev, hc_gdr_kern_t **out, char *why, size_t whylen);
 
 /* Enqueue on stream (a CUstream; NULL: the legacy default stream). dtype,
  * op as hcoll_dtype_t / hcoll_op_t; AVG reduces as SUM. Return a CUresult. */

@@ -9,11 +9,13 @@
  * Built without nvcc, the fatbin is absent and loading says so; nothing
  * links against CUDA either way (the driver comes from gdr.c's dlopen).
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "gdr/gdr.h"
+#include "gdr/mem.h"
 #include "hc_build.h"
 #include "hcoll.h"
 
@@ -127,6 +129,39 @@ void hc_gdr_kern_unload(hc_gdr_kern_t *k)
         return;
     k->cu->module_unload(k->module);
     free(k);
+}
+
+/* One module per GPU for the process life (mem.h says why it is never
+ * unloaded). Loaded under the lock, so that two communicators opening at
+ * once do not both load it and then have to unload one. */
+#define KERN_MAX_DEV 64
+static pthread_mutex_t g_kern_lock = PTHREAD_MUTEX_INITIALIZER;
+static hc_gdr_kern_t *g_kern[KERN_MAX_DEV];
+
+hcoll_status_t hc_gdr_kern_shared(int cudev, hc_gdr_kern_t **out, char *why, size_t whylen)
+{
+    *out = NULL;
+    if (cudev < 0 || cudev >= KERN_MAX_DEV) {
+        snprintf(why, whylen, "CUdevice %d is past the %d this build keeps kernels for", cudev,
+                 KERN_MAX_DEV);
+        return HCOLL_ERR_UNSUPPORTED;
+    }
+    hcoll_status_t st = HCOLL_SUCCESS;
+    pthread_mutex_lock(&g_kern_lock);
+    if (!g_kern[cudev]) {
+        const hc_cu_api_t *cu = hc_gdr_cu(why, whylen);
+        if (!cu || hc_gdr_keep_ctx(cu, cudev) != 0) {
+            if (cu)
+                snprintf(why, whylen, "the primary context of CUdevice %d cannot be retained",
+                         cudev);
+            st = HCOLL_ERR_UNSUPPORTED;
+        } else {
+            st = hc_gdr_kern_load(&g_kern[cudev], why, whylen);
+        }
+    }
+    *out = g_kern[cudev];
+    pthread_mutex_unlock(&g_kern_lock);
+    return st;
 }
 
 #if HCOLL_BUILD_KERNELS

@@ -19,7 +19,7 @@
  *        ▼
  *   stream ──FIFO──► worker thread (one per stream, the stream's context
  *                    current) ──► random delay ──► op on the backing memory
- *   legacy stream (NULL, 0x1, 0x2): its own worker; "after stream S reaches
+ *   legacy stream (NULL, 0x1): its own worker; "after stream S reaches
  *   op n" entries added at enqueue order it against the blocking streams
  *   cuStreamSynchronize / cuEventQuery / cuEventSynchronize ──► counters
  *   a faulting op (bad address, misaligned) ──► sticky context error
@@ -42,6 +42,10 @@
  *                    fails; 2: the export works too (default 0: neither)
  *   HCMOCK_RDMA_ORDERING  GPU_DIRECT_RDMA_WRITES_ORDERING (default 100 from
  *                    sm_90, else 0)
+ *   HCMOCK_MEMPOOLS  0: no memory-pool support, as on some vGPU/MIG setups:
+ *                    CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED is 0 and
+ *                    cuMemFreeAsync fails with CUDA_ERROR_NOT_SUPPORTED
+ *                    (default 1)
  *   HCMOCK_MEM_GB    device memory per GPU (default 80)
  *   HCMOCK_TRACE     1: print every queued op as it runs (stderr)
  *   HCMOCK_RACE      unordered device-memory accesses of two streams: 0
@@ -49,17 +53,26 @@
  *                    and the op fails (sticky CUDA_ERROR_UNKNOWN)
  *
  * Simplified, on purpose (see also the comments at each point):
- *   - no stream priorities, no per-thread default stream (0x2 is the legacy
- *     stream), no peer access control for copies, no graphs beyond an empty
- *     handle from cuStreamEndCapture;
+ *   - no stream priorities, no peer access control for copies, no graphs
+ *     beyond an empty handle from cuStreamEndCapture;
+ *   - NULL and CU_STREAM_LEGACY (0x1) are the context's legacy stream;
+ *     CU_STREAM_PER_THREAD (0x2) is the calling thread's own per-thread
+ *     default stream (a blocking stream made on first use), a different
+ *     stream on each thread;
+ *   - captures enforce the threads' interaction modes
+ *     (cuThreadExchangeStreamCaptureMode): an allocation, free, module
+ *     load/unload, synchronisation or query that a capture forbids to the
+ *     calling thread fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and
+ *     invalidates that capture, also from another thread (global mode);
  *   - a kernel's threads are not run: the launch's effect is computed on
  *     the host, each element once per (gridDim.y*z x blockDim.y*z), since the
  *     kernels index with x only;
  *   - the release of a primary context to refcount 0 abandons queued work
  *     and invalidates its memory, streams, events and modules (a retain
  *     starts a new life of the same handle);
- *   - cuMemFree synchronises the allocation's context (the driver's implicit
- *     synchronisation); cuMemFreeHost does not (undocumented either way);
+ *   - cuMemFree, cuMemFreeHost and cuModuleUnload synchronise the
+ *     context (the implicit synchronisation real drivers do: a stream held
+ *     by the application holds them too);
  *   - async copies touch host memory when they run, never when queued (the
  *     driver may do either for pageable memory: the strict reading);
  *   - cuMemsetD32 goes on the legacy stream and returns (it is asynchronous
@@ -126,6 +139,9 @@ enum {
 #define CU_STREAM_CAPTURE_STATUS_NONE 0
 #define CU_STREAM_CAPTURE_STATUS_ACTIVE 1
 #define CU_STREAM_CAPTURE_STATUS_INVALIDATED 2
+#define CU_STREAM_CAPTURE_MODE_GLOBAL 0
+#define CU_STREAM_CAPTURE_MODE_THREAD_LOCAL 1
+#define CU_STREAM_CAPTURE_MODE_RELAXED 2
 #define CU_MEMORYTYPE_HOST 1
 #define CU_MEMORYTYPE_DEVICE 2
 #define CU_LAUNCH_PARAM_END ((void *)0x0)
@@ -251,6 +267,8 @@ typedef struct mstream {
     int legacy;
     int destroyed; /* no more work; the worker leaves when the queue is empty */
     int capture;   /* CU_STREAM_CAPTURE_STATUS_* */
+    int capmode;   /* the capture's CU_STREAM_CAPTURE_MODE_*, and its thread */
+    pthread_t capthread;
     int refs;      /* registry, worker, waiters, OP_AFTER entries */
     unsigned id;
     pthread_cond_t cv;
@@ -305,6 +323,7 @@ static struct {
     int poison;
     int capture_all;
     int dmabuf;
+    int mempools; /* HCMOCK_MEMPOOLS */
     int trace;
     int race;  /* HCMOCK_RACE: 0 off, 1 report, 2 report and fail the op */
     int races; /* reported so far */
@@ -331,6 +350,7 @@ static struct {
 
 static __thread mctx_t *t_stack[CTX_STACK];
 static __thread int t_depth;
+static __thread int t_capmode; /* cuThreadExchangeStreamCaptureMode; 0: GLOBAL */
 
 static void mock_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void mock_say(const char *fmt, ...)
@@ -485,6 +505,7 @@ CUAPI int cuInit(unsigned flags)
         g.delay_us = d > 0 ? (unsigned)d : 0;
         g.poison = (int)env_long("HCMOCK_POISON", 0xa5);
         g.capture_all = env_long("HCMOCK_CAPTURE", 0) == 1;
+        g.mempools = env_long("HCMOCK_MEMPOOLS", 1) != 0;
         g.dmabuf = (int)env_long("HCMOCK_DMABUF", 0);
         g.trace = env_long("HCMOCK_TRACE", 0) == 1;
         g.race = (int)env_long("HCMOCK_RACE", 1);
@@ -613,6 +634,7 @@ CUAPI int cuDeviceGetAttribute(int *pi, int attrib, int dev)
     case 83: v = 1; break;           /* MANAGED_MEMORY */
     case 97: v = 232448; break;      /* MAX_SHARED_MEMORY_PER_BLOCK_OPTIN */
     case 102: v = 1; break;          /* VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED */
+    case 115: v = g.mempools; break; /* MEMORY_POOLS_SUPPORTED */
     case 116: v = 1; break;          /* GPU_DIRECT_RDMA_SUPPORTED */
     case 122: v = 1; break;          /* CAN_USE_64_BIT_STREAM_MEM_OPS */
     case 123: v = 1; break;          /* CAN_USE_STREAM_WAIT_VALUE_NOR */
@@ -662,6 +684,7 @@ static int ctx_current(mctx_t **out)
 
 static void stream_unref(mstream_t *s);
 static void mem_unref(mmem_t *m);
+static int capture_forbids(const char *who);
 static void mem_table_remove(mmem_t *m);
 
 CUAPI int cuDevicePrimaryCtxRetain(void **pctx, int dev)
@@ -1025,15 +1048,36 @@ static int stream_new(mctx_t *c, unsigned flags, int legacy, mstream_t **out)
     return CUDA_SUCCESS;
 }
 
-/* A live user stream handle, or the current context's legacy stream for
- * NULL / CU_STREAM_LEGACY / CU_STREAM_PER_THREAD (per-thread streams are
- * not emulated). need_ctx: the call also needs a current context that owns
+/* The calling thread's per-thread default stream of each device (and the
+ * context life it belongs to): made on first use, a blocking stream like
+ * the driver's, so the legacy stream and it wait for each other. */
+static __thread mstream_t *t_ptds[MAX_DEV];
+static __thread unsigned t_ptds_gen[MAX_DEV];
+
+/* A live user stream handle, the current context's legacy stream for NULL
+ * and CU_STREAM_LEGACY, or the calling thread's own per-thread default
+ * stream for CU_STREAM_PER_THREAD (each thread a different stream, as on a
+ * real driver). need_ctx: the call also needs a current context that owns
  * the stream. Lock held. */
 static int stream_resolve(void *h, int need_ctx, mstream_t **out)
 {
     mctx_t *cur = NULL;
     int r = ctx_current(&cur);
-    if (!h || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD) {
+    if (h == CU_STREAM_PER_THREAD) {
+        if (r != CUDA_SUCCESS)
+            return r;
+        if (!t_ptds[cur->dev] || t_ptds_gen[cur->dev] != cur->gen) {
+            r = stream_new(cur, 0, 0, &t_ptds[cur->dev]);
+            if (r != CUDA_SUCCESS)
+                return r;
+            t_ptds_gen[cur->dev] = cur->gen;
+        }
+        if (cur->sticky)
+            return cur->sticky;
+        *out = t_ptds[cur->dev];
+        return CUDA_SUCCESS;
+    }
+    if (!h || h == CU_STREAM_LEGACY) {
         if (r != CUDA_SUCCESS)
             return r;
         if (!cur->legacy) {
@@ -1284,6 +1328,8 @@ CUAPI int cuStreamSynchronize(void *h)
         s->capture = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
         r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     }
+    if (r == CUDA_SUCCESS)
+        r = capture_forbids("cuStreamSynchronize");
     if (r == CUDA_SUCCESS) {
         if (s->legacy) {
             /* Synchronising the legacy stream also waits for the blocking
@@ -1310,6 +1356,8 @@ CUAPI int cuStreamQuery(void *h)
         s->capture = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
         r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     }
+    if (r == CUDA_SUCCESS)
+        r = capture_forbids("cuStreamQuery");
     if (r == CUDA_SUCCESS)
         r = s->done < s->enq ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
     pthread_mutex_unlock(&g.lock);
@@ -1358,9 +1406,61 @@ CUAPI int cuStreamBeginCapture_v2(void *h, int mode)
         r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; /* the legacy stream cannot capture */
     else if (r == CUDA_SUCCESS && s->capture != CU_STREAM_CAPTURE_STATUS_NONE)
         r = CUDA_ERROR_ILLEGAL_STATE;
-    if (r == CUDA_SUCCESS)
+    if (r == CUDA_SUCCESS) {
         s->capture = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+        s->capmode = mode;
+        s->capthread = pthread_self();
+    }
     pthread_mutex_unlock(&g.lock);
+    return r;
+}
+
+/* The thread's interaction mode with captures (cuStreamBeginCapture's
+ * rules): GLOBAL (the default) forbids potentially unsafe calls while this
+ * thread captures in a mode other than RELAXED or any thread captures in
+ * GLOBAL mode; THREAD_LOCAL only the former; RELAXED neither. */
+CUAPI int cuThreadExchangeStreamCaptureMode(int *mode)
+{
+    CHECK_INIT();
+    if (!mode || *mode < CU_STREAM_CAPTURE_MODE_GLOBAL || *mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_ERROR_INVALID_VALUE;
+    int prev = t_capmode;
+    t_capmode = *mode;
+    *mode = prev;
+    return CUDA_SUCCESS;
+}
+
+/*
+ * A potentially unsafe call (one that is not stream-ordered, so a graph
+ * could not replay it: allocation, free, module load/unload, host
+ * synchronisation and queries) made while a capture forbids it for this
+ * thread (cuThreadExchangeStreamCaptureMode): it fails with
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the captures it
+ * conflicts with, as on a real driver. Lock held.
+ */
+static int capture_forbids(const char *who)
+{
+    if (t_capmode == CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_SUCCESS;
+    int r = CUDA_SUCCESS;
+    const pthread_t self = pthread_self();
+    for (mstream_t *s = g.streams; s; s = s->next) {
+        if (s->capture != CU_STREAM_CAPTURE_STATUS_ACTIVE || s->destroyed)
+            continue;
+        int mine = pthread_equal(s->capthread, self);
+        if ((mine && s->capmode != CU_STREAM_CAPTURE_MODE_RELAXED) ||
+            (!mine && s->capmode == CU_STREAM_CAPTURE_MODE_GLOBAL &&
+             t_capmode == CU_STREAM_CAPTURE_MODE_GLOBAL)) {
+            mock_say("%s while stream %u (GPU %d) is being captured in %s mode%s: "
+                     "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, and the capture is invalidated "
+                     "(cuThreadExchangeStreamCaptureMode(RELAXED) around it avoids this)",
+                     who, s->id, s->ctx->dev,
+                     s->capmode == CU_STREAM_CAPTURE_MODE_GLOBAL ? "global" : "thread-local",
+                     mine ? " by this thread" : " by another thread");
+            s->capture = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+            r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+        }
+    }
     return r;
 }
 
@@ -1487,6 +1587,8 @@ CUAPI int cuEventQuery(void *he)
     int r = event_check(e);
     if (r == CUDA_SUCCESS && e->captured)
         r = CUDA_ERROR_CAPTURED_EVENT;
+    if (r == CUDA_SUCCESS)
+        r = capture_forbids("cuEventQuery");
     if (r == CUDA_SUCCESS && e->done < e->rec)
         r = CUDA_ERROR_NOT_READY;
     pthread_mutex_unlock(&g.lock);
@@ -1525,6 +1627,8 @@ CUAPI int cuEventSynchronize(void *he)
     int r = event_check(e);
     if (r == CUDA_SUCCESS && e->captured)
         r = CUDA_ERROR_CAPTURED_EVENT;
+    if (r == CUDA_SUCCESS)
+        r = capture_forbids("cuEventSynchronize");
     if (r == CUDA_SUCCESS) {
         uint64_t target = e->rec;
         time_t t0 = time(NULL);
@@ -1603,6 +1707,8 @@ CUAPI int cuMemAlloc_v2(unsigned long long *dptr, size_t size)
     mmem_t *m = NULL;
     int r = ctx_current(&c);
     if (r == CUDA_SUCCESS)
+        r = capture_forbids("cuMemAlloc");
+    if (r == CUDA_SUCCESS)
         r = mem_new(c, size, 0, &m);
     pthread_mutex_unlock(&g.lock);
     if (r != CUDA_SUCCESS)
@@ -1612,6 +1718,23 @@ CUAPI int cuMemAlloc_v2(unsigned long long *dptr, size_t size)
         memset(m->host, g.poison, size);
     *dptr = m->base;
     return CUDA_SUCCESS;
+}
+
+/* Device memory of the current context's GPU: what is left, and all. */
+CUAPI int cuMemGetInfo_v2(size_t *free_out, size_t *total_out)
+{
+    CHECK_INIT();
+    if (!free_out || !total_out)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g.lock);
+    mctx_t *c;
+    int r = ctx_current(&c);
+    if (r == CUDA_SUCCESS) {
+        *free_out = g.mem_per_dev - g.mem_used[c->dev];
+        *total_out = g.mem_per_dev;
+    }
+    pthread_mutex_unlock(&g.lock);
+    return r;
 }
 
 static int mem_free_common(uint64_t p, int pinned, const char *who)
@@ -1624,15 +1747,15 @@ static int mem_free_common(uint64_t p, int pinned, const char *who)
         r = CUDA_ERROR_INVALID_VALUE;
     } else if (!m->ctx->active || m->gen != m->ctx->gen) {
         r = CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    } else if ((r = capture_forbids(who)) != CUDA_SUCCESS) {
+        /* refused: nothing freed */
     } else {
-        /* cuMemFree synchronises the allocation's context: work queued
-         * before it finishes first (a stream that never gets there hangs
-         * the free, as on a GPU). Whether cuMemFreeHost does is not
-         * documented; it does not here, and copies hold their pinned
-         * buffer until they ran. */
+        /* cuMemFree and cuMemFreeHost synchronise the allocation's
+         * context, as real drivers do: work queued before them finishes
+         * first (a stream that never gets there hangs the free, as on a
+         * GPU). Copies also hold their pinned buffer until they ran. */
         m->refs++;
-        if (!pinned)
-            ctx_drain(m->ctx, who);
+        ctx_drain(m->ctx, who);
         if (m->live) {
             m->live = 0;
             if (!pinned)
@@ -1674,6 +1797,8 @@ static void mem_free_async_run(void *arg)
 CUAPI int cuMemFreeAsync(unsigned long long dptr, void *hstream)
 {
     CHECK_INIT();
+    if (!g.mempools)
+        return CUDA_ERROR_NOT_SUPPORTED; /* stream-ordered allocation needs pools */
     if (dptr == 0)
         return CUDA_SUCCESS;
     pthread_mutex_lock(&g.lock);
@@ -1707,6 +1832,8 @@ CUAPI int cuMemHostAlloc(void **pp, size_t size, unsigned flags)
     mctx_t *c;
     mmem_t *m = NULL;
     int r = ctx_current(&c);
+    if (r == CUDA_SUCCESS)
+        r = capture_forbids("cuMemHostAlloc");
     if (r == CUDA_SUCCESS)
         r = mem_new(c, size, 1, &m);
     pthread_mutex_unlock(&g.lock);
@@ -2193,6 +2320,8 @@ CUAPI int cuModuleLoadData(void **pmod, const void *image)
     mctx_t *c;
     int r = ctx_current(&c);
     mmodule_t *m = NULL;
+    if (r == CUDA_SUCCESS)
+        r = capture_forbids("cuModuleLoadData");
     if (r == CUDA_SUCCESS && !(m = calloc(1, sizeof *m)))
         r = CUDA_ERROR_OUT_OF_MEMORY;
     if (r == CUDA_SUCCESS)
@@ -2225,14 +2354,23 @@ CUAPI int cuModuleUnload(void *hmod)
     CHECK_INIT();
     pthread_mutex_lock(&g.lock);
     mmodule_t *m = module_find(hmod);
-    int r = CUDA_ERROR_INVALID_HANDLE;
-    if (m) {
-        mmodule_t **pp = &g.modules;
-        while (*pp != m)
-            pp = &(*pp)->next;
-        *pp = m->next;
+    int r = m ? capture_forbids("cuModuleUnload") : CUDA_ERROR_INVALID_HANDLE;
+    if (m && r == CUDA_SUCCESS) {
+        r = CUDA_ERROR_INVALID_HANDLE;
+        /* Real drivers synchronise the context first (the module's code
+         * may still run): a stream that never gets there hangs it. */
+        m->refs++;
+        if (m->ctx->active && m->gen == m->ctx->gen)
+            ctx_drain(m->ctx, "cuModuleUnload");
+        if (module_find(hmod) == m) { /* not unloaded by another thread meanwhile */
+            mmodule_t **pp = &g.modules;
+            while (*pp != m)
+                pp = &(*pp)->next;
+            *pp = m->next;
+            module_unref(m);
+            r = CUDA_SUCCESS;
+        }
         module_unref(m);
-        r = CUDA_SUCCESS;
     }
     pthread_mutex_unlock(&g.lock);
     return r;
@@ -2834,6 +2972,8 @@ CUAPI int cuCtxSynchronize(void)
     pthread_mutex_lock(&g.lock);
     mctx_t *c;
     int r = ctx_current(&c);
+    if (r == CUDA_SUCCESS)
+        r = capture_forbids("cuCtxSynchronize");
     if (r == CUDA_SUCCESS) {
         if (c->legacy) {
             mop_t *op = op_new(OP_NOP);
