@@ -29,7 +29,8 @@ fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 
 # ---- the GPU tests, whole -------------------------------------------------
-for t in test_gpu_devpath test_gpu_kernels test_gpu_allreduce test_gpu_coll test_gpu_late; do
+for t in test_gpu_devpath test_gpu_kernels test_gpu_allreduce test_gpu_coll test_gpu_late \
+         test_gpu_queues; do
   bin=$build/tests/$t
   [ -x "$bin" ] || { fail "$bin not built"; continue; }
   out=$(timeout --kill-after=10 300 env CK_DEFAULT_TIMEOUT=240 "$bin" 2>&1); rc=$?

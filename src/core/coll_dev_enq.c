@@ -101,6 +101,25 @@ hcoll_status_t hc_dev_prescale(hc_coll_dev_t *d, const hc_dev_op_t *o, const voi
                                   kbits, stream);
 }
 
+/* Stage ③ of segment k of a gated three-stage call, after its wait. */
+typedef struct ag_arg {
+    void *recvbuf;
+    size_t count, segc;
+} ag_arg_t;
+
+static hcoll_status_t gated_ag(hc_coll_dev_t *d, hc_dev_op_t *o, size_t k, void *stream,
+                               void *arg)
+{
+    const ag_arg_t *a = arg;
+    const size_t es = hcoll_dtype_size(o->dtype), off = k * a->segc;
+    const size_t n = a->count - off < a->segc ? a->count - off : a->segc;
+    hc_dev_tev_mark(d, o, 2 + 2 * (int)k, stream);
+    hcoll_status_t st =
+        d->nccl->ops->all_gather(d->nccl, (char *)a->recvbuf + off * es, n, o->dtype, stream);
+    hc_dev_tev_mark(d, o, 3 + 2 * (int)k, stream);
+    return st;
+}
+
 /*
  * The stream side of the ring plans: every segment's RS and ready event
  * first (three stages only), then per segment the wait for its flag number
@@ -143,6 +162,15 @@ static hcoll_status_t staged_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, const voi
     }
     if (three)
         hc_dev_tev_mark(d, o, 1, stream);
+    if (d->gate && !d->gdr) {
+        /* The copies through staging go on the gate stream, the caller's
+         * stream waits for events only (coll_dev_gated.c). */
+        ag_arg_t a = { recvbuf, count, segc };
+        st = hc_dev_gated_enqueue(d, o, nseg, stream, three ? gated_ag : NULL, &a);
+        if (st != HCOLL_SUCCESS)
+            goto clean_ready;
+        return HCOLL_SUCCESS;
+    }
     for (size_t k = 0; k < nseg; k++) {
         uint32_t seq;
         st = hc_dev_seq_wait(d, stream, &seq);

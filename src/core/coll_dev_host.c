@@ -91,6 +91,58 @@ out:
     return st;
 }
 
+/* The worker's side of a gated all-reduce (coll_dev_gated.c): the ring
+ * of every piece between its copies, every gate opened (always, in
+ * order), the gate stream waited for. */
+static hcoll_status_t gated_stage(hc_coll_dev_t *d, hc_dev_op_t *o, hcoll_status_t st,
+                                  double *ring_us)
+{
+    hc_gdr_gate_t *gt = d->gate;
+    hc_gdr_dev_t *gpu = d->gpu;
+    const size_t es = hcoll_dtype_size(o->dtype), piece = d->stage_bytes / es;
+    hc_gdr_gate_release(gt, o->gate_start); /* the staging buffers are this call's now */
+    for (int k = 0; k < o->nseg && st == HCOLL_SUCCESS; k++) {
+        const hc_dev_seg_t *g = &o->seg[k];
+        hc_devstage_t it;
+        hc_devstage_init(&it, (size_t)g->npc);
+        for (;;) {
+            hc_devstage_step_t step = hc_devstage_next(&it);
+            if (step.kind == HC_DEVSTAGE_DONE || st != HCOLL_SUCCESS)
+                break;
+            const size_t n = g->count - step.piece * piece < piece ? g->count - step.piece * piece
+                                                                   : piece;
+            const hc_dev_piece_t *p = &o->pc[g->pc0 + (int)step.piece];
+            unsigned char *buf = gpu->stage[step.buf];
+            switch (step.kind) {
+            case HC_DEVSTAGE_WAIT: /* behind stage ①, which waits for every local rank */
+                st = hc_dev_wait_stream(d, p->ev_in, "the intra-node stage and the copy into "
+                                                     "staging");
+                break;
+            case HC_DEVSTAGE_RING:
+                if (o->ro.host_scale) /* no NCCL stage scaled this rank's input */
+                    hc_redop_scale_host(&o->ro, buf, NULL, n, o->dtype);
+                st = ring_run(d, buf, buf, n, o, 0, ring_us);
+                break;
+            case HC_DEVSTAGE_H2D:
+                hc_gdr_gate_release(gt, p->gate);
+                break;
+            default:
+                break;
+            }
+        }
+    }
+    /* Always, and in order: the copies back, and the caller's stream behind
+     * them, wait for these gates. */
+    hc_gdr_gate_release(gt, o->gate_hi);
+    if (o->ev_tail) {
+        hcoll_status_t w = hc_gdr_event_wait(gpu->cu, o->ev_tail, (int)d->c->params.timeout_ms,
+                                             0, &d->rp, "the copies back from staging");
+        if (st == HCOLL_SUCCESS)
+            st = w;
+    }
+    return st;
+}
+
 static hcoll_status_t host_stage(hc_coll_dev_t *d, const hc_dev_op_t *o, const hc_dev_seg_t *g,
                                  double *ring_us)
 {
@@ -219,7 +271,13 @@ hcoll_status_t hc_coll_dev_execute(hc_coll_dev_t *d, hc_dev_op_t *o, hcoll_statu
     const int gpu = o->nseg > 0 || o->ntev > 0;
     if (gpu)
         hc_gdr_dev_push(d->gpu);
-    for (int k = 0; k < o->nseg; k++) {
+    if (o->gated) {
+        st = gated_stage(d, o, st, &ring_us);
+        for (int k = 0; k < o->nseg; k++)
+            hc_gdr_dev_event_free(d->gpu, o->seg[k].ev_ready);
+        hc_dev_gated_free(d, o);
+    }
+    for (int k = 0; k < o->nseg && !o->gated; k++) {
         if (st == HCOLL_SUCCESS)
             st = o->kind == HC_DEV_BCAST      ? bcast_stage(d, o, &o->seg[k], &ring_us)
                  : o->kind == HC_DEV_ALLREDUCE ? host_stage(d, o, &o->seg[k], &ring_us)

@@ -1,0 +1,123 @@
+/*
+ * The device all-reduce of the staged plans (ring, flat, three stages),
+ * ordered so that no stream ever waits for work submitted after it (the
+ * design is at the top of coll_dev.c). Everything is enqueued at call
+ * time, on the caller's thread, in an order a single in-order hardware
+ * queue can run (CUDA_DEVICE_MAX_CONNECTIONS=1):
+ *
+ *   caller's stream  RS(0) ev0 RS(1) ev1 …                 wait(back0) AG(0) wait(back1) AG(1) …
+ *   gate stream          wait(start) wait(ev0) D2H(p0) in0 D2H(p1) in1 gate(p0) H2D(p0) D2H(p2) …
+ *                                     gate(p_last) H2D(p_last) back0 wait(ev1) … back1 …
+ *   worker (later)   start → wait in0, ring(p0), open gate(p0) → wait in1, ring(p1), … → tail
+ *
+ * "gate(t)" waits until a word of pinned host memory, mapped into the
+ * device, reaches t; only the worker's store opens it, and everything it
+ * depends on (the copies into staging, and through ev_k stage ①) was
+ * submitted before it. The caller's stream waits on events only. Pieces
+ * alternate between the two staging buffers, so the copy of piece p+2
+ * queues behind the copy back of piece p, as in the host stage's
+ * schedule (devsched.h); RS(k+1) runs while the ring reduces segment k
+ * where the streams have queues of their own. The start gate keeps the
+ * copies off the staging buffers until the worker reaches this call:
+ * calls before it (a broadcast, a reduce-scatter) may still use them.
+ *
+ * A failure never leaves a stream waiting: the worker opens every gate of
+ * the call whatever happened (the result is then undefined and the error
+ * is reported), and destroy opens every gate issued.
+ */
+#include "core/coll_dev_priv.h"
+
+#include <stdlib.h>
+
+#include "base/err.h"
+#include "base/log.h"
+#include "core/comm.h"
+
+/* Segment g's copies through staging and gates, on the gate stream. */
+static hcoll_status_t seg_copies(hc_coll_dev_t *d, hc_dev_op_t *o, hc_dev_seg_t *g)
+{
+    hc_gdr_gate_t *gt = d->gate;
+    hc_gdr_dev_t *gpu = d->gpu;
+    const size_t es = hcoll_dtype_size(o->dtype), piece = d->stage_bytes / es;
+    hcoll_status_t st = HCOLL_SUCCESS;
+    HC_CHECK(hc_gdr_dev_stream_wait_event(gpu, gt->stream, g->ev_ready), out);
+    hc_devstage_t it;
+    hc_devstage_init(&it, (size_t)g->npc);
+    for (;;) {
+        hc_devstage_step_t step = hc_devstage_next(&it);
+        if (step.kind == HC_DEVSTAGE_DONE)
+            break;
+        const size_t off = step.piece * piece;
+        const size_t n = g->count - off < piece ? g->count - off : piece;
+        hc_dev_piece_t *p = &o->pc[g->pc0 + (int)step.piece];
+        if (step.kind == HC_DEVSTAGE_D2H) {
+            HC_CHECK(hc_gdr_gate_copy(gt, gpu->stage[step.buf], (void *)(g->src + off * es),
+                                      n * es, 1),
+                     out);
+            HC_CHECK(hc_gdr_dev_event_mark(gpu, gt->stream, &p->ev_in), out);
+        } else if (step.kind == HC_DEVSTAGE_H2D) {
+            HC_CHECK(hc_gdr_gate_wait(gt, &p->gate), out);
+            o->gate_hi = p->gate;
+            HC_CHECK(hc_gdr_gate_copy(gt, gpu->stage[step.buf], g->dst + off * es, n * es, 0),
+                     out);
+        }
+    }
+    HC_CHECK(hc_gdr_dev_event_mark(gpu, gt->stream, &g->ev_back), out);
+out:
+    return st;
+}
+
+hcoll_status_t hc_dev_gated_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, size_t nseg, void *stream,
+                                    hcoll_status_t (*ag)(hc_coll_dev_t *d, hc_dev_op_t *o,
+                                                         size_t k, void *stream, void *arg),
+                                    void *arg)
+{
+    struct hcoll_comm *c = d->c;
+    const size_t es = hcoll_dtype_size(o->dtype);
+    hcoll_status_t st;
+    int npc = 0;
+    for (size_t k = 0; k < nseg; k++) {
+        o->seg[k].pc0 = npc;
+        o->seg[k].npc = (int)hc_devsched_pieces(o->seg[k].count, es, d->stage_bytes);
+        npc += o->seg[k].npc;
+    }
+    o->pc = calloc((size_t)npc + 1, sizeof *o->pc);
+    if (!o->pc)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_NO_MEMORY,
+                          "no memory for a device operation");
+    o->npc = npc;
+    st = hc_gdr_gate_wait(d->gate, &o->gate_start);
+    if (st != HCOLL_SUCCESS) {
+        free(o->pc);
+        o->pc = NULL;
+        return st;
+    }
+    /* From here on the worker must open the gates: the op goes to it. */
+    o->gated = 1;
+    o->gate_hi = o->gate_start;
+    o->nseg = (int)nseg;
+    for (size_t k = 0; k < nseg && st == HCOLL_SUCCESS; k++)
+        st = seg_copies(d, o, &o->seg[k]);
+    for (size_t k = 0; k < nseg && st == HCOLL_SUCCESS; k++) {
+        st = hc_gdr_dev_stream_wait_event(d->gpu, stream, o->seg[k].ev_back);
+        if (st == HCOLL_SUCCESS && ag)
+            st = ag(d, o, k, stream, arg);
+    }
+    o->status = st;
+    /* Best effort: without it the worker cannot tell when staging is free. */
+    if (hc_gdr_dev_event_mark(d->gpu, d->gate->stream, &o->ev_tail) != HCOLL_SUCCESS)
+        o->ev_tail = NULL;
+    return HCOLL_SUCCESS;
+}
+
+void hc_dev_gated_free(hc_coll_dev_t *d, hc_dev_op_t *o)
+{
+    for (int i = 0; i < o->npc; i++)
+        hc_gdr_dev_event_free(d->gpu, o->pc[i].ev_in);
+    for (int k = 0; k < o->nseg; k++)
+        hc_gdr_dev_event_free(d->gpu, o->seg[k].ev_back);
+    hc_gdr_dev_event_free(d->gpu, o->ev_tail);
+    free(o->pc);
+    o->pc = NULL;
+    o->npc = 0;
+}
