@@ -1,7 +1,7 @@
 /*
  * The all-reduce on device buffers: GPU stages on the caller's stream, the
- * inter-node stage on the host, joined by gates on hcoll's stream (staged)
- * or a flag in device memory (GPUDirect).
+ * inter-node stage on the host, joined by gates on hcoll's stream
+ * (all-reduce) or a flag in device memory (the other collectives).
  *
  * Staged plans (ring, flat, three stages; stage ② through pinned host
  * memory): everything is enqueued at call time, the copies on hcoll's
@@ -10,12 +10,15 @@
  * it (streams share in-order hardware queues: CUDA_DEVICE_MAX_CONNECTIONS).
  * The drawing and the reasons are in coll_dev_gated.c.
  *
- * GPUDirect stage ② (and the broadcast, reduce-scatter and all-gather,
- * coll_dev_host.c, coll_dev_rsag.c) still join the host stage through a
- * flag in device memory (s_k: segment k's number, issued in order):
+ * The same on device memory (GPUDirect stage ②): the ring's reductions
+ * go on the gate stream at call time, each behind its gate.
+ *
+ * The broadcast, reduce-scatter and all-gather (coll_dev_host.c,
+ * coll_dev_rsag.c) still join the host stage through a flag in device
+ * memory (s_k: segment k's number, issued in order):
  *
  *   caller's stream ─ RS(0) ev0 RS(1) ev1 … RS(m-1) ─ wait(flag ≥ s_0) AG(0) ─ wait(≥ s_1) AG(1) … ─►
- *   worker thread: segment 0: wait ev0 → ring(0) on device memory → write(flag = s_0) …
+ *   worker thread: segment 0: wait ev0 → ring(0) → write(flag = s_0) …
  *
  * which the worker writes on the internal stream behind work it enqueues
  * then: where the caller's stream and the internal stream share a hardware

@@ -162,7 +162,7 @@ static hcoll_status_t staged_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, const voi
     }
     if (three)
         hc_dev_tev_mark(d, o, 1, stream);
-    if (d->gate && !d->gdr) {
+    if (d->gate) {
         /* The copies through staging go on the gate stream, the caller's
          * stream waits for events only (coll_dev_gated.c). */
         ag_arg_t a = { recvbuf, count, segc };

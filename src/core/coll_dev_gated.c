@@ -21,6 +21,20 @@
  * copies off the staging buffers until the worker reaches this call:
  * calls before it (a broadcast, a reduce-scatter) may still use them.
  *
+ * On device memory (GPUDirect stage ②) the gate stream holds, per
+ * segment, the ring's reductions instead of copies, in its message order
+ * (hc_ring_dev_jobs), each behind a gate and followed by a signal (a word
+ * of the same pinned page that the stream writes):
+ *
+ *   gate stream  wait(ev_k) gate(m0) reduce(m0) sig … gate(m_last) reduce sig gate(end) back_k
+ *   worker       ring: message m lands → open the gates up to the longest landed prefix;
+ *                signal ≥ m → m reduced: its credit goes, the next step may send it;
+ *                ring done → open gate(end)
+ *
+ * so the GPU reduces while the progress loop polls the CQs, and nothing
+ * is submitted while the ring runs (the reductions used to be enqueued
+ * then, each followed by a cuStreamSynchronize on hcoll's thread).
+ *
  * A failure never leaves a stream waiting: the worker opens every gate of
  * the call whatever happened (the result is then undefined and the error
  * is reported), and destroy opens every gate issued.
@@ -32,6 +46,59 @@
 #include "base/err.h"
 #include "base/log.h"
 #include "core/comm.h"
+
+/* Segment g's reductions on device memory, each behind its gate and
+ * followed by a signal, in the ring's message order (GPUDirect). */
+typedef struct job_arg {
+    hc_coll_dev_t *d;
+    hc_dev_op_t *o;
+    hc_dev_seg_t *g;
+} job_arg_t;
+
+static hcoll_status_t seg_job(void *arg, size_t m, size_t off, size_t cnt, void *slot, int last)
+{
+    job_arg_t *j = arg;
+    hc_gdr_gate_t *gt = j->d->gate;
+    hc_gdr_dev_t *gpu = j->d->gpu;
+    hc_dev_seg_t *g = j->g;
+    const size_t es = hcoll_dtype_size(j->o->dtype);
+    hcoll_status_t st;
+    uint32_t t, v;
+    HC_CHECK(hc_gdr_gate_wait(gt, &t), out);
+    j->o->gate_hi = t;
+    if (m == 0)
+        g->jt0 = t;
+    const hc_cu_dptr_t dst = (hc_cu_dptr_t)(uintptr_t)(g->dst + off * es);
+    hc_cu_res_t r = hc_gdr_kern_reduce(gpu->kern, dst, (hc_cu_dptr_t)(uintptr_t)slot,
+                                       (hc_cu_dptr_t)(uintptr_t)(g->src + off * es), cnt,
+                                       j->o->dtype, j->o->op, gt->stream);
+    if (r == HC_CU_SUCCESS && last && j->o->op == HCOLL_AVG)
+        r = hc_gdr_kern_avg(gpu->kern, dst, cnt, j->o->dtype, j->d->c->nranks, gt->stream);
+    if (r != HC_CU_SUCCESS) {
+        st = hc_gdr_cu_fail(&j->d->rp, r, "launching a gated reduction (GPUDirect ring)");
+        goto out;
+    }
+    HC_CHECK(hc_gdr_gate_signal(gt, &v), out);
+    if (m == 0)
+        g->sig0 = v;
+    g->njobs = m + 1;
+out:
+    return st;
+}
+
+static hcoll_status_t seg_jobs(hc_coll_dev_t *d, hc_dev_op_t *o, hc_dev_seg_t *g)
+{
+    hcoll_status_t st;
+    job_arg_t j = { d, o, g };
+    HC_CHECK(hc_gdr_dev_stream_wait_event(d->gpu, d->gate->stream, g->ev_ready), out);
+    HC_CHECK(hc_ring_dev_jobs(d->ring, g->count, o->dtype, seg_job, &j), out);
+    /* The ring's end: the all-gather's last data landed in g->dst. */
+    HC_CHECK(hc_gdr_gate_wait(d->gate, &g->gate_end), out);
+    o->gate_hi = g->gate_end;
+    HC_CHECK(hc_gdr_dev_event_mark(d->gpu, d->gate->stream, &g->ev_back), out);
+out:
+    return st;
+}
 
 /* Segment g's copies through staging and gates, on the gate stream. */
 static hcoll_status_t seg_copies(hc_coll_dev_t *d, hc_dev_op_t *o, hc_dev_seg_t *g)
@@ -76,7 +143,7 @@ hcoll_status_t hc_dev_gated_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, size_t nse
     const size_t es = hcoll_dtype_size(o->dtype);
     hcoll_status_t st;
     int npc = 0;
-    for (size_t k = 0; k < nseg; k++) {
+    for (size_t k = 0; k < nseg && !d->gdr; k++) {
         o->seg[k].pc0 = npc;
         o->seg[k].npc = (int)hc_devsched_pieces(o->seg[k].count, es, d->stage_bytes);
         npc += o->seg[k].npc;
@@ -97,7 +164,7 @@ hcoll_status_t hc_dev_gated_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, size_t nse
     o->gate_hi = o->gate_start;
     o->nseg = (int)nseg;
     for (size_t k = 0; k < nseg && st == HCOLL_SUCCESS; k++)
-        st = seg_copies(d, o, &o->seg[k]);
+        st = d->gdr ? seg_jobs(d, o, &o->seg[k]) : seg_copies(d, o, &o->seg[k]);
     for (size_t k = 0; k < nseg && st == HCOLL_SUCCESS; k++) {
         st = hc_gdr_dev_stream_wait_event(d->gpu, stream, o->seg[k].ev_back);
         if (st == HCOLL_SUCCESS && ag)

@@ -36,6 +36,11 @@ typedef struct hc_dev_seg {
      * caller's stream waits for. */
     int pc0, npc;
     void *ev_back;
+    /* Gated on device memory (GPUDirect): njobs reductions behind tickets
+     * jt0.. and signalling sig0..; gate_end lets the copy of the ring's
+     * end go (ev_back). */
+    size_t njobs;
+    uint32_t jt0, sig0, gate_end;
 } hc_dev_seg_t;
 
 /* One staged piece of a gated call (coll_dev_gated.c). */

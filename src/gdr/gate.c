@@ -31,10 +31,12 @@ hcoll_status_t hc_gdr_gate_open(const hc_cu_api_t *cu, const hc_gdr_report_t *rp
     /* Mapped into every context: with unified addressing (every 64-bit
      * platform CUDA supports) its device address is the host pointer. */
     what = "cuMemHostAlloc (gate word)";
-    if ((r = cu->host_alloc((void **)&g->word, 64,
+    if ((r = cu->host_alloc((void **)&g->word, 128,
                             CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP)) != HC_CU_SUCCESS)
         goto clean_stream;
     __atomic_store_n(g->word, 0, __ATOMIC_RELEASE);
+    g->done = g->word + 16;
+    __atomic_store_n(g->done, 0, __ATOMIC_RELEASE);
     what = "cuEventCreate (gate)";
     if ((r = cu->event_create(&g->ev_drain, HC_CU_EVENT_DISABLE_TIMING)) != HC_CU_SUCCESS)
         goto clean_word;
@@ -103,6 +105,23 @@ void hc_gdr_gate_release_all(hc_gdr_gate_t *g)
     uint32_t t = g->issued;
     pthread_mutex_unlock(&g->lock);
     hc_gdr_gate_release(g, t);
+}
+
+hcoll_status_t hc_gdr_gate_signal(hc_gdr_gate_t *g, uint32_t *value_out)
+{
+    const uint32_t v = g->signaled + 1;
+    hc_cu_res_t r = g->cu->stream_write_value32(g->stream, dptr(g->done), v,
+                                                HC_CU_STREAM_WRITE_VALUE_DEFAULT);
+    if (r != HC_CU_SUCCESS)
+        return hc_gdr_cu_fail(&g->rp, r, "cuStreamWriteValue32 (gate signal)");
+    g->signaled = v;
+    *value_out = v;
+    return HCOLL_SUCCESS;
+}
+
+uint32_t hc_gdr_gate_done(const hc_gdr_gate_t *g)
+{
+    return __atomic_load_n(g->done, __ATOMIC_ACQUIRE);
 }
 
 hcoll_status_t hc_gdr_gate_copy(hc_gdr_gate_t *g, void *host, void *dev, size_t bytes,

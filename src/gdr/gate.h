@@ -35,6 +35,8 @@ typedef struct hc_gdr_gate {
     hc_gdr_report_t rp;
     void *stream;            /* gstream: hcoll's, non-blocking */
     uint32_t *word;          /* pinned, device-mapped; the CPU writes it */
+    uint32_t *done;          /* its own cache line; gstream writes it */
+    uint32_t signaled;       /* the last value a signal writes to done */
     void *ev_drain;          /* gstream past everything (close) */
     pthread_mutex_t lock;    /* issued, released */
     uint32_t issued, released;
@@ -60,6 +62,12 @@ void hc_gdr_gate_release(hc_gdr_gate_t *g, uint32_t t);
 
 /* Release every ticket issued so far. */
 void hc_gdr_gate_release_all(hc_gdr_gate_t *g);
+
+/* Signals: gstream writes the next value to done behind what is queued
+ * (cuStreamWriteValue32, which fences first); *value_out is that value.
+ * The CPU reads done (no driver call) to see how far gstream got. */
+hcoll_status_t hc_gdr_gate_signal(hc_gdr_gate_t *g, uint32_t *value_out);
+uint32_t hc_gdr_gate_done(const hc_gdr_gate_t *g);
 
 /* A copy between device memory and pinned host memory on gstream. */
 hcoll_status_t hc_gdr_gate_copy(hc_gdr_gate_t *g, void *host, void *dev, size_t bytes,
