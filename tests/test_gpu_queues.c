@@ -12,6 +12,8 @@
  *   - 4 queues and 8 application streams, the calls spread over all of
  *     them (two calls in flight on two streams before the host waits), so
  *     that some share a queue with hcoll's own streams whichever they are;
+ *   - then a reduce-scatter and an all-gather (several staging pieces) on
+ *     the last stream, which take the same gated path;
  *   - every result checked; each case under a short watchdog (a hang is a
  *     failure within seconds, not the suite's timeout).
  * Needs a GPU (or the emulation); prints "SKIP: no GPU: <why>" otherwise.
@@ -95,6 +97,46 @@ static int call_check(const hc_cu_api_t *cu, call_t *c, int rank, int nranks, in
     return 0;
 }
 
+/* Reduce-scatter then all-gather of B floats per rank on stream. */
+static int rsag_check(hcoll_comm_t comm, const hc_cu_api_t *cu, void *stream, int rank,
+                      int nranks)
+{
+    const size_t B = 300007, all = B * (size_t)nranks;
+    float *h = malloc(all * 4);
+    HCT_REQUIRE(h, "no memory");
+    hc_cu_dptr_t big, blk;
+    GPU_OK(cu->mem_alloc(&big, all * 4));
+    GPU_OK(cu->mem_alloc(&blk, B * 4));
+    for (size_t i = 0; i < all; i++)
+        h[i] = input(rank, i, 7);
+    GPU_OK(cu->memcpy_htod_async(big, h, all * 4, stream));
+    HCT_OK(comm, hcoll_reduce_scatter(comm, (void *)(uintptr_t)big, (void *)(uintptr_t)blk, B,
+                                      HCOLL_FLOAT32, HCOLL_SUM, stream));
+    GPU_OK(cu->memcpy_dtoh_async(h, blk, B * 4, stream));
+    GPU_OK(cu->stream_synchronize(stream));
+    for (size_t i = 0; i < B; i++) {
+        float want = 0;
+        for (int r = 0; r < nranks; r++)
+            want += input(r, (size_t)rank * B + i, 7);
+        HCT_REQUIRE(h[i] == want, "rank %d: reduce_scatter: element %zu is %g, want %g", rank,
+                    i, h[i], want);
+    }
+    for (size_t i = 0; i < B; i++)
+        h[i] = input(rank, i, 9);
+    GPU_OK(cu->memcpy_htod_async(blk, h, B * 4, stream));
+    HCT_OK(comm, hcoll_allgather(comm, (void *)(uintptr_t)blk, (void *)(uintptr_t)big, B,
+                                 HCOLL_FLOAT32, stream));
+    GPU_OK(cu->memcpy_dtoh_async(h, big, all * 4, stream));
+    GPU_OK(cu->stream_synchronize(stream));
+    for (size_t i = 0; i < all; i++)
+        HCT_REQUIRE(h[i] == input((int)(i / B), i % B, 9),
+                    "rank %d: allgather: element %zu is %g", rank, i, h[i]);
+    cu->mem_free(big);
+    cu->mem_free(blk);
+    free(h);
+    return 0;
+}
+
 static int rank_queues(int rank, int nranks, void *arg)
 {
     job_t *j = arg;
@@ -132,6 +174,8 @@ static int rank_queues(int rank, int nranks, void *arg)
                 return 1;
         k += 2;
     }
+    if (rsag_check(comm, cu, st[j->streams - 1], rank, nranks) != 0)
+        return 1;
     HCT_OK(comm, hcoll_comm_destroy(comm));
     for (int i = 0; i < 2; i++) {
         cu->mem_free(c[i].buf);

@@ -47,7 +47,7 @@ typedef struct api_arg {
     int kill_victim;       /* -1: none */
     int per_node;          /* device cases: local rank = rank % per_node = its GPU */
     int dmabuf;            /* device cases: the GPU claims dma-buf, whose export fails */
-    int one_queue;         /* device cases: CUDA_DEVICE_MAX_CONNECTIONS=1, all-reduce only */
+    int one_queue;         /* device cases: CUDA_DEVICE_MAX_CONNECTIONS=1, no broadcast */
     volatile double kill_ms;
     volatile double noticed_ms[MAXR];
     int fault_sig;          /* live_* cases: SIGSTOP or SIGKILL */
@@ -334,8 +334,8 @@ static int rank_api_device(int rank, int n, void *argp)
         free(want);
     }
     if (api_device_scaled(comm, cu, stream, rank, n) ||
-        (!a->one_queue && (api_device_bcast(comm, cu, stream, rank, n) ||
-                           api_device_rsag(comm, cu, stream, rank, n))))
+        (!a->one_queue && api_device_bcast(comm, cu, stream, rank, n)) ||
+        api_device_rsag(comm, cu, stream, rank, n))
         return 1;
     char who[32];
     snprintf(who, sizeof who, "rank %d", rank);
@@ -539,11 +539,11 @@ END_TEST
 START_TEST(api_device_gdr_2x2) { run_api_device(4, 2, 0); }
 END_TEST
 
-/* The GPUDirect all-reduce with every stream on one in-order hardware
- * queue (CUDA_DEVICE_MAX_CONNECTIONS=1, as Megatron-LM sets): the ring's
- * reductions are enqueued at call time behind gates that the ring opens
- * as messages land, so nothing waits for work submitted after it
- * (test_gpu_queues covers the staged plans). */
+/* The GPUDirect all-reduce, reduce-scatter and all-gather with every
+ * stream on one in-order hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1, as
+ * Megatron-LM sets): the ring's reductions are enqueued at call time
+ * behind gates that the ring opens as messages land, so nothing waits for
+ * work submitted after it (test_gpu_queues covers the staged plans). */
 START_TEST(api_device_gdr_one_queue_2) { run_api_device_q(2, 1, 0, 1); }
 END_TEST
 START_TEST(api_device_gdr_one_queue_2x2) { run_api_device_q(4, 2, 0, 1); }

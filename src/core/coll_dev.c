@@ -1,7 +1,8 @@
 /*
  * The all-reduce on device buffers: GPU stages on the caller's stream, the
  * inter-node stage on the host, joined by gates on hcoll's stream
- * (all-reduce) or a flag in device memory (the other collectives).
+ * (all-reduce, reduce-scatter, all-gather) or a flag in device memory
+ * (broadcast).
  *
  * Staged plans (ring, flat, three stages; stage ② through pinned host
  * memory): everything is enqueued at call time, the copies on hcoll's
@@ -13,8 +14,8 @@
  * The same on device memory (GPUDirect stage ②): the ring's reductions
  * go on the gate stream at call time, each behind its gate.
  *
- * The broadcast, reduce-scatter and all-gather (coll_dev_host.c,
- * coll_dev_rsag.c) still join the host stage through a flag in device
+ * Reduce-scatter and all-gather (coll_dev_rsag.c) the same. The broadcast
+ * (coll_dev_host.c) still joins the host stage through a flag in device
  * memory (s_k: segment k's number, issued in order):
  *
  *   caller's stream ─ RS(0) ev0 RS(1) ev1 … RS(m-1) ─ wait(flag ≥ s_0) AG(0) ─ wait(≥ s_1) AG(1) … ─►

@@ -86,18 +86,120 @@ out:
     return st;
 }
 
-static hcoll_status_t seg_jobs(hc_coll_dev_t *d, hc_dev_op_t *o, hc_dev_seg_t *g)
+/* phase: the ring's (HC_RING_PHASE_*); an all-gather alone reduces
+ * nothing. rs_copy: the block then copied from g->dst + rs_copy_off into
+ * o->recvbuf (a reduce-scatter), or NULL. */
+static hcoll_status_t seg_jobs_phase(hc_coll_dev_t *d, hc_dev_op_t *o, hc_dev_seg_t *g, int phase,
+                                     size_t ring_count, const void *rs_copy, size_t rs_bytes)
 {
     hcoll_status_t st;
     job_arg_t j = { d, o, g };
     HC_CHECK(hc_gdr_dev_stream_wait_event(d->gpu, d->gate->stream, g->ev_ready), out);
-    HC_CHECK(hc_ring_dev_jobs(d->ring, g->count, o->dtype, seg_job, &j), out);
+    if (phase != HC_RING_PHASE_AG)
+        HC_CHECK(hc_ring_dev_jobs(d->ring, ring_count, o->dtype, phase, seg_job, &j), out);
     /* The ring's end: the all-gather's last data landed in g->dst. */
     HC_CHECK(hc_gdr_gate_wait(d->gate, &g->gate_end), out);
     o->gate_hi = g->gate_end;
+    if (rs_copy)
+        HC_CHECK(hc_gdr_dev_copy_async(d->gpu, o->recvbuf, rs_copy, rs_bytes, d->gate->stream),
+                 out);
     HC_CHECK(hc_gdr_dev_event_mark(d->gpu, d->gate->stream, &g->ev_back), out);
 out:
     return st;
+}
+
+static hcoll_status_t seg_jobs(hc_coll_dev_t *d, hc_dev_op_t *o, hc_dev_seg_t *g)
+{
+    return seg_jobs_phase(d, o, g, HC_RING_PHASE_ALLREDUCE, g->count, NULL, 0);
+}
+
+/* A reduce-scatter's or all-gather's staged pieces (coll_dev_rsag.c's
+ * layout: piece k is elements [kP, kP+P) of each of the N blocks, side by
+ * side in one staging buffer), in the staging schedule's order. */
+static hcoll_status_t rsag_copies(hc_coll_dev_t *d, hc_dev_op_t *o, size_t P)
+{
+    hc_gdr_gate_t *gt = d->gate;
+    hc_gdr_dev_t *gpu = d->gpu;
+    hc_dev_seg_t *g = &o->seg[0];
+    const int rs = o->kind == HC_DEV_RS, N = o->nblk;
+    const size_t es = hcoll_dtype_size(o->dtype), B = o->count;
+    unsigned char *rsrc = (unsigned char *)o->rsrc;
+    hcoll_status_t st = HCOLL_SUCCESS;
+    HC_CHECK(hc_gdr_dev_stream_wait_event(gpu, gt->stream, g->ev_ready), out);
+    hc_devstage_t it;
+    hc_devstage_init(&it, (size_t)g->npc);
+    for (;;) {
+        hc_devstage_step_t step = hc_devstage_next(&it);
+        if (step.kind == HC_DEVSTAGE_DONE)
+            break;
+        const size_t off = step.piece * P, p = B - off < P ? B - off : P;
+        hc_dev_piece_t *pc = &o->pc[step.piece];
+        unsigned char *host = gpu->stage[step.buf];
+        if (step.kind == HC_DEVSTAGE_D2H) {
+            for (int m = 0; m < N; m++)
+                if (rs || m == o->pos)
+                    HC_CHECK(hc_gdr_gate_copy(gt, host + (size_t)m * p * es,
+                                              rsrc + ((size_t)m * B + off) * es, p * es, 1),
+                             out);
+            HC_CHECK(hc_gdr_dev_event_mark(gpu, gt->stream, &pc->ev_in), out);
+        } else if (step.kind == HC_DEVSTAGE_H2D) {
+            HC_CHECK(hc_gdr_gate_wait(gt, &pc->gate), out);
+            o->gate_hi = pc->gate;
+            for (int m = 0; m < N; m++)
+                if (!rs || m == o->pos)
+                    HC_CHECK(hc_gdr_gate_copy(gt, host + (size_t)m * p * es,
+                                              rs ? (unsigned char *)o->recvbuf + off * es
+                                                 : rsrc + ((size_t)m * B + off) * es,
+                                              p * es, 0),
+                             out);
+        }
+    }
+    HC_CHECK(hc_gdr_dev_event_mark(gpu, gt->stream, &g->ev_back), out);
+out:
+    return st;
+}
+
+hcoll_status_t hc_dev_gated_rsag_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, void *stream,
+                                         size_t P)
+{
+    struct hcoll_comm *c = d->c;
+    const int rs = o->kind == HC_DEV_RS;
+    const size_t es = hcoll_dtype_size(o->dtype), B = o->count;
+    hc_dev_seg_t *g = &o->seg[0];
+    hcoll_status_t st;
+    if (!d->gdr) {
+        g->pc0 = 0;
+        g->npc = (int)((B + P - 1) / P);
+        o->pc = calloc((size_t)g->npc + 1, sizeof *o->pc);
+        if (!o->pc)
+            return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_NO_MEMORY,
+                              "no memory for a device operation");
+        o->npc = g->npc;
+    }
+    st = hc_gdr_gate_wait(d->gate, &o->gate_start);
+    if (st != HCOLL_SUCCESS) {
+        free(o->pc);
+        o->pc = NULL;
+        return st;
+    }
+    o->gated = 1;
+    o->gate_hi = o->gate_start;
+    o->nseg = 1;
+    if (d->gdr) {
+        g->src = o->rsrc;
+        g->dst = o->rdst;
+        st = seg_jobs_phase(d, o, g, rs ? HC_RING_PHASE_RS : HC_RING_PHASE_AG,
+                            B * (size_t)o->nblk, rs ? o->rdst + (size_t)o->pos * B * es : NULL,
+                            B * es);
+    } else {
+        st = rsag_copies(d, o, P);
+    }
+    if (st == HCOLL_SUCCESS)
+        st = hc_gdr_dev_stream_wait_event(d->gpu, stream, g->ev_back);
+    o->status = st;
+    if (hc_gdr_dev_event_mark(d->gpu, d->gate->stream, &o->ev_tail) != HCOLL_SUCCESS)
+        o->ev_tail = NULL;
+    return HCOLL_SUCCESS;
 }
 
 /* Segment g's copies through staging and gates, on the gate stream. */

@@ -183,6 +183,8 @@ static hcoll_status_t gated_seg_gdr(hc_coll_dev_t *d, const hc_dev_op_t *o,
 static hcoll_status_t gated_stage(hc_coll_dev_t *d, hc_dev_op_t *o, hcoll_status_t st,
                                   double *ring_us)
 {
+    if (o->kind == HC_DEV_RS || o->kind == HC_DEV_AG)
+        return hc_dev_rsag_gated(d, o, st, ring_us);
     hc_gdr_gate_release(d->gate, o->gate_start); /* the staging buffers are this call's now */
     for (int k = 0; k < o->nseg && st == HCOLL_SUCCESS; k++)
         st = d->gdr ? gated_seg_gdr(d, o, &o->seg[k], ring_us)

@@ -190,6 +190,17 @@ hcoll_status_t hc_dev_gated_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, size_t nse
                                     hcoll_status_t (*ag)(hc_coll_dev_t *d, hc_dev_op_t *o,
                                                          size_t k, void *stream, void *arg),
                                     void *arg);
+/* The gated reduce-scatter or all-gather (coll_dev_gated.c): after the
+ * stream's ready event (o->seg[0].ev_ready), the staged pieces of P
+ * elements per block (or, GPUDirect, the ring's reductions) on the gate
+ * stream, and stream's wait for them; what hc_dev_gated_enqueue says of
+ * failures. */
+hcoll_status_t hc_dev_gated_rsag_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, void *stream,
+                                         size_t P);
+/* The worker's side of it (coll_dev_rsag.c), as the all-reduce's. */
+hcoll_status_t hc_dev_rsag_gated(hc_coll_dev_t *d, hc_dev_op_t *o, hcoll_status_t st,
+                                 double *ring_us);
+
 /* Free what the op's gated part holds (events, pieces); the worker
  * (coll_dev_host.c) runs the host side before. */
 void hc_dev_gated_free(hc_coll_dev_t *d, hc_dev_op_t *o);

@@ -110,18 +110,20 @@ void hc_ring_set_gated(hc_ring_t *r, const hc_ring_gated_t *g)
 }
 
 hcoll_status_t hc_ring_dev_jobs(const hc_ring_t *r, size_t count, hcoll_dtype_t dtype,
-                                hc_ring_job_fn fn, void *arg)
+                                int phase, hc_ring_job_fn fn, void *arg)
 {
     if (r->n == 1 || count == 0)
         return HCOLL_SUCCESS;
     const size_t trailer = sizeof(gather_trailer_t), es = hcoll_dtype_size(dtype);
     hc_ring_sched_t g;
-    /* As op_init plans a device all-reduce (no gather mode, rot 0). */
+    /* As op_init plans a device operation (no gather mode; a phase alone
+     * rotates blocks by -1). */
+    const long rot = phase == HC_RING_PHASE_ALLREDUCE ? 0 : -1;
     hc_ring_sched_plan(&g, r->n, count, es, r->chunk_bytes,
                        r->gvec >= trailer ? r->gvec - trailer : 0, 1);
     for (size_t m = 0; m < g.nmsg; m++) {
         size_t s = m / g.C, c = m % g.C, off, cnt;
-        hc_ring_chunk_of(&g, hc_ring_mod(r->n, (long)r->rank - 1 - (long)s), c, &off, &cnt);
+        hc_ring_chunk_of(&g, hc_ring_mod(r->n, (long)r->rank - 1 - (long)s + rot), c, &off, &cnt);
         void *slot = (char *)r->dslots + (m % (size_t)r->nslots) * r->chunk_bytes;
         hcoll_status_t st = fn(arg, m, off, cnt, slot, s == (size_t)r->n - 2);
         if (st != HCOLL_SUCCESS)

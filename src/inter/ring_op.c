@@ -104,7 +104,7 @@ static hcoll_status_t op_init(hc_ring_t *r, const void *sendbuf, void *recvbuf, 
     o->dev = dev;
     o->phase = phase;
     o->rot = phase == HC_RING_PHASE_ALLREDUCE ? 0 : -1;
-    o->gated = dev && phase == HC_RING_PHASE_ALLREDUCE ? r->gated : NULL;
+    o->gated = dev && phase != HC_RING_PHASE_AG ? r->gated : NULL;
     const size_t trailer = sizeof(gather_trailer_t);
     /* A phase alone takes N-1 hops chunked too: no gather mode. */
     hc_ring_sched_plan(&o->g, r->n, count, o->esize, r->chunk_bytes,
