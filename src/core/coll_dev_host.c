@@ -202,18 +202,6 @@ static hcoll_status_t gated_stage(hc_coll_dev_t *d, hc_dev_op_t *o, hcoll_status
     return st;
 }
 
-static hcoll_status_t host_stage(hc_coll_dev_t *d, const hc_dev_op_t *o, const hc_dev_seg_t *g,
-                                 double *ring_us)
-{
-    /* The NCCL stage before it waits for every local rank, which may be
-     * minutes late: the operation timeout and liveness bound it. */
-    hcoll_status_t st =
-        hc_dev_wait_stream(d, g->ev_ready, "the intra-node stage on the caller's stream");
-    if (st != HCOLL_SUCCESS)
-        return st;
-    return hc_dev_ring_stage(d, o, g->src, g->dst, g->count, ring_us);
-}
-
 /*
  * A device broadcast, once every rank agreed on its arguments: all on the
  * internal stream after the caller's ready event, in the plan's order
@@ -338,9 +326,7 @@ hcoll_status_t hc_coll_dev_execute(hc_coll_dev_t *d, hc_dev_op_t *o, hcoll_statu
     }
     for (int k = 0; k < o->nseg && !o->gated; k++) {
         if (st == HCOLL_SUCCESS)
-            st = o->kind == HC_DEV_BCAST      ? bcast_stage(d, o, &o->seg[k], &ring_us)
-                 : o->kind == HC_DEV_ALLREDUCE ? host_stage(d, o, &o->seg[k], &ring_us)
-                                               : hc_dev_rsag_stage(d, o, &o->seg[k], &ring_us);
+            st = bcast_stage(d, o, &o->seg[k], &ring_us); /* the only one with a flag */
         /* Always, and in order: the caller's stream waits for it. */
         hcoll_status_t rst = release(d, o->seg[k].seq, 0);
         if (st == HCOLL_SUCCESS)

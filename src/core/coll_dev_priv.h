@@ -151,10 +151,6 @@ hcoll_status_t hc_dev_seq_wait(hc_coll_dev_t *d, void *stream, uint32_t *seq_out
 hcoll_status_t hc_dev_prescale(hc_coll_dev_t *d, const hc_dev_op_t *o, const void *sendbuf,
                                void *recvbuf, size_t count, void *stream);
 
-/* The host stage of a reduce-scatter or all-gather (coll_dev_rsag.c). */
-hcoll_status_t hc_dev_rsag_stage(hc_coll_dev_t *d, hc_dev_op_t *o, const hc_dev_seg_t *g,
-                                 double *ring_us);
-
 /* An NCCL communicator over the node's local ranks on the device's
  * context, named name (coll_dev.c); collective over the node. */
 hcoll_status_t hc_dev_nccl_open(hc_coll_dev_t *d, const char *name, hc_intra_t **out);

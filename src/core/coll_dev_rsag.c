@@ -33,9 +33,7 @@
  * one piece overlap the ring of the other. V is reused between calls: the
  * stream of a call waits for the event recorded behind the previous call's
  * last use of it (the gate stream's uses all precede that call's back
- * event). Without a gate stream (never, with a staged plan) the stream
- * waits on the device flag instead, and the worker stages as before
- * (rsag_staged).
+ * event).
  */
 #include "core/coll_dev_priv.h"
 
@@ -153,25 +151,21 @@ static hcoll_status_t rsag_ring_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, const 
         o->rsrc = o->rdst = recv;
     }
     HC_CHECK(hc_gdr_dev_event_mark(d->gpu, stream, &o->seg[0].ev_ready), out);
-    if (d->gate) {
-        /* The ring's copies or reductions on the gate stream, the stream
-         * waits on an event (coll_dev_gated.c). */
-        const size_t P = d->stage_bytes / es / (size_t)N;
-        if (P == 0 && !d->gdr)
-            st = hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_UNSUPPORTED,
-                            "%d ring positions do not fit one staging buffer of %zu bytes; "
-                            "raise HCOLL_CHUNK_BYTES (the buffers are a multiple of it)",
-                            N, d->stage_bytes);
-        else
-            st = hc_dev_gated_rsag_enqueue(d, o, stream, P);
-    } else {
-        st = hc_dev_seq_wait(d, stream, &o->seg[0].seq);
-    }
+    /* The ring's copies or reductions on the gate stream, the stream waits
+     * on an event (coll_dev_gated.c). */
+    const size_t P = d->stage_bytes / es / (size_t)N;
+    if (P == 0 && !d->gdr)
+        st = hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_UNSUPPORTED,
+                        "%d ring positions do not fit one staging buffer of %zu bytes; "
+                        "raise HCOLL_CHUNK_BYTES (the buffers are a multiple of it)",
+                        N, d->stage_bytes);
+    else
+        st = hc_dev_gated_rsag_enqueue(d, o, stream, P);
     if (st != HCOLL_SUCCESS) {
         hc_gdr_dev_event_free(d->gpu, o->seg[0].ev_ready);
         goto out;
     }
-    o->nseg = 1; /* from here on the executor must release the flag or gates */
+    /* o->nseg = 1: from here on the executor must open the gates */
     if (o->status != HCOLL_SUCCESS)
         return HCOLL_SUCCESS;
     if (three && !rs) {
@@ -311,44 +305,6 @@ static hcoll_status_t rsag_ring(hc_coll_dev_t *d, const hc_dev_op_t *o, const vo
     return st;
 }
 
-/* Staged: piece by piece through the two pinned buffers (see the top). */
-static hcoll_status_t rsag_staged(hc_coll_dev_t *d, const hc_dev_op_t *o, double *ring_us)
-{
-    hc_gdr_dev_t *gpu = d->gpu;
-    const int rs = o->kind == HC_DEV_RS, N = o->nblk, tmo = (int)d->c->params.timeout_ms;
-    const size_t es = hcoll_dtype_size(o->dtype), B = o->count;
-    size_t P = d->stage_bytes / es / (size_t)N;
-    if (P == 0)
-        return hc_err_set(&d->c->err, HC_COLL, d->c->rank, HCOLL_ERR_UNSUPPORTED,
-                          "%d ring positions do not fit one staging buffer of %zu bytes; raise "
-                          "HCOLL_CHUNK_BYTES (the buffers are a multiple of it)",
-                          N, d->stage_bytes);
-    hcoll_status_t st = HCOLL_SUCCESS;
-    unsigned char *rsrc = (unsigned char *)o->rsrc;
-    for (size_t k = 0; k * P < B && st == HCOLL_SUCCESS; k++) {
-        const int b = (int)(k & 1);
-        const size_t off = k * P, p = B - off < P ? B - off : P;
-        unsigned char *host = gpu->stage[b];
-        for (int m = 0; m < N && st == HCOLL_SUCCESS; m++)
-            if (rs || m == o->pos)
-                st = hc_gdr_dev_stage_copy(gpu, b, (size_t)m * p * es,
-                                           rsrc + ((size_t)m * B + off) * es, p * es, 1);
-        if (st == HCOLL_SUCCESS)
-            st = hc_gdr_dev_stage_wait(gpu, b, tmo);
-        if (st == HCOLL_SUCCESS && rs && o->ro.host_scale)
-            hc_redop_scale_host(&o->ro, host, NULL, p * (size_t)N, o->dtype);
-        if (st == HCOLL_SUCCESS)
-            st = rsag_ring(d, o, host, host, p, 0, ring_us);
-        if (rs && st == HCOLL_SUCCESS)
-            st = hc_gdr_dev_stage_copy(gpu, b, (size_t)o->pos * p * es,
-                                       (unsigned char *)o->recvbuf + off * es, p * es, 0);
-        for (int m = 0; !rs && m < N && st == HCOLL_SUCCESS; m++)
-            st = hc_gdr_dev_stage_copy(gpu, b, (size_t)m * p * es,
-                                       rsrc + ((size_t)m * B + off) * es, p * es, 0);
-    }
-    return st;
-}
-
 /* Gated on device memory (GPUDirect): the ring reports landings, the
  * enqueued reductions' gates open in order, the gate stream's signals
  * say which are reduced. */
@@ -429,23 +385,5 @@ hcoll_status_t hc_dev_rsag_gated(hc_coll_dev_t *d, hc_dev_op_t *o, hcoll_status_
         if (st == HCOLL_SUCCESS)
             st = w;
     }
-    return st;
-}
-
-hcoll_status_t hc_dev_rsag_stage(hc_coll_dev_t *d, hc_dev_op_t *o, const hc_dev_seg_t *g,
-                                 double *ring_us)
-{
-    const size_t es = hcoll_dtype_size(o->dtype), B = o->count;
-    hcoll_status_t st = hc_dev_wait_stream(d, g->ev_ready, "the caller's stream before the ring");
-    if (st != HCOLL_SUCCESS)
-        return st;
-    if (!d->gdr)
-        return rsag_staged(d, o, ring_us);
-    /* GPUDirect: the ring on device memory, then (RS) the block into
-     * recvbuf behind it on the internal stream, before the flag. */
-    st = rsag_ring(d, o, o->rsrc, o->rdst, B, 1, ring_us);
-    if (st == HCOLL_SUCCESS && o->kind == HC_DEV_RS)
-        st = hc_gdr_dev_copy_async(d->gpu, o->recvbuf, o->rdst + (size_t)o->pos * B * es,
-                                   B * es, d->gpu->istream);
     return st;
 }
