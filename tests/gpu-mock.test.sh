@@ -32,7 +32,7 @@ fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 
 # ---- the GPU tests, whole -------------------------------------------------
 for t in test_gpu_devpath test_gpu_kernels test_gpu_allreduce test_gpu_coll test_gpu_late \
-         test_gpu_driver; do
+         test_gpu_driver test_gpu_queues; do
   bin=$build/tests/$t
   [ -x "$bin" ] || { fail "$bin not built"; continue; }
   out=$(timeout --kill-after=10 300 env CK_DEFAULT_TIMEOUT=240 "$bin" 2>&1); rc=$?

@@ -47,6 +47,7 @@ typedef struct api_arg {
     int kill_victim;       /* -1: none */
     int per_node;          /* device cases: local rank = rank % per_node = its GPU */
     int dmabuf;            /* device cases: the GPU claims dma-buf, whose export fails */
+    int one_queue;         /* device cases: CUDA_DEVICE_MAX_CONNECTIONS=1, no broadcast */
     volatile double kill_ms;
     volatile double noticed_ms[MAXR];
     int fault_sig;          /* live_* cases: SIGSTOP or SIGKILL */
@@ -290,6 +291,8 @@ static int rank_api_device(int rank, int n, void *argp)
     setenv("HCMOCK_IB_SYSFS", root, 1);
     if (a->dmabuf)
         setenv("HCMOCK_DMABUF", "1", 1);
+    if (a->one_queue) /* every stream shares one in-order hardware queue */
+        setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1", 1);
     const int local = rank % a->per_node;
     const hc_cu_api_t *cu = gpu_open(local); /* current at init: the comm's GPU */
     HCT_REQUIRE(cu, "rank %d: no (mock) GPU %d", rank, local);
@@ -331,7 +334,7 @@ static int rank_api_device(int rank, int n, void *argp)
         free(want);
     }
     if (api_device_scaled(comm, cu, stream, rank, n) ||
-        api_device_bcast(comm, cu, stream, rank, n) ||
+        (!a->one_queue && api_device_bcast(comm, cu, stream, rank, n)) ||
         api_device_rsag(comm, cu, stream, rank, n))
         return 1;
     char who[32];
@@ -473,7 +476,7 @@ static int api_device_rsag(hcoll_comm_t comm, const hc_cu_api_t *cu, void *strea
     return 0;
 }
 
-static void run_api_device(int n, int per_node, int dmabuf)
+static void run_api_device_q(int n, int per_node, int dmabuf, int one_queue)
 {
     char cuda[PATH_MAX];
     if (!hct_mock_cuda_built(cuda, sizeof cuda)) {
@@ -483,7 +486,9 @@ static void run_api_device(int n, int per_node, int dmabuf)
     api_arg_t *a = api_arg_new();
     a->per_node = per_node;
     a->dmabuf = dmabuf;
-    hct_opts_t o = { .nranks = n, .ranks_per_node = per_node, .timeout_ms = 60000 };
+    a->one_queue = one_queue;
+    hct_opts_t o = { .nranks = n, .ranks_per_node = per_node,
+                     .timeout_ms = one_queue ? 30000 : 60000 };
     hct_result_t res[MAXR];
     double t0 = hct_now_ms();
     int bad = hct_run(&o, rank_api_device, a, res);
@@ -516,6 +521,11 @@ static void run_api_device(int n, int per_node, int dmabuf)
     api_arg_free(a);
 }
 
+static void run_api_device(int n, int per_node, int dmabuf)
+{
+    run_api_device_q(n, per_node, dmabuf, 0);
+}
+
 START_TEST(api_device_gdr_2) { run_api_device(2, 1, 0); }
 END_TEST
 
@@ -527,6 +537,16 @@ END_TEST
 /* Two GPUs and NICs per node: NCCL (emulated) for the intra-node stages,
  * one GPUDirect ring per rail. */
 START_TEST(api_device_gdr_2x2) { run_api_device(4, 2, 0); }
+END_TEST
+
+/* The GPUDirect all-reduce, reduce-scatter and all-gather with every
+ * stream on one in-order hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1, as
+ * Megatron-LM sets): the ring's reductions are enqueued at call time
+ * behind gates that the ring opens as messages land, so nothing waits for
+ * work submitted after it (test_gpu_queues covers the staged plans). */
+START_TEST(api_device_gdr_one_queue_2) { run_api_device_q(2, 1, 0, 1); }
+END_TEST
+START_TEST(api_device_gdr_one_queue_2x2) { run_api_device_q(4, 2, 0, 1); }
 END_TEST
 
 static void *killer(void *p)
@@ -833,6 +853,8 @@ static Suite *suite(void)
     tcase_add_test(a, api_device_gdr_2);
     tcase_add_test(a, api_device_gdr_2x2);
     tcase_add_test(a, api_device_gdr_dmabuf_fallback);
+    tcase_add_test(a, api_device_gdr_one_queue_2);
+    tcase_add_test(a, api_device_gdr_one_queue_2x2);
     tcase_add_test(a, api_allreduce_2x2);
     tcase_add_test(a, api_peer_killed);
     tcase_add_test(a, live_peer_stopped);

@@ -1,27 +1,37 @@
 /*
  * The all-reduce on device buffers: GPU stages on the caller's stream, the
- * inter-node stage on the host, joined by a flag in device memory.
+ * inter-node stage on the host, joined by gates on hcoll's stream
+ * (all-reduce, reduce-scatter, all-gather) or a flag in device memory
+ * (broadcast).
  *
- * Three-stage plan, one call of segments 0..m-1 (flag: a 32-bit word in
- * device memory; s_k: segment k's number, issued in order):
+ * Staged plans (ring, flat, three stages; stage ② through pinned host
+ * memory): everything is enqueued at call time, the copies on hcoll's
+ * gate stream behind gates that the worker opens, and the caller's stream
+ * waits on events only, so that no stream waits for work submitted after
+ * it (streams share in-order hardware queues: CUDA_DEVICE_MAX_CONNECTIONS).
+ * The drawing and the reasons are in coll_dev_gated.c.
+ *
+ * The same on device memory (GPUDirect stage ②): the ring's reductions
+ * go on the gate stream at call time, each behind its gate.
+ *
+ * Reduce-scatter and all-gather (coll_dev_rsag.c) the same. The broadcast
+ * (coll_dev_host.c) still joins the host stage through a flag in device
+ * memory (s_k: segment k's number, issued in order):
  *
  *   caller's stream ─ RS(0) ev0 RS(1) ev1 … RS(m-1) ─ wait(flag ≥ s_0) AG(0) ─ wait(≥ s_1) AG(1) … ─►
- *                            │          │                    ▲                     ▲
- *   worker thread            ▼          ▼                    │                     │
- *     segment 0: wait ev0 → D2H(0) ┬ ring(0) ┬ … → write(flag = s_0)               │
- *     istream (internal)           └ D2H(1)  └ H2D(0) …                            │
- *     segment 1: wait ev1 → …                                 … → write(flag = s_1)
+ *   worker thread: segment 0: wait ev0 → ring(0) → write(flag = s_0) …
+ *
+ * which the worker writes on the internal stream behind work it enqueues
+ * then: where the caller's stream and the internal stream share a hardware
+ * queue, that work waits behind the caller's wait (docs/design.md, "One
+ * device all-reduce"). Not converted yet.
  *
  * hcoll_allreduce returns once the stream holds every RS, wait and AG: the
  * host never synchronises the caller's stream. Segments pipeline the three
  * stages: the GPU reduce-scatters segment k+1 while the ring all-reduces
  * segment k's shard, and all-gathers segment k while the ring runs k+1.
- * The worker (the executor's thread, coll.c) waits for ev_k by polling,
- * which blocks hcoll's thread only; it stages the rank's shard of the
- * segment through two pinned buffers (copies on an internal stream, so
- * that the ring of piece j overlaps the copies of pieces j±1), all-reduces
- * it with the ring of its rail, copies it back, and then writes s_k to the
- * flag on the internal stream behind the last copy, which lets AG(k) go.
+ * The worker (the executor's thread, coll.c) waits for events by polling,
+ * which blocks hcoll's thread only.
  *
  * Other plans: one rank per node and unequal nodes stage the whole vector
  * (no NCCL); one node is ncclAllReduce on the stream; one rank is a device
@@ -31,7 +41,7 @@
  * device scalar without NCCL); integer AVG divides once at the end.
  *
  * Failure: a stream waiting on the flag must never hang. A host stage that
- * fails still writes its s (the result is then undefined, the error is
+ * fails still opens its gates or writes its s (the result is then undefined, the error is
  * sticky and reported by the request and hcoll_comm_get_async_error), and
  * destroy/abort writes the last issued s before freeing the flag, after
  * waiting (up to the timeout) for every stream to pass it; if one does not,
@@ -45,6 +55,7 @@
  *
  * Files: this one sets the path up and tears it down; coll_dev_enq.c puts
  * the GPU stages on the caller's stream (all-reduce, broadcast);
+ * coll_dev_gated.c the staged all-reduce's gated copies;
  * coll_dev_host.c is the host stage (and the broadcast's data flow);
  * coll_dev_rsag.c reduce-scatter and all-gather; coll_dev_priv.h the
  * state they share.
@@ -224,6 +235,15 @@ hcoll_status_t hc_coll_dev_setup(hc_coll_dev_t *d, int dev)
     else
         local = hc_gdr_dev_open(cu, dev, plan_stages(d->plan) ? d->stage_bytes : 0, &d->rp,
                                 &d->gpu);
+    if (local == HCOLL_SUCCESS && plan_stages(d->plan)) {
+        hc_gdr_dev_push(d->gpu);
+        local = hc_gdr_gate_open(cu, &d->rp, &d->gate);
+        hc_gdr_dev_pop(d->gpu);
+        if (local != HCOLL_SUCCESS) {
+            hc_gdr_dev_close(d->gpu);
+            d->gpu = NULL;
+        }
+    }
     int all_gdr = 0;
     HC_CHECK(dev_hello(d, local, dev, &all_gdr), clean_gpu);
     d->dev = dev;
@@ -243,7 +263,13 @@ hcoll_status_t hc_coll_dev_setup(hc_coll_dev_t *d, int dev)
     return HCOLL_SUCCESS;
 
 clean_gpu:
-    hc_gdr_dev_close(local == HCOLL_SUCCESS ? d->gpu : NULL);
+    if (local == HCOLL_SUCCESS) {
+        hc_gdr_dev_push(d->gpu);
+        hc_gdr_gate_close(d->gate, (int)c->params.timeout_ms);
+        hc_gdr_dev_pop(d->gpu);
+        hc_gdr_dev_close(d->gpu);
+    }
+    d->gate = NULL;
     d->gpu = NULL;
     d->dev = -1;
     d->setup_failed = st;
@@ -300,6 +326,8 @@ void hc_coll_dev_destroy(hc_coll_dev_t *d, int aborting)
             if (hc_gdr_dev_write_flag(d->gpu, d->seq.issued) == HCOLL_SUCCESS)
                 d->seq.released = d->seq.issued;
         }
+        if (d->gate)
+            hc_gdr_gate_release_all(d->gate); /* the same net for gated calls */
         /* On abort, NCCL goes first: ncclCommAbort ends its kernels, which
          * may wait for dead peers, so that the streams can move on. */
         if (aborting) {
@@ -327,6 +355,7 @@ void hc_coll_dev_destroy(hc_coll_dev_t *d, int aborting)
         hc_gdr_dev_event_free(d->gpu, d->v_free);
         if (d->gdr)
             hc_ring_disable_device(d->ring);
+        hc_gdr_gate_close(d->gate, stuck ? 0 : drain_ms);
         hc_gdr_dev_pop(d->gpu);
         hc_gdr_dev_close(d->gpu);
     } else {

@@ -107,13 +107,31 @@ hcoll_status_t hc_dev_prescale(hc_coll_dev_t *d, const hc_dev_op_t *o, const voi
                                   kbits, stream);
 }
 
+/* Stage ③ of segment k of a gated three-stage call, after its wait. */
+typedef struct ag_arg {
+    void *recvbuf;
+    size_t count, segc;
+} ag_arg_t;
+
+static hcoll_status_t gated_ag(hc_coll_dev_t *d, hc_dev_op_t *o, size_t k, void *stream,
+                               void *arg)
+{
+    const ag_arg_t *a = arg;
+    const size_t es = hcoll_dtype_size(o->dtype), off = k * a->segc;
+    const size_t n = a->count - off < a->segc ? a->count - off : a->segc;
+    hc_dev_tev_mark(d, o, 2 + 2 * (int)k, stream);
+    hcoll_status_t st =
+        d->nccl->ops->all_gather(d->nccl, (char *)a->recvbuf + off * es, n, o->dtype, stream);
+    hc_dev_tev_mark(d, o, 3 + 2 * (int)k, stream);
+    return st;
+}
+
 /*
  * The stream side of the ring plans: every segment's RS and ready event
- * first (three stages only), then per segment the wait for its flag number
- * and its AG. Once a wait is enqueued the stream depends on the executor
- * releasing that number, so o->nseg counts them and a later failure is
- * kept in o->status instead of returned: the operation still goes to the
- * executor, which releases every number in order.
+ * first (three stages only), then the gated copies or reductions, and per
+ * segment the wait for its event and its AG (coll_dev_gated.c). Once a
+ * gate is issued the worker must open it, so a later failure is kept in
+ * o->status instead of returned: the operation still goes to the executor.
  */
 static hcoll_status_t staged_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, const void *sendbuf,
                                      void *recvbuf, size_t count, size_t segc, size_t nseg,
@@ -149,32 +167,13 @@ static hcoll_status_t staged_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, const voi
     }
     if (three)
         hc_dev_tev_mark(d, o, 1, stream);
-    for (size_t k = 0; k < nseg; k++) {
-        uint32_t seq;
-        st = hc_dev_seq_wait(d, stream, &seq);
-        if (st != HCOLL_SUCCESS) {
-            if (k == 0)
-                goto clean_ready;
-            o->status = st;
-            break;
-        }
-        o->seg[k].seq = seq;
-        o->nseg = (int)k + 1;
-        if (three) {
-            size_t off = k * segc, n = count - off < segc ? count - off : segc;
-            hc_dev_tev_mark(d, o, 2 + 2 * (int)k, stream);
-            st = d->nccl->ops->all_gather(d->nccl, (char *)recvbuf + off * es, n, o->dtype,
-                                          stream);
-            if (st != HCOLL_SUCCESS) {
-                o->status = st;
-                break;
-            }
-            hc_dev_tev_mark(d, o, 3 + 2 * (int)k, stream);
-        }
-    }
-    /* Ready events of segments that will not run. */
-    for (size_t k = (size_t)o->nseg; k < made; k++)
-        hc_gdr_dev_event_free(d->gpu, o->seg[k].ev_ready);
+    /* The copies through staging (or, GPUDirect, the ring's reductions)
+     * go on the gate stream, and the caller's stream waits for events only
+     * (coll_dev_gated.c). */
+    ag_arg_t a = { recvbuf, count, segc };
+    st = hc_dev_gated_enqueue(d, o, nseg, stream, three ? gated_ag : NULL, &a);
+    if (st != HCOLL_SUCCESS)
+        goto clean_ready;
     return HCOLL_SUCCESS;
 
 clean_ready:

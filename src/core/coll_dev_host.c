@@ -126,16 +126,115 @@ out:
     return st;
 }
 
-static hcoll_status_t host_stage(hc_coll_dev_t *d, const hc_dev_op_t *o, const hc_dev_seg_t *g,
-                                 double *ring_us)
+/* A gated segment staged through host memory: the ring of every piece
+ * between its copies, each piece's gate opened after its ring. */
+static hcoll_status_t gated_seg_staged(hc_coll_dev_t *d, const hc_dev_op_t *o,
+                                       const hc_dev_seg_t *g, double *ring_us)
 {
-    /* The NCCL stage before it waits for every local rank, which may be
-     * minutes late: the operation timeout and liveness bound it. */
+    hc_gdr_dev_t *gpu = d->gpu;
+    const size_t es = hcoll_dtype_size(o->dtype), piece = d->stage_bytes / es;
+    hcoll_status_t st = HCOLL_SUCCESS;
+    hc_devstage_t it;
+    hc_devstage_init(&it, (size_t)g->npc);
+    for (;;) {
+        hc_devstage_step_t step = hc_devstage_next(&it);
+        if (step.kind == HC_DEVSTAGE_DONE || st != HCOLL_SUCCESS)
+            break;
+        const size_t off = step.piece * piece, n = g->count - off < piece ? g->count - off : piece;
+        const hc_dev_piece_t *p = &o->pc[g->pc0 + (int)step.piece];
+        unsigned char *buf = gpu->stage[step.buf];
+        switch (step.kind) {
+        case HC_DEVSTAGE_WAIT: /* behind stage ①, which waits for every local rank */
+            st = hc_dev_wait_stream(d, p->ev_in, "the intra-node stage and the copy into staging");
+            break;
+        case HC_DEVSTAGE_RING:
+            if (o->ro.host_scale) /* no NCCL stage scaled this rank's input */
+                hc_redop_scale_host(&o->ro, buf, NULL, n, o->dtype);
+            st = ring_run(d, buf, buf, n, o, 0, ring_us);
+            break;
+        case HC_DEVSTAGE_H2D:
+            hc_gdr_gate_release(d->gate, p->gate);
+            break;
+        default:
+            break;
+        }
+    }
+    return st;
+}
+
+/* A gated segment on device memory (GPUDirect): the ring tells which
+ * messages landed, their enqueued reductions' gates open in order, and
+ * the gate stream's signals tell the ring which are reduced. */
+typedef struct gdr_seg {
+    hc_gdr_gate_t *gate;
+    const hc_dev_seg_t *g;
+    uint8_t *landed; /* [njobs] */
+    size_t opened;   /* gates opened: jobs 0 .. opened-1 */
+} gdr_seg_t;
+
+static void gdr_landed(void *ctx, size_t m)
+{
+    gdr_seg_t *x = ctx;
+    if (m >= x->g->njobs)
+        return;
+    x->landed[m] = 1;
+    size_t was = x->opened;
+    while (x->opened < x->g->njobs && x->landed[x->opened])
+        x->opened++;
+    if (x->opened > was)
+        hc_gdr_gate_release(x->gate, x->g->jt0 + (uint32_t)(x->opened - 1));
+}
+
+static size_t gdr_reduced(void *ctx)
+{
+    const gdr_seg_t *x = ctx;
+    int32_t n = (int32_t)(hc_gdr_gate_done(x->gate) - (x->g->sig0 - 1));
+    return n < 0 ? 0 : (size_t)n > x->g->njobs ? x->g->njobs : (size_t)n;
+}
+
+static hcoll_status_t gated_seg_gdr(hc_coll_dev_t *d, const hc_dev_op_t *o,
+                                    const hc_dev_seg_t *g, double *ring_us)
+{
+    /* The NIC reads the range: stage ① must be done. */
     hcoll_status_t st =
         hc_dev_wait_stream(d, g->ev_ready, "the intra-node stage on the caller's stream");
     if (st != HCOLL_SUCCESS)
         return st;
-    return hc_dev_ring_stage(d, o, g->src, g->dst, g->count, ring_us);
+    gdr_seg_t x = { d->gate, g, calloc(g->njobs + 1, 1), 0 };
+    if (!x.landed)
+        return hc_err_set(&d->c->err, HC_COLL, d->c->rank, HCOLL_ERR_NO_MEMORY, "no memory");
+    const hc_ring_gated_t hooks = { &x, gdr_landed, gdr_reduced };
+    hc_ring_set_gated(d->ring, &hooks);
+    st = ring_run(d, g->src, g->dst, g->count, o, 1, ring_us);
+    hc_ring_set_gated(d->ring, NULL);
+    free(x.landed);
+    hc_gdr_gate_release(d->gate, g->gate_end);
+    return st;
+}
+
+/* The worker's side of a gated all-reduce (coll_dev_gated.c): each
+ * segment's ring, every gate opened (always, in order), the gate stream
+ * waited for. */
+static hcoll_status_t gated_stage(hc_coll_dev_t *d, hc_dev_op_t *o, hcoll_status_t st,
+                                  double *ring_us)
+{
+    if (o->kind == HC_DEV_RS || o->kind == HC_DEV_AG)
+        return hc_dev_rsag_gated(d, o, st, ring_us);
+    hc_gdr_gate_release(d->gate, o->gate_start); /* the staging buffers are this call's now */
+    for (int k = 0; k < o->nseg && st == HCOLL_SUCCESS; k++)
+        st = d->gdr ? gated_seg_gdr(d, o, &o->seg[k], ring_us)
+                    : gated_seg_staged(d, o, &o->seg[k], ring_us);
+    /* Always, and in order: the copies back, and the caller's stream behind
+     * them, wait for these gates. */
+    hc_gdr_gate_release(d->gate, o->gate_hi);
+    if (o->ev_tail) {
+        hcoll_status_t w = hc_gdr_event_wait(d->gpu->cu, o->ev_tail,
+                                             (int)d->c->params.timeout_ms, 0, &d->rp,
+                                             "hcoll's gate stream after the call");
+        if (st == HCOLL_SUCCESS)
+            st = w;
+    }
+    return st;
 }
 
 /*
@@ -254,11 +353,15 @@ hcoll_status_t hc_coll_dev_execute(hc_coll_dev_t *d, hc_dev_op_t *o, hcoll_statu
     const int gpu = o->nseg > 0 || o->ntev > 0;
     if (gpu)
         hc_gdr_dev_push(d->gpu);
-    for (int k = 0; k < o->nseg; k++) {
+    if (o->gated) {
+        st = gated_stage(d, o, st, &ring_us);
+        for (int k = 0; k < o->nseg; k++)
+            hc_gdr_dev_event_free(d->gpu, o->seg[k].ev_ready);
+        hc_dev_gated_free(d, o);
+    }
+    for (int k = 0; k < o->nseg && !o->gated; k++) {
         if (st == HCOLL_SUCCESS)
-            st = o->kind == HC_DEV_BCAST      ? bcast_stage(d, o, &o->seg[k], &ring_us)
-                 : o->kind == HC_DEV_ALLREDUCE ? host_stage(d, o, &o->seg[k], &ring_us)
-                                               : hc_dev_rsag_stage(d, o, &o->seg[k], &ring_us);
+            st = bcast_stage(d, o, &o->seg[k], &ring_us); /* the only one with a flag */
         /* Always, and in order: the caller's stream waits for it. */
         hcoll_status_t rst = release(d, o->seg[k].seq, 0);
         if (st == HCOLL_SUCCESS)

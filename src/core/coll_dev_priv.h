@@ -16,6 +16,7 @@
 #include "core/redop.h"
 #include "gdr/devctx.h"
 #include "gdr/event.h"
+#include "gdr/gate.h"
 #include "inter/ring.h"
 #include "intra/intra.h"
 
@@ -30,7 +31,23 @@ typedef struct hc_dev_seg {
     const unsigned char *src; /* device range the host stage reads ... */
     unsigned char *dst;       /* ... and writes back */
     size_t count;
+    /* Gated (coll_dev_gated.c): its pieces o->pc[pc0 .. pc0+npc), and the
+     * event on the gate stream after its last copy back, which the
+     * caller's stream waits for. */
+    int pc0, npc;
+    void *ev_back;
+    /* Gated on device memory (GPUDirect): njobs reductions behind tickets
+     * jt0.. and signalling sig0..; gate_end lets the copy of the ring's
+     * end go (ev_back). */
+    size_t njobs;
+    uint32_t jt0, sig0, gate_end;
 } hc_dev_seg_t;
+
+/* One staged piece of a gated call (coll_dev_gated.c). */
+typedef struct hc_dev_piece {
+    void *ev_in;   /* its copy into staging done (the worker polls it) */
+    uint32_t gate; /* the ticket its copy back waits for */
+} hc_dev_piece_t;
 
 /* Timing events on the caller's stream: [0] before the first RS, [1]
  * after the last; [2+2k], [3+2k] around segment k's AG. One node: [0], [1]
@@ -64,6 +81,14 @@ struct hc_dev_op {
     const unsigned char *rsrc;
     unsigned char *rdst;
     int nblk, pos;
+    /* Gated calls (coll_dev_gated.c): the ticket the first copy waits for
+     * (released when the worker starts the call), the last ticket issued
+     * (0 with gated unset), the pieces, the gate stream's last event. */
+    int gated;
+    uint32_t gate_start, gate_hi;
+    hc_dev_piece_t *pc;
+    int npc;
+    void *ev_tail;
     hc_dev_seg_t seg[];    /* [nseg] (room for every segment of the call) */
 };
 
@@ -84,6 +109,7 @@ struct hc_coll_dev {
     hc_intra_t *nccl;   /* NCCL stages issued by the caller's thread */
     hc_intra_t *wnccl;  /* ... by the worker (broadcast), made at the first one */
     int gdr;                  /* stage ② on device memory (GPUDirect ring) */
+    hc_gdr_gate_t *gate;      /* staged plans: hcoll's gated stream (gdr/gate.h) */
     hc_ring_devops_t devops;  /* the ring's device operations (ctx = gpu) */
 
     /* Reduce-scatter / all-gather: the permuted vector (device memory),
@@ -125,10 +151,6 @@ hcoll_status_t hc_dev_seq_wait(hc_coll_dev_t *d, void *stream, uint32_t *seq_out
 hcoll_status_t hc_dev_prescale(hc_coll_dev_t *d, const hc_dev_op_t *o, const void *sendbuf,
                                void *recvbuf, size_t count, void *stream);
 
-/* The host stage of a reduce-scatter or all-gather (coll_dev_rsag.c). */
-hcoll_status_t hc_dev_rsag_stage(hc_coll_dev_t *d, hc_dev_op_t *o, const hc_dev_seg_t *g,
-                                 double *ring_us);
-
 /* An NCCL communicator over the node's local ranks on the device's
  * context, named name (coll_dev.c); collective over the node. */
 hcoll_status_t hc_dev_nccl_open(hc_coll_dev_t *d, const char *name, hc_intra_t **out);
@@ -153,6 +175,31 @@ hcoll_status_t hc_dev_wait_stream(hc_coll_dev_t *d, void *ev, const char *what);
  * along the chain (broadcast), staged or on device memory. */
 hcoll_status_t hc_dev_ring_stage(hc_coll_dev_t *d, const hc_dev_op_t *o, const void *src,
                                  void *dst, size_t count, double *ring_us);
+
+/* The gated all-reduce of the staged plans (coll_dev_gated.c): the
+ * caller's side, after stage ① of every segment (whose ready events are in
+ * o->seg), puts the copies through staging on the gate stream and makes
+ * stream wait for them before stage ③ (ag(k) called for each segment k
+ * right after its wait). A failure after the first gate is kept in
+ * o->status (the worker must still release the gates). */
+hcoll_status_t hc_dev_gated_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, size_t nseg, void *stream,
+                                    hcoll_status_t (*ag)(hc_coll_dev_t *d, hc_dev_op_t *o,
+                                                         size_t k, void *stream, void *arg),
+                                    void *arg);
+/* The gated reduce-scatter or all-gather (coll_dev_gated.c): after the
+ * stream's ready event (o->seg[0].ev_ready), the staged pieces of P
+ * elements per block (or, GPUDirect, the ring's reductions) on the gate
+ * stream, and stream's wait for them; what hc_dev_gated_enqueue says of
+ * failures. */
+hcoll_status_t hc_dev_gated_rsag_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, void *stream,
+                                         size_t P);
+/* The worker's side of it (coll_dev_rsag.c), as the all-reduce's. */
+hcoll_status_t hc_dev_rsag_gated(hc_coll_dev_t *d, hc_dev_op_t *o, hcoll_status_t st,
+                                 double *ring_us);
+
+/* Free what the op's gated part holds (events, pieces); the worker
+ * (coll_dev_host.c) runs the host side before. */
+void hc_dev_gated_free(hc_coll_dev_t *d, hc_dev_op_t *o);
 
 /* Timing events (coll_dev.c): mark event i of o on stream (best effort),
  * free o's events, the microseconds between events a and b (or -1). */

@@ -7,14 +7,17 @@
  *
  *   reduce-scatter, three stages
  *     caller's stream  permute sendbuf → V ─ ncclReduceScatter(V) (NCCL
- *                      scales AVG/PREMUL_SUM) ─ ev ─ wait(flag) ──────────►
- *     worker           wait ev → ring RS of shard l along rail l (staged in
- *                      pieces, or GPUDirect on V) → block n into recvbuf
- *                      → flag
+ *                      scales AVG/PREMUL_SUM) ─ ev ─ wait(back) ──────────►
+ *     gate stream      wait ev → the pieces' copies, each copy back behind
+ *                      its gate (GPUDirect: the ring's reductions behind
+ *                      theirs, then gate(end)) → block n into recvbuf → back
+ *     worker           ring RS of shard l along rail l, opening the gates
  *   all-gather, three stages: the mirror
- *     caller's stream  sendbuf → V(l, n) ─ ev ─ wait(flag) ─ ncclAllGather(V)
+ *     caller's stream  sendbuf → V(l, n) ─ ev ─ wait(back) ─ ncclAllGather(V)
  *                      ─ permute V → recvbuf ──────────────────────────────►
- *     worker           wait ev → ring AG of shard l along rail l → flag
+ *     gate stream      wait ev → the pieces' copies and gates → back
+ *     worker           ring AG of shard l along rail l, opening the gates
+ *   (all enqueued at call time: coll_dev_gated.c says why and how)
  *
  *   one node (N = 1)  ncclReduceScatter / ncclAllGather straight between
  *                     the caller's buffers (local rank order is rank order
@@ -29,7 +32,8 @@
  * phase sees N blocks of P; the two buffers alternate, so the copies of
  * one piece overlap the ring of the other. V is reused between calls: the
  * stream of a call waits for the event recorded behind the previous call's
- * last use of it (the worker's uses all precede that call's flag).
+ * last use of it (the gate stream's uses all precede that call's back
+ * event).
  */
 #include "core/coll_dev_priv.h"
 
@@ -147,12 +151,23 @@ static hcoll_status_t rsag_ring_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, const 
         o->rsrc = o->rdst = recv;
     }
     HC_CHECK(hc_gdr_dev_event_mark(d->gpu, stream, &o->seg[0].ev_ready), out);
-    st = hc_dev_seq_wait(d, stream, &o->seg[0].seq);
+    /* The ring's copies or reductions on the gate stream, the stream waits
+     * on an event (coll_dev_gated.c). */
+    const size_t P = d->stage_bytes / es / (size_t)N;
+    if (P == 0 && !d->gdr)
+        st = hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_UNSUPPORTED,
+                        "%d ring positions do not fit one staging buffer of %zu bytes; "
+                        "raise HCOLL_CHUNK_BYTES (the buffers are a multiple of it)",
+                        N, d->stage_bytes);
+    else
+        st = hc_dev_gated_rsag_enqueue(d, o, stream, P);
     if (st != HCOLL_SUCCESS) {
         hc_gdr_dev_event_free(d->gpu, o->seg[0].ev_ready);
         goto out;
     }
-    o->nseg = 1; /* from here on the executor must release the flag */
+    /* o->nseg = 1: from here on the executor must open the gates */
+    if (o->status != HCOLL_SUCCESS)
+        return HCOLL_SUCCESS;
     if (three && !rs) {
         st = d->nccl->ops->all_gather(d->nccl, V, all, o->dtype, stream);
         if (st == HCOLL_SUCCESS)
@@ -290,58 +305,85 @@ static hcoll_status_t rsag_ring(hc_coll_dev_t *d, const hc_dev_op_t *o, const vo
     return st;
 }
 
-/* Staged: piece by piece through the two pinned buffers (see the top). */
-static hcoll_status_t rsag_staged(hc_coll_dev_t *d, const hc_dev_op_t *o, double *ring_us)
+/* Gated on device memory (GPUDirect): the ring reports landings, the
+ * enqueued reductions' gates open in order, the gate stream's signals
+ * say which are reduced. */
+typedef struct rsag_gdr {
+    hc_gdr_gate_t *gate;
+    const hc_dev_seg_t *g;
+    uint8_t *landed;
+    size_t opened;
+} rsag_gdr_t;
+
+static void rg_landed(void *ctx, size_t m)
 {
-    hc_gdr_dev_t *gpu = d->gpu;
-    const int rs = o->kind == HC_DEV_RS, N = o->nblk, tmo = (int)d->c->params.timeout_ms;
-    const size_t es = hcoll_dtype_size(o->dtype), B = o->count;
-    size_t P = d->stage_bytes / es / (size_t)N;
-    if (P == 0)
-        return hc_err_set(&d->c->err, HC_COLL, d->c->rank, HCOLL_ERR_UNSUPPORTED,
-                          "%d ring positions do not fit one staging buffer of %zu bytes; raise "
-                          "HCOLL_CHUNK_BYTES (the buffers are a multiple of it)",
-                          N, d->stage_bytes);
-    hcoll_status_t st = HCOLL_SUCCESS;
-    unsigned char *rsrc = (unsigned char *)o->rsrc;
-    for (size_t k = 0; k * P < B && st == HCOLL_SUCCESS; k++) {
-        const int b = (int)(k & 1);
-        const size_t off = k * P, p = B - off < P ? B - off : P;
-        unsigned char *host = gpu->stage[b];
-        for (int m = 0; m < N && st == HCOLL_SUCCESS; m++)
-            if (rs || m == o->pos)
-                st = hc_gdr_dev_stage_copy(gpu, b, (size_t)m * p * es,
-                                           rsrc + ((size_t)m * B + off) * es, p * es, 1);
-        if (st == HCOLL_SUCCESS)
-            st = hc_gdr_dev_stage_wait(gpu, b, tmo);
-        if (st == HCOLL_SUCCESS && rs && o->ro.host_scale)
-            hc_redop_scale_host(&o->ro, host, NULL, p * (size_t)N, o->dtype);
-        if (st == HCOLL_SUCCESS)
-            st = rsag_ring(d, o, host, host, p, 0, ring_us);
-        if (rs && st == HCOLL_SUCCESS)
-            st = hc_gdr_dev_stage_copy(gpu, b, (size_t)o->pos * p * es,
-                                       (unsigned char *)o->recvbuf + off * es, p * es, 0);
-        for (int m = 0; !rs && m < N && st == HCOLL_SUCCESS; m++)
-            st = hc_gdr_dev_stage_copy(gpu, b, (size_t)m * p * es,
-                                       rsrc + ((size_t)m * B + off) * es, p * es, 0);
-    }
-    return st;
+    rsag_gdr_t *x = ctx;
+    if (m >= x->g->njobs)
+        return;
+    x->landed[m] = 1;
+    const size_t was = x->opened;
+    while (x->opened < x->g->njobs && x->landed[x->opened])
+        x->opened++;
+    if (x->opened > was)
+        hc_gdr_gate_release(x->gate, x->g->jt0 + (uint32_t)(x->opened - 1));
 }
 
-hcoll_status_t hc_dev_rsag_stage(hc_coll_dev_t *d, hc_dev_op_t *o, const hc_dev_seg_t *g,
+static size_t rg_reduced(void *ctx)
+{
+    const rsag_gdr_t *x = ctx;
+    int32_t n = (int32_t)(hc_gdr_gate_done(x->gate) - (x->g->sig0 - 1));
+    return n < 0 ? 0 : (size_t)n > x->g->njobs ? x->g->njobs : (size_t)n;
+}
+
+/* The worker's side of a gated reduce-scatter or all-gather. */
+hcoll_status_t hc_dev_rsag_gated(hc_coll_dev_t *d, hc_dev_op_t *o, hcoll_status_t st,
                                  double *ring_us)
 {
+    hc_gdr_dev_t *gpu = d->gpu;
+    const hc_dev_seg_t *g = &o->seg[0];
+    const int rs = o->kind == HC_DEV_RS, N = o->nblk;
     const size_t es = hcoll_dtype_size(o->dtype), B = o->count;
-    hcoll_status_t st = hc_dev_wait_stream(d, g->ev_ready, "the caller's stream before the ring");
-    if (st != HCOLL_SUCCESS)
-        return st;
-    if (!d->gdr)
-        return rsag_staged(d, o, ring_us);
-    /* GPUDirect: the ring on device memory, then (RS) the block into
-     * recvbuf behind it on the internal stream, before the flag. */
-    st = rsag_ring(d, o, o->rsrc, o->rdst, B, 1, ring_us);
-    if (st == HCOLL_SUCCESS && o->kind == HC_DEV_RS)
-        st = hc_gdr_dev_copy_async(d->gpu, o->recvbuf, o->rdst + (size_t)o->pos * B * es,
-                                   B * es, d->gpu->istream);
+    hc_gdr_gate_release(d->gate, o->gate_start);
+    if (st == HCOLL_SUCCESS)
+        st = hc_dev_wait_stream(d, g->ev_ready, "the caller's stream before the ring");
+    if (st == HCOLL_SUCCESS && d->gdr) {
+        rsag_gdr_t x = { d->gate, g, calloc(g->njobs + 1, 1), 0 };
+        const hc_ring_gated_t hooks = { &x, rg_landed, rg_reduced };
+        if (!x.landed)
+            st = hc_err_set(&d->c->err, HC_COLL, d->c->rank, HCOLL_ERR_NO_MEMORY, "no memory");
+        if (st == HCOLL_SUCCESS && rs)
+            hc_ring_set_gated(d->ring, &hooks);
+        if (st == HCOLL_SUCCESS)
+            st = rsag_ring(d, o, o->rsrc, o->rdst, B, 1, ring_us);
+        hc_ring_set_gated(d->ring, NULL);
+        free(x.landed);
+    } else if (st == HCOLL_SUCCESS) {
+        const size_t P = d->stage_bytes / es / (size_t)N;
+        hc_devstage_t it;
+        hc_devstage_init(&it, (size_t)g->npc);
+        for (;;) {
+            hc_devstage_step_t step = hc_devstage_next(&it);
+            if (step.kind == HC_DEVSTAGE_DONE || st != HCOLL_SUCCESS)
+                break;
+            const size_t off = step.piece * P, p = B - off < P ? B - off : P;
+            unsigned char *host = gpu->stage[step.buf];
+            if (step.kind == HC_DEVSTAGE_WAIT) {
+                st = hc_dev_wait_stream(d, o->pc[step.piece].ev_in, "a copy into staging");
+            } else if (step.kind == HC_DEVSTAGE_RING) {
+                if (rs && o->ro.host_scale)
+                    hc_redop_scale_host(&o->ro, host, NULL, p * (size_t)N, o->dtype);
+                st = rsag_ring(d, o, host, host, p, 0, ring_us);
+            } else if (step.kind == HC_DEVSTAGE_H2D) {
+                hc_gdr_gate_release(d->gate, o->pc[step.piece].gate);
+            }
+        }
+    }
+    hc_gdr_gate_release(d->gate, o->gate_hi); /* always, in order */
+    if (o->ev_tail) {
+        hcoll_status_t w = hc_gdr_event_wait(gpu->cu, o->ev_tail, (int)d->c->params.timeout_ms,
+                                             0, &d->rp, "hcoll's gate stream after the call");
+        if (st == HCOLL_SUCCESS)
+            st = w;
+    }
     return st;
 }

@@ -68,6 +68,11 @@
  * device memory that prev's NIC writes, the reductions, the AVG division
  * and copies done by the caller's device operations (hc_ring_devops_t),
  * and no gather mode. Every rank runs a given operation the same way.
+ * Gated (hc_ring_set_gated, the device all-reduce): the caller enqueued
+ * the reductions beforehand, message m's behind a gate and reading slot
+ * m % nslots; the ring puts m there, reports each landing, and sends the
+ * credit once the GPU says m is reduced (polled between transport polls,
+ * ring_dev.c), so the GPU reduces while the CQs are polled.
  *
  * Immediate (32 bits): kind:2 | seq:4 | slot:4 | message:22. seq is the
  * operation's sequence number mod 16: a neighbour can be at most one
@@ -124,6 +129,11 @@ hcoll_status_t hc_ring_send_ready(hc_ring_t *r)
         if (s > 0 && !o->rs_done[m - o->g.C])
             break;
         int slot = 0;
+        if (o->gated) { /* the reductions were enqueued for slot m % nslots */
+            slot = (int)(m % (size_t)r->nslots);
+            if (r->slot_busy[slot])
+                break;
+        }
         while (r->slot_busy[slot])
             slot++;
         size_t off, cnt;
@@ -249,6 +259,17 @@ hcoll_status_t hc_ring_on_rs(hc_ring_t *r, uint32_t imm)
     hc_ring_chunk_of(&o->g, hc_ring_mod(r->n, (long)r->rank - 1 - (long)s + o->rot), c, &off,
                      &cnt);
     /* One pass: partial from the chain ⊕ my own contribution → my output. */
+    if (o->gated) {
+        /* Its reduction waits on the GPU for this; the credit goes once it
+         * ran (hc_ring_gated_poll). */
+        if (slot != (int)(m % (size_t)r->nslots))
+            return ring_fail(r, hc_err_set(RING_ERRBUF(r), HC_NET, RING_LOGRANK(r),
+                                           HCOLL_ERR_NETWORK,
+                                           "ring: gated message %zu landed in slot %d, not %d",
+                                           m, slot, (int)(m % (size_t)r->nslots)));
+        o->gated->landed(o->gated->ctx, m);
+        return HCOLL_SUCCESS;
+    }
     if (o->dev) {
         const hc_ring_devops_t *d = r->devops;
         char *dst = o->recv + off * o->esize;

@@ -86,6 +86,37 @@ typedef struct hc_ring_devops {
     hcoll_status_t (*copy)(void *ctx, void *dst, const void *src, size_t bytes);
 } hc_ring_devops_t;
 
+/*
+ * Gated device reductions: the caller enqueued the reduce-scatter's
+ * reductions of the next device all-reduce beforehand, in message order,
+ * each behind a gate it opens when told the message landed
+ * (hc_ring_dev_jobs lists them), so that nothing is submitted to the GPU
+ * while the ring runs. The ring then puts message m in slot m % nslots,
+ * calls landed(m) where it would reduce, and polls reduced() (how many
+ * messages, in order, are reduced: their results in place, their slots
+ * free) between transport polls, sending each credit then.
+ */
+typedef struct hc_ring_gated {
+    void *ctx;
+    void (*landed)(void *ctx, size_t m);
+    size_t (*reduced)(void *ctx);
+} hc_ring_gated_t;
+
+/* Use g for the device all-reduces and reduce-scatters started from now on (NULL: reduce
+ * through the devops, synchronously). Every rank of the ring must agree. */
+void hc_ring_set_gated(hc_ring_t *ring, const hc_ring_gated_t *g);
+
+/* The reductions of a device all-reduce (phase HC_RING_PHASE_ALLREDUCE) or
+ * reduce-scatter alone (HC_RING_PHASE_RS) of count elements of dtype on
+ * this rank, in message order: fn(arg, m, off, cnt, slot, last) for
+ * dst[off..off+cnt) = slot op src[off..off+cnt) (elements; slot the device
+ * address the message lands at), last: the block is then complete (AVG
+ * divides it). Returns the first failure of fn, or HCOLL_SUCCESS. */
+typedef hcoll_status_t (*hc_ring_job_fn)(void *arg, size_t m, size_t off, size_t cnt,
+                                         void *slot, int last);
+hcoll_status_t hc_ring_dev_jobs(const hc_ring_t *ring, size_t count, hcoll_dtype_t dtype,
+                                int phase, hc_ring_job_fn fn, void *arg);
+
 /* 1 when the ring's transport can take device memory (a 1-rank ring: 1). */
 int hc_ring_gdr_capable(const hc_ring_t *ring);
 

@@ -99,3 +99,55 @@ clean_slots:
         ops->free(ops->ctx, slots);
     return st;
 }
+
+/* ------------------------------------------------------------------------ */
+/* Gated reductions (ring.h)                                                  */
+/* ------------------------------------------------------------------------ */
+
+void hc_ring_set_gated(hc_ring_t *r, const hc_ring_gated_t *g)
+{
+    r->gated = g;
+}
+
+hcoll_status_t hc_ring_dev_jobs(const hc_ring_t *r, size_t count, hcoll_dtype_t dtype,
+                                int phase, hc_ring_job_fn fn, void *arg)
+{
+    if (r->n == 1 || count == 0)
+        return HCOLL_SUCCESS;
+    const size_t trailer = sizeof(gather_trailer_t), es = hcoll_dtype_size(dtype);
+    hc_ring_sched_t g;
+    /* As op_init plans a device operation (no gather mode; a phase alone
+     * rotates blocks by -1). */
+    const long rot = phase == HC_RING_PHASE_ALLREDUCE ? 0 : -1;
+    hc_ring_sched_plan(&g, r->n, count, es, r->chunk_bytes,
+                       r->gvec >= trailer ? r->gvec - trailer : 0, 1);
+    for (size_t m = 0; m < g.nmsg; m++) {
+        size_t s = m / g.C, c = m % g.C, off, cnt;
+        hc_ring_chunk_of(&g, hc_ring_mod(r->n, (long)r->rank - 1 - (long)s + rot), c, &off, &cnt);
+        void *slot = (char *)r->dslots + (m % (size_t)r->nslots) * r->chunk_bytes;
+        hcoll_status_t st = fn(arg, m, off, cnt, slot, s == (size_t)r->n - 2);
+        if (st != HCOLL_SUCCESS)
+            return st;
+    }
+    return HCOLL_SUCCESS;
+}
+
+hcoll_status_t hc_ring_gated_poll(hc_ring_t *r, int *moved_out)
+{
+    ring_op_t *o = &r->op;
+    size_t red = o->gated->reduced(o->gated->ctx);
+    if (red > o->g.nmsg)
+        red = o->g.nmsg;
+    *moved_out = red > o->rs_red;
+    for (; o->rs_red < red; o->rs_red++) {
+        const size_t m = o->rs_red;
+        o->rs_done[m] = 1;
+        o->rs_nrecv++;
+        hcoll_status_t st = hc_ring_put(r, r->ep_prev, NULL, 0, NULL, 0, 0,
+                                        IMM(IMM_CREDIT, r->seq & 15,
+                                            (int)(m % (size_t)r->nslots), m));
+        if (st != HCOLL_SUCCESS)
+            return st;
+    }
+    return HCOLL_SUCCESS;
+}

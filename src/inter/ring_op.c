@@ -104,6 +104,7 @@ static hcoll_status_t op_init(hc_ring_t *r, const void *sendbuf, void *recvbuf, 
     o->dev = dev;
     o->phase = phase;
     o->rot = phase == HC_RING_PHASE_ALLREDUCE ? 0 : -1;
+    o->gated = dev && phase != HC_RING_PHASE_AG ? r->gated : NULL;
     const size_t trailer = sizeof(gather_trailer_t);
     /* A phase alone takes N-1 hops chunked too: no gather mode. */
     hc_ring_sched_plan(&o->g, r->n, count, o->esize, r->chunk_bytes,
@@ -367,6 +368,14 @@ hcoll_status_t hc_ring_progress(hc_ring_t *r, int wait_ms, int *done_out)
     hc_comp_t comps[64];
     for (;;) {
         int n = 0;
+        if (r->op.gated) {
+            int moved = 0;
+            HC_CHECK(hc_ring_gated_poll(r, &moved), out);
+            if (moved) {
+                r->last_activity = hc_now_ms();
+                HC_CHECK(hc_ring_send_ready(r), out);
+            }
+        }
         HC_CHECK(r->ops->poll(r->tr, comps, (int)HC_ARRAY_LEN(comps), 0, &n), out);
         if (n == 0) {
             if (op_complete(r))
@@ -386,6 +395,9 @@ hcoll_status_t hc_ring_progress(hc_ring_t *r, int wait_ms, int *done_out)
                 left = r->last_activity + r->op_timeout_ms - now;
             if (r->p.liveness_ms > 0 && left > RING_LIVE_SLICE_MS)
                 left = RING_LIVE_SLICE_MS;
+            /* Reductions running on the GPU: look again soon. */
+            if (r->op.gated && r->op.rs_red < r->op.g.nmsg && left > 0)
+                left = 0;
             int wait = (int)left + 1;
             HC_CHECK(r->ops->poll(r->tr, comps, (int)HC_ARRAY_LEN(comps), wait, &n), out);
             if (n == 0)

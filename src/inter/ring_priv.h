@@ -103,6 +103,8 @@ typedef struct ring_op {
     int phase;           /* enum hc_ring_phase: both phases, or one alone */
     int rot;             /* block rotation: 0 (all-reduce), -1 (one phase: p ends/starts with p) */
     int bcast;           /* a broadcast chain (ring_op.c): root, ..., root-1 */
+    const hc_ring_gated_t *gated; /* device all-reduce with gated reductions */
+    size_t rs_red;       /* gated: reductions seen done (credits sent) */
     int root;            /* the chain's first position */
 } ring_op_t;
 
@@ -142,6 +144,7 @@ struct hc_ring {
     hc_mr_t *gbuf_mr;
     hc_rkey_t next_gbuf;
     const hc_ring_devops_t *devops; /* device buffers, once enabled */
+    const hc_ring_gated_t *gated;   /* hc_ring_set_gated */
     void *dslots;         /* device staging slots, written by prev */
     hc_mr_t *dslots_mr;
     hc_rkey_t next_dslots;
@@ -187,6 +190,9 @@ hcoll_status_t hc_ring_put(hc_ring_t *r, hc_ep_t *ep, hc_mr_t *lmr, size_t loff,
 
 /* Send every message of the active operation whose turn has come. */
 hcoll_status_t hc_ring_send_ready(hc_ring_t *r);
+/* Gated device reductions (ring_dev.c): mark what the GPU reduced since
+ * the last look as done and send its credits; *moved_out: any. */
+hcoll_status_t hc_ring_gated_poll(hc_ring_t *r, int *moved_out);
 
 /* A reduce-scatter (or gather) message of the active operation landed. */
 hcoll_status_t hc_ring_on_rs(hc_ring_t *r, uint32_t imm);

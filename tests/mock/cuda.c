@@ -51,6 +51,21 @@
  *   HCMOCK_RACE      unordered device-memory accesses of two streams: 0
  *                    ignored, 1 reported on stderr (default), 2 reported
  *                    and the op fails (sticky CUDA_ERROR_UNKNOWN)
+ *   CUDA_DEVICE_MAX_CONNECTIONS  hardware queues per context (default 8, as
+ *                    the driver; 1..32): see "Hardware queues" below
+ *   HCMOCK_QUEUES    "stream": every stream runs on its own, as if it had a
+ *                    queue of its own (the emulation before queues existed)
+ *
+ * Hardware queues: the driver maps streams round-robin, at creation, onto
+ * CUDA_DEVICE_MAX_CONNECTIONS queues per context, and a queue executes the
+ * work of all its streams strictly in submission order. So a blocking
+ * wait (cuStreamWaitValue32, a cuStreamWaitEvent on work not yet done, an
+ * NCCL kernel waiting for its peers) holds up every stream on that queue,
+ * work submitted later on another stream included. Here every op gets a
+ * ticket of its stream's queue when queued, and a stream's worker runs an
+ * op only once the queue has run every earlier ticket. (Stricter than a
+ * GPU, which overlaps consecutive kernels of one queue: a queue here runs
+ * one op at a time.)
  *
  * Simplified, on purpose (see also the comments at each point):
  *   - no stream priorities, no peer access control for copies, no graphs
@@ -175,6 +190,7 @@ enum {
 #define MAGIC_GRAPH 0x47524150u
 
 #define MAX_DEV 64
+#define MAX_HWQ 32               /* CUDA_DEVICE_MAX_CONNECTIONS's maximum */
 #define CTX_STACK 32
 #define VA_RESERVE (1ull << 40)  /* device address space of the process */
 #define BIG_ALIGN (2u << 20)     /* large allocations, as the driver aligns them */
@@ -192,6 +208,9 @@ typedef struct mctx {
     unsigned gen;
     int sticky; /* first fault of a queued op: every later call fails with it */
     struct mstream *legacy;
+    /* Hardware queues (of this life): tickets handed out, tickets run. */
+    struct { uint64_t next, done; } hwq[MAX_HWQ];
+    unsigned nstreams; /* streams made in this life: round-robin onto hwq */
 } mctx_t;
 
 typedef struct mmem {
@@ -256,6 +275,7 @@ typedef struct mop {
     unsigned reps;    /* gridDim.y*z x blockDim.y*z */
     hcmock_fn hfn;
     void *harg;
+    uint64_t qticket; /* its place in its stream's hardware queue */
 } mop_t;
 
 typedef struct mstream {
@@ -271,6 +291,7 @@ typedef struct mstream {
     pthread_t capthread;
     int refs;      /* registry, worker, waiters, OP_AFTER entries */
     unsigned id;
+    int hwq;       /* its hardware queue (g.nhwq > 0) */
     pthread_cond_t cv;
     mop_t *head, *tail;
     uint64_t enq, done;
@@ -326,6 +347,7 @@ static struct {
     int mempools; /* HCMOCK_MEMPOOLS */
     int trace;
     int race;  /* HCMOCK_RACE: 0 off, 1 report, 2 report and fail the op */
+    int nhwq;  /* hardware queues per context; 0: one per stream (HCMOCK_QUEUES=stream) */
     int races; /* reported so far */
     size_t mem_per_dev;
     size_t mem_used[MAX_DEV];
@@ -509,6 +531,11 @@ CUAPI int cuInit(unsigned flags)
         g.dmabuf = (int)env_long("HCMOCK_DMABUF", 0);
         g.trace = env_long("HCMOCK_TRACE", 0) == 1;
         g.race = (int)env_long("HCMOCK_RACE", 1);
+        long q = env_long("CUDA_DEVICE_MAX_CONNECTIONS", 8);
+        g.nhwq = q < 1 ? 1 : q > MAX_HWQ ? MAX_HWQ : (int)q;
+        const char *qm = getenv("HCMOCK_QUEUES");
+        if (qm && strcmp(qm, "stream") == 0)
+            g.nhwq = 0;
         g.mem_per_dev = (size_t)env_long("HCMOCK_MEM_GB", 80) << 30;
         for (int i = 0; i < g.ndev; i++)
             g.ctx[i].dev = i;
@@ -700,6 +727,8 @@ CUAPI int cuDevicePrimaryCtxRetain(void **pctx, int dev)
         c->active = 1;
         c->gen++;
         c->sticky = 0;
+        memset(c->hwq, 0, sizeof c->hwq);
+        c->nstreams = 0;
     }
     pthread_mutex_unlock(&g.lock);
     *pctx = c;
@@ -711,6 +740,7 @@ CUAPI int cuDevicePrimaryCtxRetain(void **pctx, int dev)
 static void ctx_deactivate(mctx_t *c)
 {
     c->active = 0;
+    pthread_cond_broadcast(&g.done_cv); /* workers waiting for their queue's turn */
     /* Each stream's worker still holds a reference: none is freed here. */
     for (mstream_t *s = g.streams; s; s = s->next)
         if (s->ctx == c && s->gen == c->gen && !s->destroyed) {
@@ -1028,6 +1058,7 @@ static int stream_new(mctx_t *c, unsigned flags, int legacy, mstream_t **out)
     s->flags = flags;
     s->legacy = legacy;
     s->id = ++g.next_stream_id;
+    s->hwq = g.nhwq ? (int)(c->nstreams++ % (unsigned)g.nhwq) : 0;
     s->refs = 2; /* the registry (or the context, for legacy) and the worker */
     snprintf(s->cur, sizeof s->cur, "idle");
     pthread_cond_init(&s->cv, NULL);
@@ -1152,6 +1183,8 @@ static void op_free(mop_t *op)
 static void queue_push(mstream_t *s, mop_t *op)
 {
     op->next = NULL;
+    if (g.nhwq)
+        op->qticket = s->ctx->hwq[s->hwq].next++;
     if (s->tail)
         s->tail->next = op;
     else
@@ -2917,8 +2950,25 @@ static void *stream_main(void *arg)
         if (!s->head)
             break;
         mop_t *op = s->head;
-        op_describe(s, op, s->cur, sizeof s->cur);
         int dead = !s->ctx->active || s->gen != s->ctx->gen || s->ctx->sticky;
+        /* Its hardware queue's turn: every earlier ticket run, whichever
+         * stream it came from. */
+        int turn = 0;
+        if (g.nhwq && !dead) {
+            char what[160];
+            op_describe(s, op, what, sizeof what);
+            snprintf(s->cur, sizeof s->cur,
+                     "[%s] queued in hardware queue %d behind work of other streams (ticket "
+                     "%llu, queue at %llu)",
+                     what, s->hwq, (unsigned long long)op->qticket,
+                     (unsigned long long)s->ctx->hwq[s->hwq].done);
+            while (s->ctx->hwq[s->hwq].done != op->qticket && s->ctx->active &&
+                   s->gen == s->ctx->gen && !s->ctx->sticky)
+                pthread_cond_wait(&g.done_cv, &g.lock);
+            dead = !s->ctx->active || s->gen != s->ctx->gen || s->ctx->sticky;
+            turn = !dead;
+        }
+        op_describe(s, op, s->cur, sizeof s->cur);
         pthread_mutex_unlock(&g.lock);
 
         int r = CUDA_SUCCESS;
@@ -2957,6 +3007,8 @@ static void *stream_main(void *arg)
         if (!s->head)
             s->tail = NULL;
         s->done++;
+        if (turn && s->gen == s->ctx->gen)
+            s->ctx->hwq[s->hwq].done++;
         op_free(op);
         snprintf(s->cur, sizeof s->cur, "idle");
         pthread_cond_broadcast(&g.done_cv);
