@@ -23,12 +23,17 @@
  * poller adds and the emulation's own transit is not: on a loaded host
  * it tells the two apart where end-to-end times cannot.
  *
+ * budget_no_flush_for_host: a GPUDirect flush read (sm_80: one more round
+ * trip on the loopback QP) holds back an immediate only when a device
+ * region is registered; a ring that moves host memory pays none.
+ *
  * main re-executes this program inside the emulation (common/mockib.h).
  * Skips (77) when hcoll was built without rdma-core headers or the mock is
  * not built.
  */
 #include <check.h>
 #include <dlfcn.h>
+#include <limits.h>
 #include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -37,6 +42,8 @@
 
 #include "common/mockib.h"
 #include "common/ranks.h"
+#include "common/seam.h"
+#include "gpu/gpuhelp.h"
 #include "hc_build.h"
 #include "hcoll.h"
 
@@ -254,12 +261,126 @@ START_TEST(budget_small_allreduce)
 }
 END_TEST
 
+/* ---- flush reads only where device memory can be written ----------------- */
+
+typedef struct flush_arg {
+    budget_arg_t b; /* its allgather */
+    char root[200];
+} flush_arg_t;
+
+static uint64_t mock_stat(const char *name)
+{
+    void *h = dlopen("libibverbs.so.1", RTLD_NOLOAD | RTLD_NOW);
+    uint64_t (*f)(const char *) = h ? (uint64_t(*)(const char *))dlsym(h, "hcmock_verbs_stat")
+                                    : NULL;
+    return f ? f(name) : UINT64_MAX;
+}
+
+/* nput puts of 4 KiB from rank 0 into rank 1's region rk; rank 1 waits
+ * for their immediates. */
+static int puts_to_1(hc_transport_t *tr, hc_ep_t *ep, hc_mr_t *mr, const hc_rkey_t *rk, int rank,
+                     hc_errbuf_t *eb)
+{
+    const int nput = 16;
+    hcoll_status_t st;
+    if (rank == 0) {
+        for (int k = 0; k < nput; k++)
+            HCT_REQUIRE(hc_ib_ops.put(ep, mr, 0, rk, (size_t)k * 4096, 4096, (uint32_t)k, 0) ==
+                            HCOLL_SUCCESS,
+                        "put: %s", eb->msg);
+        int got = hct_wait_comps(&hc_ib_ops, tr, HC_COMP_PUT, nput, NULL, 10000, &st);
+        HCT_REQUIRE(st == HCOLL_SUCCESS && got == nput, "puts %d/%d: %s", got, nput, eb->msg);
+    } else {
+        int got = hct_wait_comps(&hc_ib_ops, tr, HC_COMP_IMM, nput, NULL, 10000, &st);
+        HCT_REQUIRE(st == HCOLL_SUCCESS && got == nput, "immediates %d/%d: %s", got, nput,
+                    eb->msg);
+    }
+    return 0;
+}
+
+static int rank_flush(int rank, int n, void *argp)
+{
+    flush_arg_t *a = argp;
+    ag_ctx_t ag = { &a->b, rank };
+    setenv("HCMOCK_CC", "8.0", 1); /* before Hopper: GPUDirect writes want a flush read */
+    setenv("HCMOCK_IB_SYSFS", a->root, 1);
+    const hc_cu_api_t *cu = gpu_open(0);
+    HCT_REQUIRE(cu, "no GPU 0 from the mock CUDA driver");
+    hc_errbuf_t eb;
+    hc_params_t settings;
+    hc_transport_params_t p;
+    HCT_REQUIRE(hct_ib_params(rank, n, &eb, &settings, &p) == HCOLL_SUCCESS, "%s", eb.msg);
+    snprintf(settings.sysfs_root, sizeof settings.sysfs_root, "%s", a->root);
+    p.has_gpu = 1;
+    p.gpu = 0;
+    hc_transport_t *tr;
+    HCT_REQUIRE(hc_ib_ops.create(&p, &tr) == HCOLL_SUCCESS, "create: %s", eb.msg);
+    HCT_REQUIRE(hc_ib_ops.gdr && hc_ib_ops.gdr(tr), "GPUDirect is off on sysfs-mockib");
+    int peer = 1 - rank;
+    hc_ep_t *ep;
+    HCT_REQUIRE(hc_ib_ops.connect(tr, &peer, 1, shm_allgather, &ag, &ep) == HCOLL_SUCCESS,
+                "connect: %s", eb.msg);
+    const size_t bytes = 16 * 4096;
+    void *host = calloc(1, bytes);
+    hc_cu_dptr_t dbuf = 0;
+    HCT_REQUIRE(host && cu->mem_alloc(&dbuf, bytes) == HC_CU_SUCCESS, "buffers");
+    hc_mr_t *hmr, *dmr = NULL;
+    hc_rkey_t rk, rks[2];
+    HCT_REQUIRE(hc_ib_ops.mr_reg(tr, host, bytes, &hmr, &rk) == HCOLL_SUCCESS, "%s", eb.msg);
+    HCT_REQUIRE(shm_allgather(&ag, &rk, rks, sizeof rk) == HCOLL_SUCCESS, "exchange keys");
+    /* Host memory only, on both sides: nothing for a flush to order. */
+    if (puts_to_1(tr, ep, hmr, &rks[1], rank, &eb))
+        return 1;
+    HCT_REQUIRE(rank == 0 || mock_stat("reads") == 0,
+                "rank 1: %llu flush read(s) for immediates of puts into host memory",
+                (unsigned long long)mock_stat("reads"));
+    /* A device region on rank 1: its immediates wait for a flush read. */
+    if (rank == 1)
+        HCT_REQUIRE(hc_ib_ops.mr_reg(tr, (void *)(uintptr_t)dbuf, bytes, &dmr, &rk) ==
+                        HCOLL_SUCCESS,
+                    "registering device memory: %s", eb.msg);
+    HCT_REQUIRE(shm_allgather(&ag, &rk, rks, sizeof rk) == HCOLL_SUCCESS, "exchange keys");
+    if (puts_to_1(tr, ep, hmr, &rks[1], rank, &eb))
+        return 1;
+    HCT_REQUIRE(rank == 0 || mock_stat("reads") > 0,
+                "rank 1: no flush read with a device region registered");
+    HCT_REQUIRE(shm_allgather(&ag, &rk, rks, sizeof rk) == HCOLL_SUCCESS, "barrier");
+    hc_ib_ops.mr_dereg(tr, hmr);
+    if (dmr)
+        hc_ib_ops.mr_dereg(tr, dmr);
+    hc_ib_ops.destroy(tr, 1);
+    cu->mem_free(dbuf);
+    free(host);
+    return hct_mock_released(rank ? "flush rank 1" : "flush rank 0");
+}
+
+START_TEST(budget_no_flush_for_host)
+{
+    char cuda[PATH_MAX];
+    if (!hct_mock_cuda_built(cuda, sizeof cuda)) {
+        printf("SKIP: budget_no_flush_for_host: %s not built\n", cuda);
+        return;
+    }
+    flush_arg_t *a = hct_shared_alloc(sizeof *a);
+    ck_assert_ptr_nonnull(a);
+    char root[PATH_MAX];
+    ck_assert_ptr_nonnull(realpath("tests/fixtures/sysfs-mockib", root));
+    ck_assert_uint_lt(strlen(root), sizeof a->root);
+    snprintf(a->root, sizeof a->root, "%.199s", root);
+    hct_opts_t o = { .nranks = 2, .ranks_per_node = 1, .timeout_ms = 40000 };
+    hct_result_t res[2];
+    ck_assert_int_eq(hct_run(&o, rank_flush, a, res), 0);
+    hct_shared_free(a, sizeof *a);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("ib_budget");
     TCase *t = tcase_create("budget");
     tcase_set_timeout(t, 90);
     tcase_add_test(t, budget_small_allreduce);
+    tcase_add_test(t, budget_no_flush_for_host);
     suite_add_tcase(s, t);
     return s;
 }

@@ -2,7 +2,8 @@
  * Completions and progress: what the CQs report becomes hc_comp_t.
  *
  *   ep CQ ──► recv WRITE_WITH_IMM ─► HC_COMP_IMM (held for the flush when
- *        │                            GPUDirect needs one) ─► repost receive
+ *        │                            GPUDirect needs one and a device region
+ *        │                            is registered) ─► repost receive
  *        └──► send completion ─► send FIFO head: put ─► HC_COMP_PUT
  *                                                credit write, flush read: internal
  *   flush QP CQ ──► read done ─► release the immediates it covers
@@ -118,9 +119,22 @@ static hcoll_status_t flush_done(hc_transport_t *tr)
     return flush_start(tr);
 }
 
+/* Can a NIC write have landed in device memory? Only into a device region
+ * that is registered: a ring that moves host memory only (host calls, or
+ * staging) has none, and its immediates need no flush read. The list is
+ * short (live regions plus IB_MRC_IDLE) and looked at only when flushes
+ * are on. */
+static int device_regions(const hc_transport_t *tr)
+{
+    for (const hc_mrc_entry_t *e = tr->mrc.list; e; e = e->next)
+        if (((const ib_mrent_t *)e)->device)
+            return 1;
+    return 0;
+}
+
 static hcoll_status_t deliver_imm(hc_transport_t *tr, const hc_comp_t *c)
 {
-    if (!(tr->flush && tr->flush_mr)) {
+    if (!(tr->flush && tr->flush_mr && (tr->nheld || device_regions(tr)))) {
         if (cq_push(tr, c) != 0)
             return ib_fail(tr, HCOLL_ERR_NO_MEMORY, "out of memory for completions");
         return HCOLL_SUCCESS;
