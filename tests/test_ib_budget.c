@@ -27,6 +27,11 @@
  * trip on the loopback QP) holds back an immediate only when a device
  * region is registered; a ring that moves host memory pays none.
  *
+ * budget_staging_registered_once: device buffers with GPUDirect off are
+ * staged through hcoll's pinned host memory, which the ring registers for
+ * every piece it moves; the emulated NIC charges HCMOCK_IB_REG_PAGE_NS per
+ * page, and after the first calls no registration may happen at all.
+ *
  * main re-executes this program inside the emulation (common/mockib.h).
  * Skips (77) when hcoll was built without rdma-core headers or the mock is
  * not built.
@@ -50,7 +55,8 @@
 #if HCOLL_BUILD_VERBS
 
 #define LAT_US   "10"  /* one-way: a round trip of 20 us plus the emulation's transit */
-#define NPING    300
+#define NPING    NITER
+#define BLOCK    30    /* NITER is a multiple */
 #define NITER    300
 #define SLACK    2.0
 #define SMALL    256   /* floats: the ring's gather path (n - 1 steps) */
@@ -125,73 +131,85 @@ static int wait_imm(hc_transport_t *tr, double deadline_ms)
     }
 }
 
-/* ①: the emulated wire's round trip, measured on the transport itself. */
-static int round_trip(budget_arg_t *a, int rank)
-{
+/* ①: the emulated wire, on a transport of the test's own beside hcoll's. */
+typedef struct rt {
     hc_errbuf_t eb;
     hc_params_t settings;
     hc_transport_params_t tp;
     hc_transport_t *tr;
-    ag_ctx_t ag = { a, rank };
-    HCT_REQUIRE(hct_ib_params(rank, 2, &eb, &settings, &tp) == HCOLL_SUCCESS, "%s", eb.msg);
-    HCT_REQUIRE(hc_ib_ops.create(&tp, &tr) == HCOLL_SUCCESS, "create: %s", eb.msg);
-    int peer = 1 - rank;
     hc_ep_t *ep;
-    HCT_REQUIRE(hc_ib_ops.connect(tr, &peer, 1, shm_allgather, &ag, &ep) == HCOLL_SUCCESS,
-                "connect: %s", eb.msg);
-    static char buf[64];
     hc_mr_t *mr;
-    hc_rkey_t rk, rks[2];
-    HCT_REQUIRE(hc_ib_ops.mr_reg(tr, buf, sizeof buf, &mr, &rk) == HCOLL_SUCCESS, "%s", eb.msg);
-    HCT_REQUIRE(shm_allgather(&ag, &rk, rks, sizeof rk) == HCOLL_SUCCESS, "exchange keys");
-    double t[NPING];
-    const double deadline = hct_now_ms() + 20000;
-    pickup_us(0.5, 1);
-    for (int i = 0; i < NPING; i++) {
-        double t0 = hct_now_ms();
-        if (rank == 1)
-            HCT_REQUIRE(wait_imm(tr, deadline) == 0, "no ping %d: %s", i, eb.msg);
-        HCT_REQUIRE(hc_ib_ops.put(ep, mr, 0, &rks[peer], 0, 8, (uint32_t)i, 0) == HCOLL_SUCCESS,
-                    "put: %s", eb.msg);
-        if (rank == 0)
-            HCT_REQUIRE(wait_imm(tr, deadline) == 0, "no pong %d: %s", i, eb.msg);
-        t[i] = (hct_now_ms() - t0) * 1e3;
-    }
-    if (rank == 0)
-        a->rtt_us = median(t, NPING);
-    a->spin_pick_us[rank] = pickup_us(0.5, 1);
-    /* Both sides' last puts have completed before the QPs go. */
-    HCT_REQUIRE(shm_allgather(&ag, &rk, rks, sizeof rk) == HCOLL_SUCCESS, "end");
-    hc_ib_ops.mr_dereg(tr, mr);
-    hc_ib_ops.destroy(tr, 1);
+    hc_rkey_t rks[2];
+    char buf[64];
+    ag_ctx_t ag;
+} rt_t;
+
+static int rt_open(rt_t *t, budget_arg_t *a, int rank)
+{
+    t->ag = (ag_ctx_t){ a, rank };
+    HCT_REQUIRE(hct_ib_params(rank, 2, &t->eb, &t->settings, &t->tp) == HCOLL_SUCCESS, "%s",
+                t->eb.msg);
+    HCT_REQUIRE(hc_ib_ops.create(&t->tp, &t->tr) == HCOLL_SUCCESS, "create: %s", t->eb.msg);
+    int peer = 1 - rank;
+    HCT_REQUIRE(hc_ib_ops.connect(t->tr, &peer, 1, shm_allgather, &t->ag, &t->ep) ==
+                    HCOLL_SUCCESS,
+                "connect: %s", t->eb.msg);
+    hc_rkey_t rk;
+    HCT_REQUIRE(hc_ib_ops.mr_reg(t->tr, t->buf, sizeof t->buf, &t->mr, &rk) == HCOLL_SUCCESS,
+                "%s", t->eb.msg);
+    HCT_REQUIRE(shm_allgather(&t->ag, &rk, t->rks, sizeof rk) == HCOLL_SUCCESS, "keys");
     return 0;
 }
 
-/* Median microseconds of NITER all-reduces of SMALL floats on comm. */
-static int time_allreduce(hcoll_comm_t comm, int rank, int n, double *med_out, double *pick_out)
+/* One ping-pong, microseconds as rank 0 sees it (-1: failed). */
+static double rt_once(rt_t *t, int rank, int i)
+{
+    const double deadline = hct_now_ms() + 20000, t0 = hct_now_ms();
+    if (rank == 1 && wait_imm(t->tr, deadline) != 0)
+        return -1;
+    if (hc_ib_ops.put(t->ep, t->mr, 0, &t->rks[1 - rank], 0, 8, (uint32_t)i, 0) != HCOLL_SUCCESS)
+        return -1;
+    if (rank == 0 && wait_imm(t->tr, deadline) != 0)
+        return -1;
+    return (hct_now_ms() - t0) * 1e3;
+}
+
+static int rt_close(rt_t *t)
+{
+    hc_rkey_t rk = { { 0, 0 } }, rks[2];
+    /* Both sides' last puts have completed before the QPs go. */
+    HCT_REQUIRE(shm_allgather(&t->ag, &rk, rks, sizeof rk) == HCOLL_SUCCESS, "end");
+    hc_ib_ops.mr_dereg(t->tr, t->mr);
+    hc_ib_ops.destroy(t->tr, 1);
+    return 0;
+}
+
+static int check_sum(const float *out, int rank, int n, int i)
+{
+    for (int k = 0; k < SMALL; k++) {
+        float want = 0;
+        for (int r = 0; r < n; r++)
+            want += (float)(r + k + i);
+        HCT_REQUIRE(out[k] == want, "rank %d: element %d is %g, not %g", rank, k, (double)out[k],
+                    (double)want);
+    }
+    return 0;
+}
+
+/* One all-reduce of SMALL floats on comm, microseconds (-1: failed). */
+static double ar_once(hcoll_comm_t comm, int rank, int n, int i)
 {
     float in[SMALL], out[SMALL];
-    double t[NITER];
-    for (int w = 0; w < 20; w++)
-        HCT_OK(comm, hcoll_allreduce(comm, in, out, SMALL, HCOLL_FLOAT32, HCOLL_SUM, NULL));
-    pickup_us(0.5, 1);
-    for (int i = 0; i < NITER; i++) {
-        for (int k = 0; k < SMALL; k++)
-            in[k] = (float)(rank + k + i);
-        double t0 = hct_now_ms();
-        HCT_OK(comm, hcoll_allreduce(comm, in, out, SMALL, HCOLL_FLOAT32, HCOLL_SUM, NULL));
-        t[i] = (hct_now_ms() - t0) * 1e3;
-        for (int k = 0; k < SMALL; k++) {
-            float want = 0;
-            for (int r = 0; r < n; r++)
-                want += (float)(r + k + i);
-            HCT_REQUIRE(out[k] == want, "rank %d: element %d is %g, not %g", rank, k,
-                        (double)out[k], (double)want);
-        }
+    for (int k = 0; k < SMALL; k++)
+        in[k] = (float)(rank + k + i);
+    double t0 = hct_now_ms();
+    hcoll_status_t st = hcoll_allreduce(comm, in, out, SMALL, HCOLL_FLOAT32, HCOLL_SUM, NULL);
+    double us = (hct_now_ms() - t0) * 1e3;
+    if (st != HCOLL_SUCCESS) {
+        fprintf(stderr, "rank %d: all-reduce %d: %s\n", rank, i, hcoll_comm_last_error(comm));
+        return -1;
     }
-    *med_out = median(t, NITER);
-    *pick_out = pickup_us(0.5, 1);
-    return 0;
+    return check_sum(out, rank, n, i) ? -1 : us;
 }
 
 static int rank_budget(int rank, int n, void *argp)
@@ -199,29 +217,51 @@ static int rank_budget(int rank, int n, void *argp)
     budget_arg_t *a = argp;
     setenv("HCOLL_SOCKET_IFNAME", "=lo", 1);
     setenv("HCMOCK_IB_LAT_US", LAT_US, 1);
-    if (round_trip(a, rank))
+    rt_t rt;
+    if (rt_open(&rt, a, rank))
         return 1;
+    double t[NITER], u[NITER];
+    /* How soon a spinning poller takes its completions here. */
+    pickup_us(0.5, 1);
+    for (int i = 0; i < NPING; i++)
+        HCT_REQUIRE((t[i] = rt_once(&rt, rank, i)) >= 0, "ping %d: %s", i, rt.eb.msg);
+    a->spin_pick_us[rank] = pickup_us(0.5, 1);
     /* ②: the call's own cost, no network. */
-    hcoll_comm_t one;
-    hcoll_unique_id_t id1;
+    hcoll_comm_t one, comm;
+    hcoll_unique_id_t id1, id;
     hcoll_config_t cfg = HCOLL_CONFIG_INITIALIZER;
     HCT_OK(NULL, hcoll_get_unique_id(&id1));
     HCT_OK(NULL, hcoll_comm_init(&one, 1, 0, &id1, &cfg));
-    double unused;
-    if (time_allreduce(one, 0, 1, &a->local_us[rank], &unused))
-        return 1;
+    for (int i = 0; i < NITER; i++)
+        HCT_REQUIRE((t[i] = ar_once(one, 0, 1, i)) >= 0, "one-rank all-reduce");
+    a->local_us[rank] = median(t, NITER);
     HCT_OK(one, hcoll_comm_destroy(one));
     /* ③ */
-    hcoll_comm_t comm;
-    hcoll_unique_id_t id;
     cfg.net = "ib";
     cfg.timeout_ms = 20000;
     HCT_REQUIRE(hct_share_unique_id(&a->slot, rank, 20000, &id) == 0, "no unique id");
     HCT_OK(NULL, hcoll_comm_init(&comm, n, rank, &id, &cfg));
-    if (time_allreduce(comm, rank, n, &a->ar_us[rank], &a->pick_us[rank]))
-        return 1;
+    for (int i = 0; i < 20; i++)
+        HCT_REQUIRE(ar_once(comm, rank, n, i) >= 0, "warm-up");
+    /* hcoll's pickup delays, with nothing else polling. */
+    pickup_us(0.5, 1);
+    for (int i = 0; i < NITER; i++)
+        HCT_REQUIRE(ar_once(comm, rank, n, i) >= 0, "all-reduce %d", i);
+    a->pick_us[rank] = pickup_us(0.5, 1);
+    /* Round trips and all-reduces in blocks, in turn, so that both see the
+     * same load; not one each in turn, where each would wait for the
+     * other rank's end of the one before. */
+    for (int i = 0; i < NITER; i += BLOCK) {
+        for (int j = i; j < i + BLOCK; j++)
+            HCT_REQUIRE((u[j] = rt_once(&rt, rank, j)) >= 0, "ping %d: %s", j, rt.eb.msg);
+        for (int j = i; j < i + BLOCK; j++)
+            HCT_REQUIRE((t[j] = ar_once(comm, rank, n, j)) >= 0, "all-reduce %d", j);
+    }
+    a->ar_us[rank] = median(t, NITER);
+    if (rank == 0)
+        a->rtt_us = median(u, NITER);
     HCT_OK(comm, hcoll_comm_destroy(comm));
-    return 0;
+    return rt_close(&rt);
 }
 
 START_TEST(budget_small_allreduce)
@@ -374,6 +414,105 @@ START_TEST(budget_no_flush_for_host)
 }
 END_TEST
 
+/* ---- the staging pool registered once ------------------------------------- */
+
+#define STG_COUNT (1u << 20) /* floats: 4 MiB, several staged pieces */
+#define STG_CALLS 6
+
+typedef struct stg_arg {
+    hct_id_slot_t slot;
+    char root[200];
+    double us[2];            /* median call after the warm-up */
+    unsigned long long regs[2]; /* registrations during those calls */
+} stg_arg_t;
+
+static int rank_staging(int rank, int n, void *argp)
+{
+    stg_arg_t *a = argp;
+    setenv("HCOLL_SOCKET_IFNAME", "=lo", 1);
+    setenv("HCMOCK_CC", "8.0", 1);
+    setenv("HCOLL_SYSFS_ROOT", a->root, 1);
+    setenv("HCMOCK_IB_SYSFS", a->root, 1);
+    setenv("HCOLL_NET_GDR_LEVEL", "LOC", 1); /* GPUDirect off: host staging */
+    setenv("HCMOCK_IB_REG_PAGE_NS", "250", 1);
+    const hc_cu_api_t *cu = gpu_open(0);
+    HCT_REQUIRE(cu, "rank %d: no (mock) GPU 0", rank);
+    hcoll_comm_t comm;
+    hcoll_unique_id_t id;
+    hcoll_config_t cfg = HCOLL_CONFIG_INITIALIZER;
+    cfg.net = "ib";
+    cfg.timeout_ms = 20000;
+    HCT_REQUIRE(hct_share_unique_id(&a->slot, rank, 20000, &id) == 0, "no unique id");
+    HCT_OK(NULL, hcoll_comm_init(&comm, n, rank, &id, &cfg));
+    void *stream;
+    HCT_REQUIRE(cu->stream_create(&stream, HC_CU_STREAM_NON_BLOCKING) == HC_CU_SUCCESS,
+                "stream");
+    const size_t bytes = STG_COUNT * sizeof(float);
+    float *host = malloc(bytes);
+    hc_cu_dptr_t d;
+    HCT_REQUIRE(host && cu->mem_alloc(&d, bytes) == HC_CU_SUCCESS, "buffers");
+    double t[STG_CALLS];
+    uint64_t regs0 = 0;
+    for (int i = 0; i < 2 + STG_CALLS; i++) {
+        if (i == 2)
+            regs0 = mock_stat("mr_registrations");
+        for (size_t k = 0; k < STG_COUNT; k++)
+            host[k] = (float)((k + (size_t)rank + (size_t)i) % 64);
+        HCT_REQUIRE(cu->memcpy_htod_async(d, host, bytes, stream) == HC_CU_SUCCESS, "h2d");
+        HCT_REQUIRE(cu->stream_synchronize(stream) == HC_CU_SUCCESS, "sync");
+        double t0 = hct_now_ms();
+        HCT_OK(comm, hcoll_allreduce(comm, (void *)(uintptr_t)d, (void *)(uintptr_t)d, STG_COUNT,
+                                     HCOLL_FLOAT32, HCOLL_SUM, stream));
+        HCT_REQUIRE(cu->stream_synchronize(stream) == HC_CU_SUCCESS, "sync");
+        if (i >= 2)
+            t[i - 2] = (hct_now_ms() - t0) * 1e3;
+        HCT_REQUIRE(cu->memcpy_dtoh_async(host, d, bytes, stream) == HC_CU_SUCCESS, "d2h");
+        HCT_REQUIRE(cu->stream_synchronize(stream) == HC_CU_SUCCESS, "sync");
+        for (size_t k = 0; k < STG_COUNT; k += 4099) {
+            float want = 0;
+            for (int r = 0; r < n; r++)
+                want += (float)((k + (size_t)r + (size_t)i) % 64);
+            HCT_REQUIRE(host[k] == want, "rank %d call %d: element %zu is %g, not %g", rank, i,
+                        k, (double)host[k], (double)want);
+        }
+    }
+    a->regs[rank] = (unsigned long long)(mock_stat("mr_registrations") - regs0);
+    a->us[rank] = median(t, STG_CALLS);
+    HCT_OK(comm, hcoll_comm_destroy(comm));
+    cu->mem_free(d);
+    cu->stream_destroy(stream);
+    free(host);
+    return 0;
+}
+
+START_TEST(budget_staging_registered_once)
+{
+    char cuda[PATH_MAX];
+    if (!hct_mock_cuda_built(cuda, sizeof cuda)) {
+        printf("SKIP: budget_staging_registered_once: %s not built\n", cuda);
+        return;
+    }
+    stg_arg_t *a = hct_shared_alloc(sizeof *a);
+    ck_assert_ptr_nonnull(a);
+    char root[PATH_MAX];
+    ck_assert_ptr_nonnull(realpath("tests/fixtures/sysfs-mockib", root));
+    ck_assert_uint_lt(strlen(root), sizeof a->root);
+    snprintf(a->root, sizeof a->root, "%.199s", root);
+    hct_opts_t o = { .nranks = 2, .ranks_per_node = 1, .timeout_ms = 60000 };
+    hct_result_t res[2];
+    ck_assert_int_eq(hct_run(&o, rank_staging, a, res), 0);
+    for (int r = 0; r < 2; r++) {
+        fprintf(stderr, "rank %d: staged device all-reduce of %zu bytes: %.0f us median, %llu "
+                "registration(s) in %d calls after the first two\n", r,
+                (size_t)STG_COUNT * sizeof(float), a->us[r], a->regs[r], STG_CALLS);
+        ck_assert_msg(a->regs[r] == 0, "rank %d: %llu registrations in %d staged calls after "
+                      "the first two: the staging pool is registered per piece", r, a->regs[r],
+                      STG_CALLS);
+    }
+    hct_shared_free(a, sizeof *a);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("ib_budget");
@@ -381,6 +520,7 @@ static Suite *suite(void)
     tcase_set_timeout(t, 90);
     tcase_add_test(t, budget_small_allreduce);
     tcase_add_test(t, budget_no_flush_for_host);
+    tcase_add_test(t, budget_staging_registered_once);
     suite_add_tcase(s, t);
     return s;
 }
