@@ -32,6 +32,11 @@
  * every piece it moves; the emulated NIC charges HCMOCK_IB_REG_PAGE_NS per
  * page, and after the first calls no registration may happen at all.
  *
+ * budget_small_puts_inline: puts of at most 64 bytes go inline (the NIC
+ * takes the bytes with the work request, no second DMA read); the proof
+ * is that the bytes are taken at posting: a source overwritten while the
+ * emulated NIC holds the request (HCMOCK_IB_TX_DELAY_US) is not what lands.
+ *
  * main re-executes this program inside the emulation (common/mockib.h).
  * Skips (77) when hcoll was built without rdma-core headers or the mock is
  * not built.
@@ -513,6 +518,50 @@ START_TEST(budget_staging_registered_once)
 }
 END_TEST
 
+/* ---- inline puts ------------------------------------------------------------ */
+
+static int rank_inline(int rank, int n, void *argp)
+{
+    (void)n;
+    budget_arg_t *a = argp;
+    setenv("HCMOCK_IB_TX_DELAY_US", "2000", 1);
+    rt_t rt;
+    if (rt_open(&rt, a, rank))
+        return 1;
+    hcoll_status_t st;
+    static const size_t lens[] = { 1, 8, 64 };
+    for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
+        if (rank == 0) {
+            memset(rt.buf, 'A' + (int)i, sizeof rt.buf);
+            HCT_REQUIRE(hc_ib_ops.put(rt.ep, rt.mr, 0, &rt.rks[1], 0, lens[i], (uint32_t)i, 0) ==
+                            HCOLL_SUCCESS,
+                        "put: %s", rt.eb.msg);
+            memset(rt.buf, 'z', sizeof rt.buf); /* before the NIC got to it */
+            int got = hct_wait_comps(&hc_ib_ops, rt.tr, HC_COMP_PUT, 1, NULL, 10000, &st);
+            HCT_REQUIRE(st == HCOLL_SUCCESS && got == 1, "put completion: %s", rt.eb.msg);
+        } else {
+            int got = hct_wait_comps(&hc_ib_ops, rt.tr, HC_COMP_IMM, 1, NULL, 10000, &st);
+            HCT_REQUIRE(st == HCOLL_SUCCESS && got == 1, "immediate: %s", rt.eb.msg);
+            for (size_t k = 0; k < lens[i]; k++)
+                HCT_REQUIRE(rt.buf[k] == 'A' + (int)i,
+                            "a %zu-byte put: byte %zu is '%c', written after posting: the put "
+                            "was not inline", lens[i], k, rt.buf[k]);
+        }
+    }
+    return rt_close(&rt);
+}
+
+START_TEST(budget_small_puts_inline)
+{
+    budget_arg_t *a = hct_shared_alloc(sizeof *a);
+    ck_assert_ptr_nonnull(a);
+    hct_opts_t o = { .nranks = 2, .ranks_per_node = 1, .timeout_ms = 30000 };
+    hct_result_t res[2];
+    ck_assert_int_eq(hct_run(&o, rank_inline, a, res), 0);
+    hct_shared_free(a, sizeof *a);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("ib_budget");
@@ -521,6 +570,7 @@ static Suite *suite(void)
     tcase_add_test(t, budget_small_allreduce);
     tcase_add_test(t, budget_no_flush_for_host);
     tcase_add_test(t, budget_staging_registered_once);
+    tcase_add_test(t, budget_small_puts_inline);
     suite_add_tcase(s, t);
     return s;
 }
