@@ -236,6 +236,7 @@ START_TEST(segment_count_bounds)
     for (size_t i = 0; i < sizeof es / sizeof es[0]; i++)
         for (size_t j = 0; j < sizeof L / sizeof L[0]; j++) {
             const size_t min = stage / es[i] * (size_t)L[j];
+            const size_t unit = (size_t)L[j] * (16 / es[i]); /* L x 16 bytes */
             /* Small calls: one segment of the minimum. */
             ck_assert_uint_eq(hc_devsched_segment_count(0, es[i], stage, L[j]), min);
             ck_assert_uint_eq(hc_devsched_segment_count(1, es[i], stage, L[j]), min);
@@ -244,7 +245,8 @@ START_TEST(segment_count_bounds)
              * element: the segment grows, the count of segments does not. */
             const size_t full = HC_DEVSCHED_SEGMENTS * min;
             ck_assert_uint_eq(hc_devsched_segment_count(full, es[i], stage, L[j]), min);
-            ck_assert_uint_eq(hc_devsched_segment_count(full + 1, es[i], stage, L[j]), min + 1);
+            ck_assert_uint_eq(hc_devsched_segment_count(full + 1, es[i], stage, L[j]),
+                              min + unit);
             ck_assert_uint_eq(hc_devsched_segment_count(full - 1, es[i], stage, L[j]), min);
             const size_t counts[] = { min - 1, min + 1, 2 * min + 1, full - 1, full, full + 1,
                                       7 * min + 3, 100 * min + 99 };
@@ -257,6 +259,8 @@ START_TEST(segment_count_bounds)
                 ck_assert_uint_le(nseg, HC_DEVSCHED_SEGMENTS);
                 ck_assert_uint_ge(nseg * seg, n);
                 ck_assert_uint_lt((nseg - 1) * seg, n);
+                /* L equal shards of whole 16-byte vectors per segment. */
+                ck_assert_uint_eq(seg % unit, 0);
             }
         }
 }

@@ -254,11 +254,20 @@ START_TEST(mr_cache)
     /* Three idle entries, two kept: the least recently used went. */
     ck_assert_int_eq(deregs, 1);
     ck_assert_int_eq(c.count, 2);
-    /* Entries in use are never evicted. */
+    /* A new allocation (id 7) over buf[0]: the two idle entries there are
+     * of freed buffers (ids 5 and 42) and go at once, not by age. */
     hc_mrc_entry_t *u[4];
-    for (int i = 0; i < 4; i++)
+    u[0] = fake_reg(&c, buf[0], 4096, 7);
+    ck_assert_int_eq(deregs, 3);
+    ck_assert_uint_eq(c.stale, 2);
+    ck_assert_int_eq(c.count, 1);
+    /* Entries in use are never evicted, stale or not. */
+    hc_mrc_entry_t *keep = fake_reg(&c, buf[1], 4096, 8);
+    for (int i = 1; i < 4; i++)
         u[i] = fake_reg(&c, buf[i], 4096, 7);
-    ck_assert_int_eq(c.count, 6);
+    ck_assert_ptr_nonnull(keep->base);
+    ck_assert_int_eq(c.count, 5);
+    hc_mrc_release(&c, keep);
     for (int i = 0; i < 4; i++)
         hc_mrc_release(&c, u[i]);
     ck_assert_int_eq(c.count, 2);
@@ -279,7 +288,7 @@ START_TEST(mr_cache)
 
     hc_mrc_fini(&c);
     ck_assert_int_eq(c.count, 0);
-    ck_assert_int_eq(deregs, 8);
+    ck_assert_int_eq(deregs, 9);
 }
 END_TEST
 

@@ -123,6 +123,11 @@ static const hc_knob_t knobs[] = {
       OFF(init_timeout_ms),
       "How long init waits for every rank to arrive at the rendezvous, milliseconds; a rank "
       "that arrived and then froze is found by HCOLL_LIVENESS_MS." },
+    /* Verbs progress (inter/ib/poll.c). */
+    { "HCOLL_IB_SPIN_US", HC_KNOB_INT, "100", 0, 1000000, NULL, 0, 0, OFF(ib_spin_us),
+      "How long a verbs wait polls its completion queues without sleeping, microseconds, "
+      "before it sleeps on a completion channel; a NIC's round trip is 2-5 us, a sleep's "
+      "wake-up tens. 0: sleep at once (frees the core sooner, costs latency)." },
 };
 
 #undef OFF

@@ -91,7 +91,14 @@ size_t hc_devsched_segment_count(size_t count, size_t es, size_t stage_bytes, in
 {
     size_t min = stage_bytes / es * (size_t)local_size;
     size_t seg = (count + HC_DEVSCHED_SEGMENTS - 1) / HC_DEVSCHED_SEGMENTS;
-    return seg < min ? min : seg;
+    if (seg <= min)
+        return min;
+    /* Whole 16-byte vectors per local rank: NCCL then splits a segment
+     * into L equal shards (reduce-scatter, all-gather) instead of running
+     * L reduces and L broadcasts, and each shard starts aligned for the
+     * kernels' vector loads. min is such a multiple already. */
+    const size_t unit = (size_t)local_size * (16 % es == 0 ? 16 / es : 1);
+    return (seg + unit - 1) / unit * unit;
 }
 
 size_t hc_devsched_pieces(size_t count, size_t es, size_t stage_bytes)

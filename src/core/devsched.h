@@ -74,7 +74,8 @@ hc_devstage_step_t hc_devstage_next(hc_devstage_t *s);
 size_t hc_devsched_stage_bytes(size_t piece_bytes);
 
 /* Elements per segment of a three-stage call of count elements of es
- * bytes (es > 0). */
+ * bytes (es > 0): a multiple of local_size x 16 bytes, so that every
+ * segment but the last divides into L equal, 16-byte aligned shards. */
 size_t hc_devsched_segment_count(size_t count, size_t es, size_t stage_bytes, int local_size);
 
 /* Pieces of stage_bytes / es elements that count elements take. */

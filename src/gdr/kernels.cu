@@ -3,8 +3,9 @@
  * finishing division, with the host kernels' semantics (core/reduce.c):
  *
  *   global memory ──16-byte loads──► registers ──op in the arithmetic type──► 16-byte store
- *                    (scalar loads when a pointer is not 16-byte aligned,
- *                     and for the tail)
+ *                    (a scalar head up to the 16-byte boundary when dst, a
+ *                     and b are misaligned alike; scalar loads when they
+ *                     are misaligned differently, and for the tail)
  *
  *   half types   widened to float, combined, rounded to nearest-even on
  *                store (__float2half_rn / __float2bfloat16_rn are exact
@@ -79,6 +80,21 @@ __device__ void reduce_body(S *dst, const S *a, const S *b, unsigned long long n
 {
     const unsigned long long tid = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
     const unsigned long long nthreads = (unsigned long long)gridDim.x * blockDim.x;
+    /* Ring chunks start at arbitrary element offsets, usually the same one
+     * in all three buffers: peel the head up to dst's next 16-byte
+     * boundary, so that the rest takes the vector loads. */
+    const uintptr_t mis = (uintptr_t)dst & 15;
+    if (mis && ((uintptr_t)a & 15) == mis && ((uintptr_t)b & 15) == mis && mis % sizeof(S) == 0) {
+        unsigned long long head = (16 - mis) / sizeof(S);
+        if (head > n)
+            head = n;
+        for (unsigned long long i = tid; i < head; i += nthreads)
+            dst[i] = Op::f(a[i], b[i]);
+        dst += head;
+        a += head;
+        b += head;
+        n -= head;
+    }
     unsigned long long done = 0;
     if ((((uintptr_t)dst | (uintptr_t)a | (uintptr_t)b) & 15) == 0) {
         typedef Vec<S> V;

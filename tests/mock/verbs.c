@@ -87,6 +87,14 @@
  *   HCMOCK_IB_MEMLOCK_KB   locked-memory limit for host MRs (default none)
  *   HCMOCK_IB_GDR_LAZY     1: device writes visible only after a flush read
  *   HCMOCK_IB_COPY_ON_FORK 1: the kernel copies pinned pages at fork
+ * Timing, so that a host's costs show in tests (a NIC's are microseconds):
+ *   HCMOCK_IB_LAT_US       one-way latency: every WR reaches the wire that
+ *                          long after it was posted (a round trip is twice
+ *                          it plus the emulation's own transit)
+ *   HCMOCK_IB_REG_US       fixed cost of each ibv_reg_mr/ibv_reg_dmabuf_mr
+ *   HCMOCK_IB_REG_PAGE_NS  cost per 4 KiB page registered (pinning)
+ * and hcmock_verbs_pickup_us(q, reset): a quantile of how long completions
+ * sat in their CQ before a poll took them (a poller's own latency).
  */
 #include <dirent.h>
 #include <dlfcn.h>
@@ -105,6 +113,7 @@
 #include <sys/eventfd.h>
 #include <sys/auxv.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -165,6 +174,19 @@ static int env_int(const char *name, int dflt)
 {
     const char *v = getenv(name);
     return v && *v ? atoi(v) : dflt;
+}
+
+/* A registration pins its pages: the caller waits, as ibv_reg_mr blocks
+ * in the kernel (HCMOCK_IB_REG_US + pages x HCMOCK_IB_REG_PAGE_NS). */
+static void reg_cost(size_t len)
+{
+    const double ns = env_int("HCMOCK_IB_REG_US", 0) * 1e3 +
+                      (double)((len + 4095) / 4096) * env_int("HCMOCK_IB_REG_PAGE_NS", 0);
+    if (ns <= 0)
+        return;
+    struct timespec ts = { (time_t)(ns / 1e9), (long)(ns - (double)(time_t)(ns / 1e9) * 1e9) };
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
 }
 
 static void trace(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -387,6 +409,7 @@ typedef struct cqe {
     struct ibv_wc wc;
     int is_send;
     uint64_t seq;     /* WQE index in its queue: polling it frees slots */
+    double t_ready;   /* when it was pushed (pickup delays) */
 } cqe_t;
 
 typedef struct mcq {
@@ -564,6 +587,21 @@ static mqp_t *qp_by_num(mctx_t *c, uint32_t qpn)
 
 static void async_push(mctx_t *c, enum ibv_event_type type, void *obj, int port);
 
+/* Pickup delays: how long each completion sat in its CQ before a poll took
+ * it (the last PICKUP_MAX, per process). A NIC's completion is seen at the
+ * next sweep of a spinning poller; a poller that sleeps leaves it there. */
+#define PICKUP_MAX 8192
+static pthread_mutex_t g_pickup_mu = PTHREAD_MUTEX_INITIALIZER;
+static float g_pickup_us[PICKUP_MAX];
+static uint64_t g_pickups;
+
+static void pickup_note(double ms)
+{
+    pthread_mutex_lock(&g_pickup_mu);
+    g_pickup_us[g_pickups++ % PICKUP_MAX] = (float)(ms * 1e3);
+    pthread_mutex_unlock(&g_pickup_mu);
+}
+
 static void cq_push(mcq_t *cq, const struct ibv_wc *wc, int is_send, uint64_t seq)
 {
     if (cq->overrun || cq->count == cq->cap) {
@@ -580,6 +618,7 @@ static void cq_push(mcq_t *cq, const struct ibv_wc *wc, int is_send, uint64_t se
     e->wc = *wc;
     e->is_send = is_send;
     e->seq = seq;
+    e->t_ready = now_ms();
     cq->count++;
 }
 
@@ -661,9 +700,11 @@ static int mock_poll_cq(struct ibv_cq *ibcq, int n, struct ibv_wc *wc)
     int k = 0;
     /* An overrun CQ goes on answering: what it lost is not there, and only
      * the async event (IBV_EVENT_CQ_ERR) says so, as on a NIC. */
+    const double t_poll = k < n && cq->count ? now_ms() : 0;
     while (k < n && cq->count) {
         cqe_t *e = &cq->ring[cq->head];
         wc[k++] = e->wc;
+        pickup_note(t_poll - e->t_ready);
         /* Polling the completion is what frees the queue slots up to it. */
         mqp_t *q = qp_by_num(c, e->wc.qp_num);
         if (q && e->is_send && e->seq + 1 > q->sq_free)
@@ -808,6 +849,7 @@ static struct ibv_mr *mr_create(struct ibv_pd *pd, void *addr, size_t len, int a
                                 dev2host_fn device)
 {
     mctx_t *c = ctx_of(pd->context);
+    reg_cost(len);
     mmr_t *m = calloc(1, sizeof *m);
     if (!m) {
         errno = ENOMEM;
@@ -1940,6 +1982,8 @@ static void drop_in_conn(mctx_t *c, mqp_t *q, conn_t *k)
 static void *progress_main(void *arg)
 {
     mctx_t *c = arg;
+    /* A NIC has no timer slack: latencies of microseconds stay so. */
+    prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
     size_t cap = 64;
     struct pollfd *pf = malloc(cap * sizeof *pf);
     pslot_t *ps = malloc(cap * sizeof *ps);
@@ -2009,11 +2053,14 @@ static void *progress_main(void *arg)
             }
         }
         unsigned gen = c->gen;
-        int wait = (int)(next - now_ms()) + 1;
-        if (wait < 0)
-            wait = 0;
+        /* Microseconds, not poll's milliseconds: HCMOCK_IB_LAT_US. */
+        double wait_ms = next - now_ms();
+        if (wait_ms < 0)
+            wait_ms = 0;
+        struct timespec wts = { (time_t)(wait_ms / 1e3),
+                                (long)((wait_ms - (double)(time_t)(wait_ms / 1e3) * 1e3) * 1e6) };
         pthread_mutex_unlock(&c->mu);
-        int r = poll(pf, (nfds_t)n, wait);
+        int r = ppoll(pf, (nfds_t)n, &wts, NULL);
         pthread_mutex_lock(&c->mu);
         if (r <= 0 || c->stop)
             continue;
@@ -2823,6 +2870,8 @@ static int mock_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_
         /* Adversarial timing: a caller that reuses a source buffer before
          * the completion sends the new bytes. */
         int delay_us = env_int("HCMOCK_IB_TX_DELAY_US", 0);
+        if (env_int("HCMOCK_IB_LAT_US", 0) > delay_us)
+            delay_us = env_int("HCMOCK_IB_LAT_US", 0);
         if (delay_us > 0)
             w->not_before = now_ms() + delay_us / 1e3;
     }
@@ -2873,6 +2922,30 @@ static int mock_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_
 HCMOCK_API const char *hcmock_verbs(void)
 {
     return "hcoll-mock-verbs";
+}
+
+static int float_cmp(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Quantile q (0..1) of the pickup delays recorded since the last reset,
+ * microseconds; -1 when none were. reset: forget them afterwards. */
+HCMOCK_API double hcmock_verbs_pickup_us(double q, int reset)
+{
+    static float tmp[PICKUP_MAX];
+    pthread_mutex_lock(&g_pickup_mu);
+    size_t n = g_pickups < PICKUP_MAX ? (size_t)g_pickups : PICKUP_MAX;
+    memcpy(tmp, g_pickup_us, n * sizeof *tmp);
+    if (reset)
+        g_pickups = 0;
+    pthread_mutex_unlock(&g_pickup_mu);
+    if (n == 0)
+        return -1;
+    qsort(tmp, n, sizeof *tmp, float_cmp);
+    size_t i = (size_t)(q * (double)(n - 1) + 0.5);
+    return tmp[i < n ? i : n - 1];
 }
 
 /* This process's count of one event (stat_names), or UINT64_MAX for an

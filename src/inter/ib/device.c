@@ -30,6 +30,7 @@ void hc_ib_config_from_params(const hc_params_t *p, hc_ib_config_t *cfg_out)
     c.retry_cnt = (int)p->ib_retry_cnt;
     c.gdr_level = p->gdr_level;
     c.gdr_flush = p->gdr_flush;
+    c.spin_us = (int)p->ib_spin_us;
     *cfg_out = c;
 }
 

@@ -30,6 +30,7 @@ typedef struct hc_ib_config {
     int timeout, retry_cnt;/* HCOLL_IB_TIMEOUT (4.096 us * 2^t), HCOLL_IB_RETRY_CNT */
     int gdr_level;         /* HCOLL_NET_GDR_LEVEL (enum hc_pci_dist) */
     int64_t gdr_flush;     /* HCOLL_GDR_FLUSH: -1 auto, 0, 1 */
+    int spin_us;           /* HCOLL_IB_SPIN_US */
 } hc_ib_config_t;
 
 /* The verbs part of p (already validated by hc_params_load). */

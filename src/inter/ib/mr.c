@@ -246,7 +246,9 @@ hcoll_status_t ib_mr_reg(hc_transport_t *tr, void *base, size_t len, hc_mr_t **m
     /* Only a process that loaded CUDA can hold device memory: a host-only
      * job must not pay for (or be changed by) cuInit. */
     int kind = hc_gdr_cuda_in_process() ? hc_gdr_ptr_kind(base, &dev) : HC_MEM_HOST;
-    uint64_t gen = kind == HC_MEM_HOST ? 0 : hc_gdr_ptr_buffer_id(base);
+    /* Host memory CUDA allocated (the device path's pinned staging) has an
+     * allocation id too, so it stays registered between operations. */
+    uint64_t gen = hc_gdr_cuda_in_process() ? hc_gdr_ptr_buffer_id(base) : 0;
     ib_mrent_t *mr = (ib_mrent_t *)hc_mrc_find(&tr->mrc, base, len, gen);
     hc_tp_count(mr ? HC_TP_CACHE_HIT : HC_TP_CACHE_MISS);
     if (!mr) {
@@ -305,7 +307,7 @@ hcoll_status_t ib_mem_pin(hc_transport_t *tr, void *base, size_t len, hc_mr_t **
         *pin_out = NULL; /* staged through hcoll's own memory: never registered */
         return HCOLL_SUCCESS;
     }
-    uint64_t gen = kind == HC_MEM_HOST ? 0 : hc_gdr_ptr_buffer_id(base);
+    uint64_t gen = hc_gdr_cuda_in_process() ? hc_gdr_ptr_buffer_id(base) : 0;
     hc_mr_t *h = calloc(1, sizeof *h);
     if (!h)
         return hc_err_set(tr->p.errbuf, HC_NET, tr->p.log_rank, HCOLL_ERR_NO_MEMORY,

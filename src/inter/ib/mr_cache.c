@@ -15,7 +15,10 @@
  * allocation id (gen), so a reallocation never matches; host memory has no
  * such id, so host entries are only shared while in use and deregistered
  * when their last user lets go (a registration per operation for host
- * buffers: slower, never wrong).
+ * buffers: slower, never wrong). Host memory that CUDA allocated (the
+ * pinned staging pool, cuMemHostAlloc) does carry one, and is cached as
+ * device memory is. An idle entry of another allocation over a range
+ * looked up is stale (its buffer was freed) and goes at once.
  */
 #include <stdlib.h>
 
@@ -27,15 +30,27 @@ void hc_mrc_init(hc_mrc_t *c, int max_idle, void (*dereg)(void *, hc_mrc_entry_t
     c->count = 0;
     c->max_idle = max_idle;
     c->tick = 0;
-    c->hits = c->misses = 0;
+    c->hits = c->misses = c->stale = 0;
     c->dereg = dereg;
     c->ctx = ctx;
+}
+
+/* Two live allocations never overlap: an entry of another allocation id
+ * over this range belongs to a buffer that was freed. Idle, it holds
+ * pinned pages (and for dma-buf an export) of memory nobody owns any more:
+ * deregistered now, not when it ages out of the LRU. */
+static int stale(const hc_mrc_entry_t *e, const char *b, size_t len, uint64_t gen)
+{
+    const char *eb = e->base;
+    return e->refs == 0 && e->gen != 0 && gen != 0 && e->gen != gen && b < eb + e->len &&
+           eb < b + len;
 }
 
 hc_mrc_entry_t *hc_mrc_find(hc_mrc_t *c, void *base, size_t len, uint64_t gen)
 {
     char *b = base;
-    for (hc_mrc_entry_t *e = c->list; e; e = e->next) {
+    for (hc_mrc_entry_t **pp = &c->list; *pp;) {
+        hc_mrc_entry_t *e = *pp;
         char *eb = e->base;
         if (e->gen == gen && b >= eb && len <= e->len && (size_t)(b - eb) <= e->len - len) {
             e->refs++;
@@ -43,6 +58,14 @@ hc_mrc_entry_t *hc_mrc_find(hc_mrc_t *c, void *base, size_t len, uint64_t gen)
             c->hits++;
             return e;
         }
+        if (stale(e, b, len, gen)) {
+            *pp = e->next;
+            c->count--;
+            c->stale++;
+            c->dereg(c->ctx, e);
+            continue;
+        }
+        pp = &e->next;
     }
     c->misses++;
     return NULL;

@@ -25,13 +25,15 @@ typedef struct hc_mrc {
     int count, max_idle;     /* idle (refs == 0) entries kept */
     uint64_t tick;
     uint64_t hits, misses;
+    uint64_t stale;          /* entries dropped: their allocation id changed */
     void (*dereg)(void *ctx, hc_mrc_entry_t *e);
     void *ctx;
 } hc_mrc_t;
 
 void hc_mrc_init(hc_mrc_t *c, int max_idle, void (*dereg)(void *, hc_mrc_entry_t *), void *ctx);
 /* An entry covering [base, base+len) of allocation gen, with a reference
- * taken; NULL on a miss. */
+ * taken; NULL on a miss. Idle entries of another allocation id overlapping
+ * the range (a freed buffer whose addresses were reused) are deregistered. */
 hc_mrc_entry_t *hc_mrc_find(hc_mrc_t *c, void *base, size_t len, uint64_t gen);
 /* Adopt a fresh registration (refs = 1). */
 void hc_mrc_insert(hc_mrc_t *c, hc_mrc_entry_t *e);

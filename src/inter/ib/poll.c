@@ -2,7 +2,8 @@
  * Completions and progress: what the CQs report becomes hc_comp_t.
  *
  *   ep CQ ──► recv WRITE_WITH_IMM ─► HC_COMP_IMM (held for the flush when
- *        │                            GPUDirect needs one) ─► repost receive
+ *        │                            GPUDirect needs one and a device region
+ *        │                            is registered) ─► repost receive
  *        └──► send completion ─► send FIFO head: put ─► HC_COMP_PUT
  *                                                credit write, flush read: internal
  *   flush QP CQ ──► read done ─► release the immediates it covers
@@ -14,8 +15,10 @@
 #include "inter/ib/ib_priv.h"
 
 #include <arpa/inet.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <time.h>
 
 #include "base/clock.h"
@@ -116,9 +119,22 @@ static hcoll_status_t flush_done(hc_transport_t *tr)
     return flush_start(tr);
 }
 
+/* Can a NIC write have landed in device memory? Only into a device region
+ * that is registered: a ring that moves host memory only (host calls, or
+ * staging) has none, and its immediates need no flush read. The list is
+ * short (live regions plus IB_MRC_IDLE) and looked at only when flushes
+ * are on. */
+static int device_regions(const hc_transport_t *tr)
+{
+    for (const hc_mrc_entry_t *e = tr->mrc.list; e; e = e->next)
+        if (((const ib_mrent_t *)e)->device)
+            return 1;
+    return 0;
+}
+
 static hcoll_status_t deliver_imm(hc_transport_t *tr, const hc_comp_t *c)
 {
-    if (!(tr->flush && tr->flush_mr)) {
+    if (!(tr->flush && tr->flush_mr && (tr->nheld || device_regions(tr)))) {
         if (cq_push(tr, c) != 0)
             return ib_fail(tr, HCOLL_ERR_NO_MEMORY, "out of memory for completions");
         return HCOLL_SUCCESS;
@@ -214,6 +230,28 @@ hcoll_status_t ib_progress(hc_transport_t *tr)
     return flush_start(tr);
 }
 
+/* Sleep between sweeps once the spin is over. The thread's timer slack
+ * (50 us by default) would stretch every sleep to about 70 us against a
+ * NIC round trip of 2-5 us; it is 1 ns for the sleep and restored after,
+ * since the caller's thread may be the application's. */
+#define IB_SLEEP_NS 20000
+
+static hcoll_status_t poll_sleep_wait(hc_transport_t *tr, double deadline_ms)
+{
+    hcoll_status_t st = HCOLL_SUCCESS;
+    const int slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+    if (slack > 1)
+        prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
+    while (st == HCOLL_SUCCESS && tr->cq.count == 0 && hc_now_ms() < deadline_ms) {
+        struct timespec ts = { 0, IB_SLEEP_NS };
+        nanosleep(&ts, NULL);
+        st = ib_progress(tr);
+    }
+    if (slack > 1)
+        prctl(PR_SET_TIMERSLACK, (unsigned long)slack, 0, 0, 0);
+    return st;
+}
+
 hcoll_status_t ib_poll(hc_transport_t *tr, hc_comp_t *comps, int max, int wait_ms, int *n_out)
 {
     *n_out = 0;
@@ -221,14 +259,20 @@ hcoll_status_t ib_poll(hc_transport_t *tr, hc_comp_t *comps, int max, int wait_m
         return tr->err;
     hcoll_status_t st = ib_progress(tr);
     if (st == HCOLL_SUCCESS && tr->cq.count == 0 && wait_ms > 0) {
-        /* Busy-poll as RDMA libraries do, yielding the core between
-         * sweeps so that the reduction on the same core is not starved. */
+        /* Spin first, as RDMA libraries do: a completion a few
+         * microseconds away is seen within a sweep. Each sweep yields
+         * the core, so that a reduction or a NIC emulation sharing it
+         * is not starved. */
         const double deadline = hc_now_ms() + wait_ms;
-        while (st == HCOLL_SUCCESS && tr->cq.count == 0 && hc_now_ms() < deadline) {
-            struct timespec ts = { 0, 20000 };
-            nanosleep(&ts, NULL);
+        double spin_end = hc_now_ms() + tr->cfg.spin_us / 1e3;
+        if (spin_end > deadline)
+            spin_end = deadline;
+        while (st == HCOLL_SUCCESS && tr->cq.count == 0 && hc_now_ms() < spin_end) {
+            sched_yield();
             st = ib_progress(tr);
         }
+        if (st == HCOLL_SUCCESS && tr->cq.count == 0)
+            st = poll_sleep_wait(tr, deadline);
     }
     if (st != HCOLL_SUCCESS)
         return st;
