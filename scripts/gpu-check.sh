@@ -49,6 +49,12 @@
 #                       the 1 x 2 and 2 x 2 cases only with >= 2 GPUs
 #   test_gpu_late       a local rank 3 s late in a device all-reduce is
 #                       waited for; a dead one fails the others at once
+#   test_gpu_driver     a global-mode capture on another thread during the
+#                       first device call; stream handles NULL/0x1/0x2; no
+#                       memory pools
+#   test_gpu_queues     the device all-reduce, reduce-scatter and all-gather
+#                       under CUDA_DEVICE_MAX_CONNECTIONS=1 and with 8 streams
+#                       sharing 4 queues, each under a watchdog
 #   compute-sanitizer   memcheck, racecheck, synccheck on gpu_probe kernels
 #                       --quick (every kernel, misaligned), when
 #                       $CUDA_HOME/bin/compute-sanitizer exists   [budget]
@@ -178,7 +184,8 @@ step probe_capture 60 "$probe" capture
 step probe_kernels 120 "$probe" kernels --bench $([ $mock -eq 1 ] && echo --quick)
 
 if [ $probes_only -eq 0 ]; then
-  for t in test_gpu_devpath test_gpu_kernels test_gpu_allreduce test_gpu_coll test_gpu_late; do
+  for t in test_gpu_devpath test_gpu_kernels test_gpu_allreduce test_gpu_coll test_gpu_late \
+           test_gpu_driver test_gpu_queues; do
     step "$t" 240 env CK_DEFAULT_TIMEOUT=240 "build/tests/$t"
   done
   # ---- compute-sanitizer on every kernel --------------------------------------------
