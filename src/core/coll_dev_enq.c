@@ -16,6 +16,7 @@
 #include "core/comm.h"
 #include "core/ringdrv.h"
 #include "gdr/gdr.h"
+#include "gdr/mem.h"
 
 /* ------------------------------------------------------------------------ */
 /* Enqueue (caller's thread)                                                  */
@@ -256,6 +257,45 @@ hcoll_status_t hc_dev_prepare(hc_coll_dev_t *d, const void *sendbuf, void *recvb
     return HCOLL_SUCCESS;
 }
 
+/*
+ * Managed memory on a GPUDirect ring: neither dma-buf nor nvidia-peermem
+ * pins it, and every other rank runs the ring on device memory, so this
+ * call runs on device memory of hcoll's own, copied in and out on the
+ * caller's stream and given back behind the copy out (gdr/mem.h). Costs
+ * two copies per call: pass cuMemAlloc'd buffers for speed.
+ */
+static hcoll_status_t managed_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, const void *sendbuf,
+                                      void *recvbuf, size_t count, size_t segc, size_t nseg,
+                                      void *stream)
+{
+    const size_t bytes = count * hcoll_dtype_size(o->dtype);
+    hc_gdr_dev_t *gpu = d->gpu;
+    hc_cu_dptr_t t = 0;
+    hc_cu_res_t r = hc_gdr_dbuf_get(gpu->cu, gpu->cudev, bytes, &t);
+    if (r != HC_CU_SUCCESS)
+        return hc_gdr_cu_fail(&d->rp, r, "cuMemAlloc (staging a managed buffer for the "
+                                         "GPUDirect ring)");
+    void *tp = (void *)(uintptr_t)t;
+    hcoll_status_t st = hc_gdr_dev_copy_async(gpu, tp, sendbuf, bytes, stream);
+    if (st == HCOLL_SUCCESS)
+        st = plan_enqueue(d, o, tp, tp, count, segc, nseg, stream);
+    if (st == HCOLL_SUCCESS) {
+        /* Gates are issued: a failure now is the operation's, not the call's. */
+        hcoll_status_t out = hc_gdr_dev_copy_async(gpu, recvbuf, tp, bytes, stream);
+        if (o->status == HCOLL_SUCCESS)
+            o->status = out;
+    }
+    if (hc_gdr_dbuf_put(gpu->cu, gpu->cudev, t, stream) < 0)
+        HC_WARN(HC_GDR, d->c->rank, "a managed buffer's device copy could not be given back; "
+                "%zu bytes left allocated", bytes);
+    return st;
+}
+
+static int is_managed(const void *p)
+{
+    return hc_gdr_ptr_kind(p, NULL) == HC_MEM_MANAGED;
+}
+
 hcoll_status_t hc_coll_dev_enqueue(hc_coll_dev_t *d, const void *sendbuf, void *recvbuf,
                                    size_t count, hcoll_dtype_t dtype, hcoll_op_t op,
                                    const hc_redop_t *ro, void *stream, hc_dev_op_t **op_out)
@@ -293,7 +333,10 @@ hcoll_status_t hc_coll_dev_enqueue(hc_coll_dev_t *d, const void *sendbuf, void *
 
     void *ev_done;
     HC_CHECK(hc_dev_call_begin(d, stream, &ev_done), clean_op);
-    st = plan_enqueue(d, o, sendbuf, recvbuf, count, segc, nseg, stream);
+    if (d->gdr && (is_managed(sendbuf) || is_managed(recvbuf)))
+        st = managed_enqueue(d, o, sendbuf, recvbuf, count, segc, nseg, stream);
+    else
+        st = plan_enqueue(d, o, sendbuf, recvbuf, count, segc, nseg, stream);
     if (st != HCOLL_SUCCESS)
         hc_dev_tev_free(d, o);
     HC_CHECK(hc_dev_call_end(d, stream, ev_done, st), clean_op);

@@ -199,6 +199,9 @@ hcoll_status_t hc_dev_gated_rsag_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, void 
     o->status = st;
     if (hc_gdr_dev_event_mark(d->gpu, d->gate->stream, &o->ev_tail) != HCOLL_SUCCESS)
         o->ev_tail = NULL;
+    hcoll_status_t mst = hc_gdr_gate_mark(d->gate); /* what destroy waits for */
+    if (o->status == HCOLL_SUCCESS)
+        o->status = mst;
     return HCOLL_SUCCESS;
 }
 
@@ -276,6 +279,9 @@ hcoll_status_t hc_dev_gated_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, size_t nse
     /* Best effort: without it the worker cannot tell when staging is free. */
     if (hc_gdr_dev_event_mark(d->gpu, d->gate->stream, &o->ev_tail) != HCOLL_SUCCESS)
         o->ev_tail = NULL;
+    hcoll_status_t mst = hc_gdr_gate_mark(d->gate); /* what destroy waits for */
+    if (o->status == HCOLL_SUCCESS)
+        o->status = mst;
     return HCOLL_SUCCESS;
 }
 

@@ -6,9 +6,10 @@
 #include <stdlib.h>
 
 #include "base/log.h"
+#include "gdr/mem.h"
 
-#define CU_MEMHOSTALLOC_PORTABLE 0x1
-#define CU_MEMHOSTALLOC_DEVICEMAP 0x2
+/* The word and its neighbour "done" on their own cache lines. */
+#define GATE_WORD_BYTES 128
 
 static hc_cu_dptr_t dptr(const void *p)
 {
@@ -28,11 +29,15 @@ hcoll_status_t hc_gdr_gate_open(const hc_cu_api_t *cu, const hc_gdr_report_t *rp
     pthread_mutex_init(&g->lock, NULL);
     if ((r = cu->stream_create(&g->stream, HC_CU_STREAM_NON_BLOCKING)) != HC_CU_SUCCESS)
         goto clean_gate;
-    /* Mapped into every context: with unified addressing (every 64-bit
-     * platform CUDA supports) its device address is the host pointer. */
+    /* From the GPU's pinned pool (gdr/mem.h): cuMemFreeHost would wait for
+     * every stream at close, the application's included. With unified
+     * addressing (every 64-bit platform CUDA supports) pinned memory is
+     * mapped into every context, whatever its flags, at its host address. */
+    what = "cuCtxGetDevice (gate word)";
+    if ((r = cu->ctx_get_device(&g->cudev)) != HC_CU_SUCCESS)
+        goto clean_stream;
     what = "cuMemHostAlloc (gate word)";
-    if ((r = cu->host_alloc((void **)&g->word, 128,
-                            CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP)) != HC_CU_SUCCESS)
+    if ((r = hc_gdr_pin_get(cu, g->cudev, GATE_WORD_BYTES, (void **)&g->word)) != HC_CU_SUCCESS)
         goto clean_stream;
     __atomic_store_n(g->word, 0, __ATOMIC_RELEASE);
     g->done = g->word + 16;
@@ -44,7 +49,7 @@ hcoll_status_t hc_gdr_gate_open(const hc_cu_api_t *cu, const hc_gdr_report_t *rp
     return HCOLL_SUCCESS;
 
 clean_word:
-    cu->host_free(g->word);
+    hc_gdr_pin_put(g->cudev, g->word, GATE_WORD_BYTES);
 clean_stream:
     cu->stream_destroy(g->stream);
 clean_gate:
@@ -59,13 +64,15 @@ void hc_gdr_gate_close(hc_gdr_gate_t *g, int timeout_ms)
         return;
     const hc_cu_api_t *cu = g->cu;
     hc_gdr_gate_release_all(g);
-    int drained = cu->event_record(g->ev_drain, g->stream) == HC_CU_SUCCESS &&
-                  hc_gdr_event_wait(cu, g->ev_drain, timeout_ms, 0, &g->rp,
+    /* ev_drain was recorded behind each call's work at call time
+     * (hc_gdr_gate_mark): recording it now could put it behind an
+     * application's blocked stream on a shared hardware queue. */
+    int drained = hc_gdr_event_wait(cu, g->ev_drain, timeout_ms, 0, &g->rp,
                                     "hcoll's gate stream to drain") == HCOLL_SUCCESS;
     cu->event_destroy(g->ev_drain);
     cu->stream_destroy(g->stream);
     if (drained)
-        cu->host_free(g->word);
+        hc_gdr_pin_put(g->cudev, g->word, GATE_WORD_BYTES);
     else
         HC_WARN(HC_GDR, g->rp.rank, "hcoll's gate stream did not drain; its word is left "
                 "allocated");
@@ -133,4 +140,10 @@ hcoll_status_t hc_gdr_gate_copy(hc_gdr_gate_t *g, void *host, void *dev, size_t 
         return hc_gdr_cu_fail(&g->rp, r, to_host ? "cuMemcpyDtoHAsync (staging)"
                                                  : "cuMemcpyHtoDAsync (staging)");
     return HCOLL_SUCCESS;
+}
+
+hcoll_status_t hc_gdr_gate_mark(hc_gdr_gate_t *g)
+{
+    hc_cu_res_t r = g->cu->event_record(g->ev_drain, g->stream);
+    return r == HC_CU_SUCCESS ? HCOLL_SUCCESS : hc_gdr_cu_fail(&g->rp, r, "cuEventRecord (gate)");
 }

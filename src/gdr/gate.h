@@ -37,7 +37,8 @@ typedef struct hc_gdr_gate {
     uint32_t *word;          /* pinned, device-mapped; the CPU writes it */
     uint32_t *done;          /* its own cache line; gstream writes it */
     uint32_t signaled;       /* the last value a signal writes to done */
-    void *ev_drain;          /* gstream past everything (close) */
+    void *ev_drain;          /* gstream past every call's work (mark) */
+    int cudev;               /* the word's GPU, for its pinned pool */
     pthread_mutex_t lock;    /* issued, released */
     uint32_t issued, released;
 } hc_gdr_gate_t;
@@ -47,11 +48,16 @@ typedef struct hc_gdr_gate {
 hcoll_status_t hc_gdr_gate_open(const hc_cu_api_t *cu, const hc_gdr_report_t *rp,
                                 hc_gdr_gate_t **out);
 
-/* Release every ticket, wait up to timeout_ms for gstream to drain, then
- * free it all (context current). A stream still inside keeps the word
+/* Release every ticket, wait up to timeout_ms for gstream to pass its last
+ * mark, then free it all (context current; nothing that synchronises the
+ * device: the word goes back to the GPU's pinned pool). A stream still inside keeps the word
  * allocated rather than freed under it. NULL is a no-op. */
 void hc_gdr_gate_close(hc_gdr_gate_t *g, int timeout_ms);
 
+/* Record that gstream is past everything enqueued so far: call after each
+ * call's work, at call time (context current); close waits for the last
+ * mark instead of recording behind whatever an application enqueued since. */
+hcoll_status_t hc_gdr_gate_mark(hc_gdr_gate_t *g);
 /* Issue the next ticket and make gstream wait for it (context current).
  * On failure the ticket is given back. */
 hcoll_status_t hc_gdr_gate_wait(hc_gdr_gate_t *g, uint32_t *ticket_out);
