@@ -296,3 +296,43 @@ void hc_dev_gated_free(hc_coll_dev_t *d, hc_dev_op_t *o)
     o->pc = NULL;
     o->npc = 0;
 }
+
+/* A gated GPUDirect segment while the ring runs it (coll_dev_priv.h). */
+static void gdr_landed(void *ctx, size_t m)
+{
+    hc_dev_gdr_seg_t *x = ctx;
+    if (m >= x->g->njobs)
+        return;
+    x->landed[m] = 1;
+    size_t was = x->opened;
+    while (x->opened < x->g->njobs && x->landed[x->opened])
+        x->opened++;
+    if (x->opened > was)
+        hc_gdr_gate_release(x->gate, x->g->jt0 + (uint32_t)(x->opened - 1));
+}
+
+static size_t gdr_reduced(void *ctx)
+{
+    const hc_dev_gdr_seg_t *x = ctx;
+    int32_t n = (int32_t)(hc_gdr_gate_done(x->gate) - (x->g->sig0 - 1));
+    return n < 0 ? 0 : (size_t)n > x->g->njobs ? x->g->njobs : (size_t)n;
+}
+
+hcoll_status_t hc_dev_gdr_seg_begin(hc_coll_dev_t *d, const hc_dev_seg_t *g,
+                                    hc_dev_gdr_seg_t *x)
+{
+    *x = (hc_dev_gdr_seg_t){ d->gate, g, calloc(g->njobs + 1, 1), 0, { 0 } };
+    if (!x->landed)
+        return hc_err_set(&d->c->err, HC_COLL, d->c->rank, HCOLL_ERR_NO_MEMORY,
+                          "no memory for a GPUDirect segment's %zu landing flags", g->njobs);
+    x->hooks = (hc_ring_gated_t){ x, gdr_landed, gdr_reduced };
+    hc_ring_set_gated(d->ring, &x->hooks);
+    return HCOLL_SUCCESS;
+}
+
+void hc_dev_gdr_seg_end(hc_coll_dev_t *d, hc_dev_gdr_seg_t *x)
+{
+    hc_ring_set_gated(d->ring, NULL);
+    free(x->landed);
+    x->landed = NULL;
+}

@@ -162,36 +162,6 @@ static hcoll_status_t gated_seg_staged(hc_coll_dev_t *d, const hc_dev_op_t *o,
     return st;
 }
 
-/* A gated segment on device memory (GPUDirect): the ring tells which
- * messages landed, their enqueued reductions' gates open in order, and
- * the gate stream's signals tell the ring which are reduced. */
-typedef struct gdr_seg {
-    hc_gdr_gate_t *gate;
-    const hc_dev_seg_t *g;
-    uint8_t *landed; /* [njobs] */
-    size_t opened;   /* gates opened: jobs 0 .. opened-1 */
-} gdr_seg_t;
-
-static void gdr_landed(void *ctx, size_t m)
-{
-    gdr_seg_t *x = ctx;
-    if (m >= x->g->njobs)
-        return;
-    x->landed[m] = 1;
-    size_t was = x->opened;
-    while (x->opened < x->g->njobs && x->landed[x->opened])
-        x->opened++;
-    if (x->opened > was)
-        hc_gdr_gate_release(x->gate, x->g->jt0 + (uint32_t)(x->opened - 1));
-}
-
-static size_t gdr_reduced(void *ctx)
-{
-    const gdr_seg_t *x = ctx;
-    int32_t n = (int32_t)(hc_gdr_gate_done(x->gate) - (x->g->sig0 - 1));
-    return n < 0 ? 0 : (size_t)n > x->g->njobs ? x->g->njobs : (size_t)n;
-}
-
 static hcoll_status_t gated_seg_gdr(hc_coll_dev_t *d, const hc_dev_op_t *o,
                                     const hc_dev_seg_t *g, double *ring_us)
 {
@@ -200,14 +170,11 @@ static hcoll_status_t gated_seg_gdr(hc_coll_dev_t *d, const hc_dev_op_t *o,
         hc_dev_wait_stream(d, g->ev_ready, "the intra-node stage on the caller's stream");
     if (st != HCOLL_SUCCESS)
         return st;
-    gdr_seg_t x = { d->gate, g, calloc(g->njobs + 1, 1), 0 };
-    if (!x.landed)
-        return hc_err_set(&d->c->err, HC_COLL, d->c->rank, HCOLL_ERR_NO_MEMORY, "no memory");
-    const hc_ring_gated_t hooks = { &x, gdr_landed, gdr_reduced };
-    hc_ring_set_gated(d->ring, &hooks);
+    hc_dev_gdr_seg_t x;
+    HC_CHECK(hc_dev_gdr_seg_begin(d, g, &x), out);
     st = ring_run(d, g->src, g->dst, g->count, o, 1, ring_us);
-    hc_ring_set_gated(d->ring, NULL);
-    free(x.landed);
+    hc_dev_gdr_seg_end(d, &x);
+out:
     hc_gdr_gate_release(d->gate, g->gate_end);
     return st;
 }

@@ -176,6 +176,22 @@ hcoll_status_t hc_dev_wait_stream(hc_coll_dev_t *d, void *ev, const char *what);
 hcoll_status_t hc_dev_ring_stage(hc_coll_dev_t *d, const hc_dev_op_t *o, const void *src,
                                  void *dst, size_t count, double *ring_us);
 
+/* A gated segment on device memory (GPUDirect), while the ring runs it
+ * (coll_dev_gated.c): the ring says which of its messages landed, their
+ * enqueued reductions' gates open in message order, and the gate stream's
+ * signals tell the ring which are reduced. begin installs the ring's hooks
+ * (a failure is recorded; nothing is installed), end removes them. */
+typedef struct hc_dev_gdr_seg {
+    hc_gdr_gate_t *gate;
+    const hc_dev_seg_t *g;
+    uint8_t *landed; /* [njobs] */
+    size_t opened;   /* gates opened: jobs 0 .. opened-1 */
+    hc_ring_gated_t hooks;
+} hc_dev_gdr_seg_t;
+hcoll_status_t hc_dev_gdr_seg_begin(hc_coll_dev_t *d, const hc_dev_seg_t *g,
+                                    hc_dev_gdr_seg_t *x);
+void hc_dev_gdr_seg_end(hc_coll_dev_t *d, hc_dev_gdr_seg_t *x);
+
 /* The gated all-reduce of the staged plans (coll_dev_gated.c): the
  * caller's side, after stage ① of every segment (whose ready events are in
  * o->seg), puts the copies through staging on the gate stream and makes

@@ -305,36 +305,6 @@ static hcoll_status_t rsag_ring(hc_coll_dev_t *d, const hc_dev_op_t *o, const vo
     return st;
 }
 
-/* Gated on device memory (GPUDirect): the ring reports landings, the
- * enqueued reductions' gates open in order, the gate stream's signals
- * say which are reduced. */
-typedef struct rsag_gdr {
-    hc_gdr_gate_t *gate;
-    const hc_dev_seg_t *g;
-    uint8_t *landed;
-    size_t opened;
-} rsag_gdr_t;
-
-static void rg_landed(void *ctx, size_t m)
-{
-    rsag_gdr_t *x = ctx;
-    if (m >= x->g->njobs)
-        return;
-    x->landed[m] = 1;
-    const size_t was = x->opened;
-    while (x->opened < x->g->njobs && x->landed[x->opened])
-        x->opened++;
-    if (x->opened > was)
-        hc_gdr_gate_release(x->gate, x->g->jt0 + (uint32_t)(x->opened - 1));
-}
-
-static size_t rg_reduced(void *ctx)
-{
-    const rsag_gdr_t *x = ctx;
-    int32_t n = (int32_t)(hc_gdr_gate_done(x->gate) - (x->g->sig0 - 1));
-    return n < 0 ? 0 : (size_t)n > x->g->njobs ? x->g->njobs : (size_t)n;
-}
-
 /* The worker's side of a gated reduce-scatter or all-gather. */
 hcoll_status_t hc_dev_rsag_gated(hc_coll_dev_t *d, hc_dev_op_t *o, hcoll_status_t st,
                                  double *ring_us)
@@ -347,16 +317,14 @@ hcoll_status_t hc_dev_rsag_gated(hc_coll_dev_t *d, hc_dev_op_t *o, hcoll_status_
     if (st == HCOLL_SUCCESS)
         st = hc_dev_wait_stream(d, g->ev_ready, "the caller's stream before the ring");
     if (st == HCOLL_SUCCESS && d->gdr) {
-        rsag_gdr_t x = { d->gate, g, calloc(g->njobs + 1, 1), 0 };
-        const hc_ring_gated_t hooks = { &x, rg_landed, rg_reduced };
-        if (!x.landed)
-            st = hc_err_set(&d->c->err, HC_COLL, d->c->rank, HCOLL_ERR_NO_MEMORY, "no memory");
-        if (st == HCOLL_SUCCESS && rs)
-            hc_ring_set_gated(d->ring, &hooks);
+        /* Only a reduce-scatter has reductions to gate. */
+        hc_dev_gdr_seg_t x = { 0 };
+        if (rs)
+            st = hc_dev_gdr_seg_begin(d, g, &x);
         if (st == HCOLL_SUCCESS)
             st = rsag_ring(d, o, o->rsrc, o->rdst, B, 1, ring_us);
-        hc_ring_set_gated(d->ring, NULL);
-        free(x.landed);
+        if (rs && x.landed)
+            hc_dev_gdr_seg_end(d, &x);
     } else if (st == HCOLL_SUCCESS) {
         const size_t P = d->stage_bytes / es / (size_t)N;
         hc_devstage_t it;
