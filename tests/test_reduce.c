@@ -1019,6 +1019,84 @@ START_TEST(test_avg_finish_int)
 }
 END_TEST
 
+/* Divisors the exact-reciprocal finish must get right: every small one,
+ * powers of two and their neighbours, and the largest an int holds. */
+static int avg_divisor(int k)
+{
+    if (k < 300)
+        return k + 2;
+    k -= 300;
+    if (k < 3 * 29) {
+        int e = k / 3 + 2, s = k % 3 - 1;
+        return (1 << e) + s;
+    }
+    return k == 3 * 29 ? INT32_MAX : INT32_MAX - 1;
+}
+#define AVG_NDIV (300 + 3 * 29 + 2)
+
+/* x / d for every int8 and uint8 value and each divisor, once through the
+ * vector body (a buffer offset by one byte, 3 longer than a vector
+ * multiple) and once element by element through the scalar tail. */
+START_TEST(test_avg_finish_int_exhaustive8)
+{
+    unsigned char raw[256 + 8], want[256 + 8];
+
+    for (int k = 0; k < AVG_NDIV; k++) {
+        int d = avg_divisor(k);
+        for (int t = 0; t < 4; t++) {
+            hcoll_dtype_t dt = t % 2 ? HCOLL_UINT8 : HCOLL_INT8;
+            for (int v = 0; v < 259; v++) {
+                raw[1 + v] = (unsigned char)(v + 128 * (v >= 256));
+                want[1 + v] = t % 2 ? (unsigned char)(raw[1 + v] / d)
+                                    : (unsigned char)(int8_t)((int8_t)raw[1 + v] / d);
+            }
+            if (t < 2)
+                hc_reduce_avg_finish(raw + 1, 259, dt, HCOLL_AVG, d);
+            else
+                for (int v = 0; v < 259; v++)
+                    hc_reduce_avg_finish(raw + 1 + v, 1, dt, HCOLL_AVG, d);
+            for (int v = 0; v < 259; v++)
+                ck_assert_msg(raw[1 + v] == want[1 + v], "%s %d / %d (%s): got %d want %d",
+                              hcoll_dtype_name(dt), v, d, t < 2 ? "vector" : "scalar",
+                              raw[1 + v], want[1 + v]);
+        }
+    }
+}
+END_TEST
+
+/* Values next to every multiple of d that the type's ends reach, the ends
+ * themselves, and pseudo-random ones. */
+START_TEST(test_avg_finish_int_edges)
+{
+    enum { N = 64 + 3 };
+    uint64_t s = 0x9e3779b97f4a7c15ull;
+
+    for (int k = 0; k < AVG_NDIV; k++) {
+        int d = avg_divisor(k);
+        int32_t a[N], w32[N];
+        int64_t b[N], w64[N];
+        int64_t q32 = INT32_MAX / d, q64 = INT64_MAX / d;
+        for (int i = 0; i < N; i++) {
+            s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+            int j = i % 8, sign = (i / 8) % 2 ? -1 : 1;
+            int64_t m32 = j < 3 ? q32 * d + j - 1 : (int64_t)(int32_t)s;
+            int64_t m64 = j < 3 ? q64 * d + j - 1 : (int64_t)s;
+            a[i] = j == 3 ? INT32_MIN : j == 4 ? INT32_MAX : (int32_t)(sign * m32);
+            b[i] = j == 3 ? INT64_MIN : j == 4 ? INT64_MAX : sign * m64;
+            w32[i] = a[i] / d;
+            w64[i] = b[i] / d;
+        }
+        hc_reduce_avg_finish(a, N, HCOLL_INT32, HCOLL_AVG, d);
+        hc_reduce_avg_finish(b, N, HCOLL_INT64, HCOLL_AVG, d);
+        for (int i = 0; i < N; i++) {
+            ck_assert_msg(a[i] == w32[i], "int32 [%d] / %d: got %d want %d", i, d, a[i], w32[i]);
+            ck_assert_msg(b[i] == w64[i], "int64 [%d] / %d: got %lld want %lld", i, d,
+                          (long long)b[i], (long long)w64[i]);
+        }
+    }
+}
+END_TEST
+
 START_TEST(test_avg_finish_float)
 {
     int divs[] = { 2, 3, 7, 1024, 12345 };
@@ -1196,6 +1274,8 @@ static Suite *reduce_suite(void)
     tc = tcase("avg");
     tcase_add_test(tc, test_scale);
     tcase_add_test(tc, test_avg_finish_int);
+    tcase_add_test(tc, test_avg_finish_int_exhaustive8);
+    tcase_add_test(tc, test_avg_finish_int_edges);
     tcase_add_test(tc, test_avg_finish_float);
     tcase_add_test(tc, test_avg_finish_noop);
     suite_add_tcase(s, tc);

@@ -31,6 +31,7 @@
  * exact aliasing is correct and pointers need no alignment.
  */
 #include "base/reduce.h"
+#include "base/intdiv.h"
 
 #include <pthread.h>
 #include <string.h>
@@ -413,24 +414,8 @@ uint16_t hc_float_to_bf16(float f)
         }                                                                     \
     }
 
-/* Integers cannot divide in vectors; AVG of integers is rare. C's '/'
- * truncates toward zero, which is the documented rounding. */
-#define HC_DEF_AVG_INT(name, T, DT)                                           \
-    static void hc_avg_##name(void *buf, size_t n, int nranks)                \
-    {                                                                         \
-        unsigned char *p = buf;                                               \
-        for (size_t i = 0; i < n; i++) {                                      \
-            T x;                                                              \
-            memcpy(&x, p + i * sizeof(T), sizeof x);                          \
-            x = (T)(x / (DT)nranks);                                          \
-            memcpy(p + i * sizeof(T), &x, sizeof x);                          \
-        }                                                                     \
-    }
-
-HC_DEF_AVG_INT(i8, int8_t, int)
-HC_DEF_AVG_INT(u8, uint8_t, int)
-HC_DEF_AVG_INT(i32, int32_t, int32_t)
-HC_DEF_AVG_INT(i64, int64_t, int64_t)
+/* Integer AVG finishing (truncation toward zero, as C's '/') multiplies
+ * by a per-call reciprocal: base/intdiv.h, where the exactness is argued. */
 
 /*
  * Every kernel of one instruction set. Integer SUM/PROD use unsigned
@@ -511,10 +496,10 @@ HC_DEF_AVG_INT(i64, int64_t, int64_t)
             [HCOLL_FLOAT16] = hc_##isa##_avg_f16,                             \
             [HCOLL_BFLOAT16] = hc_##isa##_avg_bf16,                           \
             [HCOLL_FLOAT64] = hc_##isa##_avg_f64,                             \
-            [HCOLL_INT8] = hc_avg_i8,                                         \
-            [HCOLL_UINT8] = hc_avg_u8,                                        \
-            [HCOLL_INT32] = hc_avg_i32,                                       \
-            [HCOLL_INT64] = hc_avg_i64,                                       \
+            [HCOLL_INT8] = hc_idiv_i8,                                        \
+            [HCOLL_UINT8] = hc_idiv_u8,                                       \
+            [HCOLL_INT32] = hc_idiv_i32,                                      \
+            [HCOLL_INT64] = hc_idiv_i64,                                      \
         },                                                                    \
     };
 
