@@ -28,7 +28,7 @@ if [ -z "$rate" ]; then
 fi
 echo "   line rate per emulated NIC: ${rate} GB/s"
 
-perf_args=(--ranks-per-node 2 -b 4K -e 64M -f 4 -n 5 -w 2 -c 1 -p
+perf_args=(--ranks-per-node 2 -b 4K -e 64M -f 4 -n 5 -w 2 -c 1 --stages
            --line-rate "${rate}GB/s" -J "$out/perf.json")
 command -v gnuplot >/dev/null && perf_args+=(--plot "$out/perf.png")
 

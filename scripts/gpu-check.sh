@@ -236,9 +236,9 @@ if [ $probes_only -eq 0 ]; then
       results[${#results[@]}-1]="FAILED (#wrong)"; fail=1
     fi
   }
-  perf_case perf_2x1_nccl -np 2 --ranks-per-node 1 --peer nccl -b 1M -e $top -f 4 -n 10 -w 2 -c 1 -p
+  perf_case perf_2x1_nccl -np 2 --ranks-per-node 1 --peer nccl -b 1M -e $top -f 4 -n 10 -w 2 -c 1 --stages
   if [ "$ngpu" -ge 2 ]; then
-    perf_case perf_2x2_nccl -np 4 --ranks-per-node 2 --peer nccl -b 1M -e $top -f 4 -n 10 -w 2 -c 1 -p
+    perf_case perf_2x2_nccl -np 4 --ranks-per-node 2 --peer nccl -b 1M -e $top -f 4 -n 10 -w 2 -c 1 --stages
   else
     echo "== perf_2x2_nccl: skipped, needs 2 GPUs (this machine has $ngpu)"
   fi

@@ -75,6 +75,6 @@ cat "$log.0" # hcoll_perf exits 1 on any wrong element: run_perf has failed then
 
 step "3. bus bandwidth sweep"
 json=ib-check-$(date +%Y%m%d-%H%M%S).json
-run_perf ib-check-sweep -b 1M -e 1G -f 2 -n 20 -p -J "$TREE/$json" || { tail -n 30 ib-check-sweep.*; exit 1; }
+run_perf ib-check-sweep -b 1M -e 1G -f 2 -n 20 --stages -J "$TREE/$json" || { tail -n 30 ib-check-sweep.*; exit 1; }
 cat ib-check-sweep.0
 echo "results: $json"

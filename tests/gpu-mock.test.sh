@@ -11,7 +11,7 @@
 #     NCCL intra-node case runs too);
 #   - hcoll_perf --mem device, 2 emulated nodes x 1, then 2 x 2 with
 #     --peer nccl: every #wrong is 0, both implementations have rows, and
-#     -p shows the NCCL stages timed; two ranks on one GPU stop with
+#     --stages shows the NCCL stages timed; two ranks on one GPU stop with
 #     NCCL's refusal on every rank.
 # This checks hcoll's control flow (contexts, streams, the flag protocol,
 # staging, NCCL calls, errors), not a GPU: speed figures here mean nothing,
@@ -66,12 +66,12 @@ perf_run() { # label, hcoll_perf arguments...
   echo "$label: $(wc -l <<<"$rows") rows, #wrong all 0"
   return 0
 }
-perf_run "device 2x1" -np 2 --ranks-per-node 1 --mem device -b 4K -e 1M -f 16 -n 2 -w 1 -c 1 -p
+perf_run "device 2x1" -np 2 --ranks-per-node 1 --mem device -b 4K -e 1M -f 16 -n 2 -w 1 -c 1 --stages
 if perf_run "device 2x2 + nccl peer" -np 4 --ranks-per-node 2 --peer nccl -b 4K -e 1M -f 16 \
-     -n 2 -w 1 -c 1 -p; then
+     -n 2 -w 1 -c 1 --stages; then
   awk '$1 ~ /^[0-9]+$/ {print $6}' <<<"$out" | sort -u | tr '\n' ' ' | grep -q 'hcoll nccl' ||
     fail "device 2x2: want hcoll and nccl rows"
-  # -p: the NCCL stages of device calls are timed (columns rs, inter, ag).
+  # --stages: the NCCL stages of device calls are timed (columns rs, inter, ag).
   untimed=$(awk '$1 ~ /^[0-9]+$/ && $6 == "hcoll" && ($17 !~ /^[0-9.]+$/ || $19 !~ /^[0-9.]+$/)' <<<"$out")
   [ -z "$untimed" ] || fail "device 2x2: stage columns not timed: $untimed"
 fi

@@ -79,7 +79,7 @@ if ! command -v nvidia-smi >/dev/null 2>&1; then
 fi
 
 # ---- end to end: 4 ranks as 2 emulated nodes x 2, checked ----------------
-out=$(timeout 120 "$perf" -np 4 --ranks-per-node 2 -b 4K -e 1M -f 4 -n 3 -w 1 -c 1 -p \
+out=$(timeout 120 "$perf" -np 4 --ranks-per-node 2 -b 4K -e 1M -f 4 -n 3 -w 1 -c 1 --stages \
         --line-rate 1GB/s -J "$tmp/run.json" --deadline 100 2>&1); rc=$?
 if [ $rc -eq 3 ] && grep -q 'HCOLL_ERR_UNSUPPORTED' <<<"$out"; then
   if [ $fails -ne 0 ]; then echo "$fails failure(s)"; exit 1; fi
@@ -93,7 +93,7 @@ rows=$(grep -E '^ +[0-9]+ ' <<<"$out")
 # columns: size count type coll redop impl | time algbw busbw #wrong | x2 | nicbw %line
 awk '$4 != "allreduce" || $10 != "0" || $14 != "0" { bad = 1 } END { exit bad }' <<<"$rows" ||
   fail "#wrong not all 0, or the collective not named"
-# -p: intra RS / inter / intra AG in us and %, from hcoll_comm_last_stage_times
+# --stages: intra RS / inter / intra AG in us and %, from hcoll_comm_last_stage_times
 awk '$18 !~ /^[0-9.]+$/ || $19 !~ /^[0-9.]+$/ || $20 !~ /^[0-9.]+$/ || $21 !~ /^[0-9.]+$/ { bad = 1 }
      END { exit bad }' <<<"$rows" || fail "-p: stage columns not filled"
 grep -q '2 nodes x 2 ranks/node' <<<"$out" || fail "emulated nodes not seen"

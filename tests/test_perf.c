@@ -45,7 +45,10 @@ START_TEST(flags_defaults_are_nccl_tests)
     ck_assert_uint_eq(o.maxbytes, 32u << 20);
     ck_assert_uint_eq(o.stepbytes, 1u << 20);
     ck_assert_int_eq(o.iters, 20);
-    ck_assert_int_eq(o.warmup, 1);
+    ck_assert_int_eq(o.warmup, 5);
+    ck_assert_int_eq(o.agg, 1);
+    ck_assert_int_eq(o.average, HP_AVG_MEAN);
+    ck_assert_int_eq(o.root, 0);
     ck_assert_int_eq(o.check, 1);
     ck_assert_int_eq(o.dtype, HCOLL_FLOAT32);
     ck_assert_int_eq(o.op, HCOLL_SUM);
@@ -58,7 +61,7 @@ START_TEST(flags_every_flag_good)
     hp_opts_t o;
     char err[300];
     GOOD("-b", "4K", "-e", "64M", "-f", "2", "-n", "5", "-w", "0", "-c", "0", "-d", "half",
-         "-o", "max", "-z", "1", "-p", "--line-rate", "25GB/s", "-np", "4",
+         "-o", "max", "-z", "1", "--stages", "--line-rate", "25GB/s", "-np", "4",
          "--ranks-per-node", "2", "-J", "x.json", "--plot", "x.png", "--deadline", "30");
     ck_assert_uint_eq(o.minbytes, 4096);
     ck_assert_uint_eq(o.maxbytes, 64u << 20);
@@ -115,6 +118,62 @@ START_TEST(flags_every_flag_good)
         ck_assert_int_eq(o.op, i);
         ck_assert_int_eq(o.coll, HP_COLL_ALLREDUCE);
     }
+}
+END_TEST
+
+/*
+ * nccl-tests' documented flag set (its README, "Arguments"), short and long
+ * forms: every command line of all_reduce_perf that hcoll_perf can honour
+ * parses unchanged, and each flag lands where it should.
+ */
+START_TEST(flags_nccl_tests_set)
+{
+    hp_opts_t o;
+    char err[300];
+    GOOD("-t", "1", "-g", "1", "-b", "8", "-e", "128M", "-f", "2", "-o", "sum", "-d", "float",
+         "-r", "0", "-n", "20", "-w", "5", "-m", "1", "-a", "1", "-p", "0", "-c", "1", "-z", "0",
+         "-G", "0", "-F", "out.csv");
+    ck_assert_int_eq(o.np, 0);
+    ck_assert_int_eq(o.stages, 0); /* -p is parallel init now, not the stage split */
+    ck_assert_str_eq(o.csv, "out.csv");
+    GOOD("--nthreads", "1", "--ngpus", "1", "--minbytes", "1K", "--maxbytes", "1M",
+         "--stepbytes", "4K", "--op", "max", "--datatype", "double", "--root", "3", "--iters",
+         "7", "--warmup_iters", "2", "--agg_iters", "4", "--average", "3", "--parallel_init",
+         "1", "--check", "0", "--blocking", "1", "--cudagraph", "0", "--output_file", "o.csv");
+    ck_assert_uint_eq(o.stepbytes, 4096);
+    ck_assert_int_eq(o.op, HCOLL_MAX);
+    ck_assert_int_eq(o.dtype, HCOLL_FLOAT64);
+    ck_assert_int_eq(o.root, 3);
+    ck_assert_int_eq(o.iters, 7);
+    ck_assert_int_eq(o.warmup, 2);
+    ck_assert_int_eq(o.agg, 4);
+    ck_assert_int_eq(o.average, HP_AVG_MAX);
+    ck_assert_int_eq(o.parallel_init, 1);
+    ck_assert_int_eq(o.blocking, 1);
+    for (int a = 0; a <= 3; a++) {
+        char v[2] = { (char)('0' + a), 0 };
+        GOOD("-a", v);
+        ck_assert_int_eq(o.average, a);
+    }
+    /* -t x -g ranks in one process: hcoll_perf launches that many instead. */
+    GOOD("-g", "8", "-b", "8", "-e", "128M", "-f", "2");
+    ck_assert_int_eq(o.np, 8);
+    GOOD("-t", "2", "-g", "2");
+    ck_assert_int_eq(o.np, 4);
+    GOOD("-g", "4", "-np", "4");
+    ck_assert_int_eq(o.np, 4);
+    GOOD("--stages");
+    ck_assert_int_eq(o.stages, 1);
+    /* What hcoll_perf cannot honour is refused with a message. */
+    BAD("-g", "4", "-np", "2");
+    BAD("-G", "1");
+    BAD("-a", "4");
+    BAD("-r", "all");
+    BAD("-r", "-1");
+    BAD("-m", "0");
+    BAD("-p"); /* value missing: the stage split is --stages */
+    BAD("-F", "");
+    BAD("-n", "1000000", "-m", "1000");
 }
 END_TEST
 
@@ -669,6 +728,7 @@ int main(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, flags_defaults_are_nccl_tests);
     tcase_add_test(tc, flags_every_flag_good);
+    tcase_add_test(tc, flags_nccl_tests_set);
     tcase_add_test(tc, flags_bad_values);
     tcase_add_test(tc, flags_collective);
     tcase_add_test(tc, arith_collectives);

@@ -13,7 +13,7 @@
  *                   out of place then in place, then the same for --peer
  *                 ─► max of times / sum of #wrong over ranks (a small
  *                   hcoll_allreduce, as nccl-tests uses its own collective)
- *                 ─► rank 0: a row (+ NIC columns, + -p stage split)
+ *                 ─► rank 0: a row (+ NIC columns, + --stages split)
  *   end: # Avg bus bandwidth, the NIC verdict on the plateau, -J, --plot
  *
  * Launch: mpirun/srun (rank from the launcher; under Open MPI the unique id
@@ -99,7 +99,7 @@ static int mpi_types(hp_coll_t c, hcoll_dtype_t t, hcoll_op_t op, MPI_Datatype *
 
 /*
  * MPI's counterpart of p's collective on the same buffers: MPI_Allreduce,
- * MPI_Reduce_scatter_block, MPI_Allgather, MPI_Bcast (root 0), in place
+ * MPI_Reduce_scatter_block, MPI_Allgather, MPI_Bcast (root -r), in place
  * with MPI_IN_PLACE. MPI's in-place reduce-scatter leaves the result at
  * the start of the receive buffer, not at block rank as NCCL's does.
  */
@@ -138,9 +138,9 @@ static int mpi_call(hp_perf_t *p, int ip, size_t count, void **res_out, char *er
         what = "MPI_Bcast";
         /* One buffer: the root sends from its sendbuf, the others
          * receive into recvbuf (the root's result is its own input). */
-        if (p->rank == 0)
+        if (p->rank == p->o.root)
             r = (void *)s;
-        rc = MPI_Bcast(r, n, dt, 0, MPI_COMM_WORLD);
+        rc = MPI_Bcast(r, n, dt, p->o.root, MPI_COMM_WORLD);
         break;
     default:
         what = "MPI_Allreduce";
@@ -322,7 +322,16 @@ int main(int argc, char **argv)
         fputs(hp_usage(), stdout);
         return 0;
     }
-    if (o.np > 0 && !getenv("HCOLL_PERF_CHILD"))
+    if (o.np > 0 && !getenv("HCOLL_PERF_CHILD")) {
+        /* Under a launcher every process is one rank already: -np (or
+         * nccl-tests' -t/-g > 1) would fork more in each. */
+        if (hp_launcher_rank() >= 0) {
+            fprintf(stderr, "hcoll_perf: -np %d (or -t x -g > 1) under a launcher: hcoll_perf "
+                    "runs one rank per process; have the launcher start %d processes instead\n",
+                    o.np, o.np);
+            return HP_EXIT_USAGE;
+        }
         return hp_launch_np(&o, rank_main);
+    }
     return rank_main(&o);
 }

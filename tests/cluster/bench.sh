@@ -91,7 +91,7 @@ for c in "${colls[@]}"; do
   tag=cluster-${nodes}x$rails
   [ "$c" = allreduce ] || tag=$tag-$c
   json=$out/$tag.json png=$out/$tag.png
-  perf_args=(-o "$c" --peer mpi -b "$b" -e "$e" -f 4 -n "$iters" -w 1 -c 0 -p -J "$json")
+  perf_args=(-o "$c" --peer mpi -b "$b" -e "$e" -f 4 -n "$iters" -w 1 -c 0 --stages -J "$json")
   command -v gnuplot >/dev/null && perf_args+=(--plot "$png")
   cmd="tests/cluster/netcluster.sh up --nodes $nodes --rails $rails --rate $rate
 $gp_cmd

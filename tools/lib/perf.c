@@ -235,21 +235,30 @@ double hp_avg_busbw(const hp_row_t *rows, int nrows, const char *impl)
 const char *hp_usage(void)
 {
     return "usage: hcoll_perf [flags]   (under mpirun/srun, HCOLL_RANK... env, or -np N)\n"
-           "nccl-tests flags:\n"
+           "nccl-tests flags (its documented set; a command line for all_reduce_perf runs as is):\n"
            "  -b, --minbytes SIZE      smallest size (default 32M; K/M/G = 2^10.., KB/MB/GB = 10^3..)\n"
            "  -e, --maxbytes SIZE      largest size (default 32M)\n"
            "  -i, --stepbytes SIZE     increment between sizes (default 1M)\n"
            "  -f, --stepfactor N       multiply sizes by N (>= 2) instead of adding -i\n"
            "  -n, --iters N            timed iterations per size (default 20)\n"
-           "  -w, --warmup_iters N     warm-up iterations per size (default 1)\n"
+           "  -w, --warmup_iters N     warm-up iterations per size (default 5)\n"
+           "  -m, --agg_iters N        calls per timed iteration (default 1)\n"
+           "  -a, --average 0|1|2|3    the time of a row: rank 0's, the mean (default), the\n"
+           "                           minimum or the maximum over ranks\n"
            "  -c, --check N            checked iterations per size, 0 = off (default 1)\n"
            "  -d, --datatype TYPE      float half bfloat16 double int8 uint8 int32 int64\n"
            "  -o, --op OP|COLL         the reduction: sum prod max min avg (default sum); or the\n"
            "                           collective: allreduce (default) reduce_scatter allgather\n"
-           "                           broadcast (root 0); give -o twice for both\n"
+           "                           broadcast; give -o twice for both\n"
+           "  -r, --root N             the broadcast's root (default 0)\n"
            "  -z, --blocking 0|1       1: wait for each call; 0: issue all, then wait (default 0)\n"
+           "  -p, --parallel_init 0|1  accepted; each process initialises its one communicator\n"
+           "  -t, --nthreads N         -g, --ngpus N: ranks per process; hcoll_perf runs one, so\n"
+           "                           t x g > 1 launches that many on this host, as -np\n"
+           "  -G, --cudagraph 0        CUDA-graph replay: only 0 (off)\n"
+           "  -F, --output_file FILE   the rows as CSV, written by rank 0\n"
            "hcoll_perf's own:\n"
-           "  -p, --stages             per-stage split: intra RS / inter / intra AG (us and %)\n"
+           "  --stages                 per-stage split: intra RS / inter / intra AG (us and %)\n"
            "  --line-rate RATE         NIC line rate per NIC (25GB/s, 200Gbps); default: RDMA\n"
            "                           devices, else the rate limit of HCOLL_SOCKET_IFNAME's\n"
            "                           interfaces (tc tbf/htb, link speed), else unknown\n"
@@ -264,7 +273,7 @@ const char *hp_usage(void)
            "  --plot FILE.png          plot busbw and NIC % against size (needs gnuplot)\n"
            "  --deadline SECONDS       -np: kill every rank after this long (default 600)\n"
            "  -h, --help               this text\n"
-           "Columns: time (us, max over ranks), algbw = S/t with S the whole vector (count x\n"
+           "Columns: time (us, per call, combined over ranks as -a says), algbw = S/t with S the whole vector (count x\n"
            "n elements for reduce_scatter and allgather), busbw = algbw x 2(n-1)/n (allreduce),\n"
            "(n-1)/n (reduce_scatter, allgather), 1 (broadcast) (GB/s = 1e9 B/s), #wrong =\n"
            "mismatching elements over all ranks, nicbw = bytes one NIC sends per second on N\n"
@@ -280,7 +289,9 @@ void hp_opts_default(hp_opts_t *o)
     o->minbytes = o->maxbytes = 32u << 20;
     o->stepbytes = 1u << 20;
     o->iters = 20;
-    o->warmup = 1;
+    o->warmup = 5;
+    o->agg = 1;
+    o->average = HP_AVG_MEAN;
     o->check = 1;
     o->dtype = HCOLL_FLOAT32;
     o->op = HCOLL_SUM;
@@ -306,8 +317,8 @@ typedef struct flagdef {
 } flagdef_t;
 
 enum {
-    F_B, F_E, F_I, F_F, F_N, F_W, F_C, F_D, F_O, F_Z, F_P, F_LINE, F_NP, F_RPN, F_PEER,
-    F_JSON, F_PLOT, F_DEADLINE, F_MEM, F_HELP,
+    F_B, F_E, F_I, F_F, F_N, F_W, F_C, F_D, F_O, F_Z, F_STAGES, F_LINE, F_NP, F_RPN, F_PEER,
+    F_JSON, F_PLOT, F_DEADLINE, F_MEM, F_HELP, F_R, F_M, F_A, F_P, F_T, F_G, F_GRAPH, F_CSV,
 };
 
 static const flagdef_t perf_flags[] = {
@@ -316,12 +327,17 @@ static const flagdef_t perf_flags[] = {
     { "n", "iters", A_VAL, F_N },         { "w", "warmup_iters", A_VAL, F_W },
     { "c", "check", A_VAL, F_C },         { "d", "datatype", A_VAL, F_D },
     { "o", "op", A_VAL, F_O },            { "z", "blocking", A_VAL, F_Z },
-    { "p", "stages", A_NONE, F_P },       { NULL, "line-rate", A_VAL, F_LINE },
+    { NULL, "stages", A_NONE, F_STAGES }, { NULL, "line-rate", A_VAL, F_LINE },
     { "np", "np", A_VAL, F_NP },          { NULL, "ranks-per-node", A_VAL, F_RPN },
     { NULL, "peer", A_VAL, F_PEER },      { "J", "json", A_VAL, F_JSON },
     { NULL, "plot", A_VAL, F_PLOT },      { NULL, "deadline", A_VAL, F_DEADLINE },
     { NULL, "mem", A_VAL, F_MEM },
     { "h", "help", A_NONE, F_HELP },
+    /* The rest of nccl-tests' documented set. */
+    { "r", "root", A_VAL, F_R },          { "m", "agg_iters", A_VAL, F_M },
+    { "a", "average", A_VAL, F_A },       { "p", "parallel_init", A_VAL, F_P },
+    { "t", "nthreads", A_VAL, F_T },      { "g", "ngpus", A_VAL, F_G },
+    { "G", "cudagraph", A_VAL, F_GRAPH }, { "F", "output_file", A_VAL, F_CSV },
 };
 
 /*
@@ -393,6 +409,8 @@ static int opts_check(hp_opts_t *o, int stepbytes_given, char *err, size_t errle
         return bad(err, errlen, "--peer mpi needs mpirun (MPI launches the ranks), not -np");
     if (o->peer == HP_PEER_NCCL && o->mem == HP_MEM_HOST)
         return bad(err, errlen, "--peer nccl needs --mem device (NCCL reduces GPU memory)");
+    if ((long long)o->iters * o->agg > (1 << 26))
+        return bad(err, errlen, "-n %d x -m %d calls per size is too many", o->iters, o->agg);
     if (o->mem == HP_MEM_AUTO)
         o->mem = o->peer == HP_PEER_NCCL ? HP_MEM_DEVICE : HP_MEM_HOST;
     size_t es = hcoll_dtype_size(o->dtype);
@@ -402,9 +420,55 @@ static int opts_check(hp_opts_t *o, int stepbytes_given, char *err, size_t errle
     return 0;
 }
 
+/* The nccl-tests flags that hcoll_perf adds nothing to; ranks_per_proc
+ * collects -t x -g. */
+static int nccl_tests_flag(hp_opts_t *o, int id, const char *v, int *ranks_per_proc, char *err,
+                           size_t errlen)
+{
+    int x;
+    switch (id) {
+    case F_R:
+        if (hp_parse_int(v, 0, 1 << 30, &o->root) != 0)
+            return bad(err, errlen, "-r: '%s' is not a rank (hcoll_perf times one root per run; "
+                       "'all' is not supported)", v);
+        return 0;
+    case F_M:
+        if (hp_parse_int(v, 1, 1 << 20, &o->agg) != 0)
+            return bad(err, errlen, "-m: '%s' is not a count >= 1", v);
+        return 0;
+    case F_A:
+        if (hp_parse_int(v, 0, 3, &x) != 0)
+            return bad(err, errlen, "-a: '%s' is not 0 (rank 0), 1 (mean), 2 (min) or 3 (max)", v);
+        o->average = (hp_average_t)x;
+        return 0;
+    case F_P:
+        if (hp_parse_int(v, 0, 1, &o->parallel_init) != 0)
+            return bad(err, errlen, "-p: '%s' is not 0 or 1 (the per-stage split is --stages)",
+                       v);
+        return 0;
+    case F_T:
+    case F_G:
+        if (hp_parse_int(v, 1, 4096, &x) != 0)
+            return bad(err, errlen, "%s: '%s' is not a count >= 1", id == F_T ? "-t" : "-g", v);
+        *ranks_per_proc *= x;
+        return 0;
+    case F_GRAPH:
+        if (hp_parse_int(v, 0, 1 << 20, &x) != 0 || x != 0)
+            return bad(err, errlen, "-G: '%s': hcoll_perf has no CUDA-graph replay; only -G 0", v);
+        return 0;
+    case F_CSV:
+        if (!*v)
+            return bad(err, errlen, "-F: empty file name");
+        o->csv = v;
+        return 0;
+    default:
+        return bad(err, errlen, "internal: flag %d has no handler", id);
+    }
+}
+
 int hp_opts_parse(int argc, char **argv, hp_opts_t *o, char *err, size_t errlen)
 {
-    int stepbytes_given = 0;
+    int stepbytes_given = 0, ranks_per_proc = 1;
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         int id = next_flag(perf_flags, sizeof perf_flags / sizeof perf_flags[0], argc, argv, &i,
@@ -458,7 +522,7 @@ int hp_opts_parse(int argc, char **argv, hp_opts_t *o, char *err, size_t errlen)
             if (hp_parse_int(v, 0, 1, &o->blocking) != 0)
                 return bad(err, errlen, "-z: '%s' is not 0 or 1", v);
             break;
-        case F_P: o->stages = 1; break;
+        case F_STAGES: o->stages = 1; break;
         case F_LINE:
             if (hp_parse_rate(v, &o->line_rate) != 0)
                 return bad(err, errlen, "--line-rate: '%s' is not a rate (25GB/s, 200Gbps)", v);
@@ -502,10 +566,22 @@ int hp_opts_parse(int argc, char **argv, hp_opts_t *o, char *err, size_t errlen)
                 return bad(err, errlen, "--mem: '%s' is not host or device", v);
             break;
         case F_HELP: o->help = 1; break;
+        default:
+            if (nccl_tests_flag(o, id, v, &ranks_per_proc, err, errlen) != 0)
+                return -1;
+            break;
         }
     }
     if (o->help)
         return 0;
+    /* nccl-tests' -t/-g put several ranks in one process; hcoll_perf
+     * launches that many processes instead. */
+    if (ranks_per_proc > 1) {
+        if (o->np && o->np != ranks_per_proc)
+            return bad(err, errlen, "-t x -g = %d ranks disagrees with -np %d", ranks_per_proc,
+                       o->np);
+        o->np = ranks_per_proc;
+    }
     return opts_check(o, stepbytes_given, err, errlen);
 }
 

@@ -139,7 +139,7 @@ const char *hp_verdict_suspects(void);
 /* ------------------------------------------------------------------------ */
 
 typedef struct hp_result {
-    double time_us;  /* per call; max over ranks */
+    double time_us;  /* per call; combined over ranks as -a says */
     double algbw;    /* GB/s */
     double busbw;    /* GB/s */
     int64_t wrong;   /* mismatching elements summed over ranks; -1 = not checked */
@@ -215,6 +215,14 @@ typedef enum hp_peer { HP_PEER_NONE = 0, HP_PEER_MPI, HP_PEER_NCCL } hp_peer_t;
  * needs device memory), host otherwise. */
 typedef enum hp_mem { HP_MEM_AUTO = 0, HP_MEM_HOST, HP_MEM_DEVICE } hp_mem_t;
 
+/* nccl-tests' -a: the time a row reports, from every rank's own. */
+typedef enum hp_average {
+    HP_AVG_RANK0 = 0,
+    HP_AVG_MEAN = 1,
+    HP_AVG_MIN = 2,
+    HP_AVG_MAX = 3,
+} hp_average_t;
+
 typedef struct hp_opts {
     uint64_t minbytes, maxbytes;  /* -b -e */
     uint64_t stepbytes;           /* -i */
@@ -225,7 +233,12 @@ typedef struct hp_opts {
     hcoll_op_t op;                /* -o sum|prod|max|min|avg */
     hp_coll_t coll;               /* -o allreduce|reduce_scatter|allgather|broadcast */
     int blocking;                 /* -z */
-    int stages;                   /* -p */
+    int stages;                   /* --stages */
+    int root;                     /* -r: the broadcast's root */
+    int agg;                      /* -m: calls per timed iteration */
+    hp_average_t average;         /* -a: how times combine across ranks */
+    int parallel_init;            /* -p: accepted (one communicator per process) */
+    const char *csv;              /* -F */
     double line_rate;             /* --line-rate, bytes/s; 0 = not given */
     int np;                       /* -np: self-launch this many ranks; 0 = no */
     int ranks_per_node;           /* --ranks-per-node; 0 = real hosts */

@@ -62,11 +62,21 @@ void hp_barrier(hp_perf_t *p)
         hp_die_status(p, "hcoll_allreduce (barrier)", st);
 }
 
-void hp_reduce_max(hp_perf_t *p, double *v, size_t n)
+/* Each rank's times become the row's, as -a says: rank 0's (the others
+ * contribute 0 to a sum), the mean, the minimum or the maximum. */
+static void reduce_times(hp_perf_t *p, double *v, size_t n)
 {
-    hcoll_status_t st = hcoll_allreduce(p->comm, v, v, n, HCOLL_FLOAT64, HCOLL_MAX, NULL);
+    hp_average_t a = p->o.average;
+    hcoll_op_t op = a == HP_AVG_MIN ? HCOLL_MIN : a == HP_AVG_MAX ? HCOLL_MAX : HCOLL_SUM;
+    if (a == HP_AVG_RANK0 && p->rank != 0)
+        for (size_t k = 0; k < n; k++)
+            v[k] = 0;
+    hcoll_status_t st = hcoll_allreduce(p->comm, v, v, n, HCOLL_FLOAT64, op, NULL);
     if (st != HCOLL_SUCCESS)
-        hp_die_status(p, "hcoll_allreduce (max of times)", st);
+        hp_die_status(p, "hcoll_allreduce (times over ranks)", st);
+    if (a == HP_AVG_MEAN)
+        for (size_t k = 0; k < n; k++)
+            v[k] /= p->nranks;
 }
 
 void hp_reduce_sum(hp_perf_t *p, int64_t *v, size_t n)
@@ -118,7 +128,7 @@ static const char *hcoll_fn(const hp_perf_t *p, int async)
     return names[p->o.coll][async != 0];
 }
 
-/* One call of p's collective (root 0 for the broadcast): a request in
+/* One call of p's collective (root -r for the broadcast): a request in
  * *req when req is given, else blocking (host) or on the stream. */
 static hcoll_status_t hcoll_coll(hp_perf_t *p, const void *s, void *r, size_t count,
                                  hcoll_request_t *req)
@@ -134,8 +144,8 @@ static hcoll_status_t hcoll_coll(hp_perf_t *p, const void *s, void *r, size_t co
         return req ? hcoll_allgather_async(p->comm, s, r, count, dt, stream, req)
                    : hcoll_allgather(p->comm, s, r, count, dt, stream);
     case HP_COLL_BROADCAST:
-        return req ? hcoll_broadcast_async(p->comm, s, r, count, dt, 0, stream, req)
-                   : hcoll_broadcast(p->comm, s, r, count, dt, 0, stream);
+        return req ? hcoll_broadcast_async(p->comm, s, r, count, dt, p->o.root, stream, req)
+                   : hcoll_broadcast(p->comm, s, r, count, dt, p->o.root, stream);
     default:
         return req ? hcoll_allreduce_async(p->comm, s, r, count, dt, op, stream, req)
                    : hcoll_allreduce(p->comm, s, r, count, dt, op, stream);
@@ -286,14 +296,14 @@ static void check_inputs(hp_perf_t *p, int ip, size_t count)
     hp_coll_bufs(p, ip, count, &s, &r);
     memset(p->stage, 0xa5, whole * es);
     hp_buf_put(p, p->recv, p->stage, whole * es);
-    if (c == HP_COLL_ALLGATHER || (c == HP_COLL_BROADCAST && p->rank == 0))
+    if (c == HP_COLL_ALLGATHER || (c == HP_COLL_BROADCAST && p->rank == p->o.root))
         hp_check_fill_copy(p->stage, count, c == HP_COLL_ALLGATHER ? count * (size_t)p->rank : 0,
                            dt);
     else if (c == HP_COLL_BROADCAST)
         memset(p->stage, 0x5a, count * es); /* a non-root's sendbuf must not matter */
     else
         hp_check_fill(p->stage, whole, dt, p->o.op, p->rank, p->nranks);
-    if (c == HP_COLL_BROADCAST && p->rank != 0 && ip)
+    if (c == HP_COLL_BROADCAST && p->rank != p->o.root && ip)
         return; /* in place: the non-root's buffer is the result's */
     hp_buf_put(p, (void *)s, p->stage, (c == HP_COLL_ALLGATHER ? count : whole) * es);
 }
@@ -370,20 +380,21 @@ void hp_run_size(hp_perf_t *p, uint64_t want_bytes)
         return;
     }
     int checked = p->o.check > 0 && hp_checkable(p);
-    /* [0..1] hcoll oop/ip, [2..4] stages, [5..6] peer oop/ip; max over ranks */
+    /* [0..1] hcoll oop/ip, [2..4] stages, [5..6] peer oop/ip; over ranks as -a says */
     double t[7] = { 0 };
     int64_t w[4] = { 0 };
     double st_us[HP_NSTAGES] = { 0 };
     int st_n = 0;
+    const int calls = p->o.iters * p->o.agg; /* -m: calls per timed iteration */
 
     if (checked)
         run_check(p, hcoll_call, count, w);
     for (int i = 0; i < p->o.warmup; i++)
         hcoll_call(p, 0, count);
-    t[0] = hcoll_time(p, 0, count, p->o.iters, p->o.stages ? st_us : NULL, &st_n);
+    t[0] = hcoll_time(p, 0, count, calls, p->o.stages ? st_us : NULL, &st_n);
     for (int i = 0; i < p->o.warmup; i++)
         hcoll_call(p, 1, count);
-    t[1] = hcoll_time(p, 1, count, p->o.iters, NULL, NULL);
+    t[1] = hcoll_time(p, 1, count, calls, NULL, NULL);
     for (int k = 0; k < HP_NSTAGES; k++)
         t[2 + k] = st_n ? st_us[k] / st_n : -1;
 
@@ -392,13 +403,13 @@ void hp_run_size(hp_perf_t *p, uint64_t want_bytes)
             run_check(p, peer_call, count, w + 2);
         for (int i = 0; i < p->o.warmup; i++)
             peer_call(p, 0, count);
-        t[5] = peer_time(p, 0, count, p->o.iters);
+        t[5] = peer_time(p, 0, count, calls);
         for (int i = 0; i < p->o.warmup; i++)
             peer_call(p, 1, count);
-        t[6] = peer_time(p, 1, count, p->o.iters);
+        t[6] = peer_time(p, 1, count, calls);
     }
 
-    hp_reduce_max(p, t, 7);
+    reduce_times(p, t, 7);
     hp_reduce_sum(p, w, 4);
 
     hp_row_t *h = row_new(p, "hcoll", bytes, count);
@@ -435,6 +446,11 @@ void hp_rank_open(hp_perf_t *p)
     hcoll_comm_size(p->comm, &p->nranks);
     hcoll_comm_local_size(p->comm, &p->local_size);
     hcoll_comm_node_count(p->comm, &p->nodes);
+    if (o->root >= p->nranks) {
+        char what[64];
+        snprintf(what, sizeof what, "%d ranks", p->nranks);
+        hp_die(p, "-r: the root is not a rank of a job of %s", what);
+    }
     if (p->rank == 0 && hp_line_rate_resolve(o->line_rate, getenv("HCOLL_SOCKET_IFNAME"), "/sys",
                                              1, &p->line_bps, p->line_src,
                                              sizeof p->line_src) != 0)

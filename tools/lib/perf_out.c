@@ -209,16 +209,19 @@ static int write_plot(const hp_perf_t *p, const char *png)
 void hp_print_preamble(const hp_perf_t *p)
 {
     const hp_opts_t *o = &p->o;
+    static const char *avg_names[] = { "rank 0's", "mean over ranks", "min over ranks",
+                                       "max over ranks" };
     printf("# hcoll_perf (hcoll %s): %s, %d ranks, %d nodes x %d ranks/node, %s %s, -n %d "
-           "-w %d -c %d -z %d\n",
+           "-m %d -w %d -c %d -z %d, times: %s (-a %d)\n",
            HCOLL_VERSION_STRING, hp_coll_name(o->coll), p->nranks, p->nodes, p->local_size,
            hcoll_dtype_name(o->dtype), hp_coll_reduces(o->coll) ? hcoll_op_name(o->op) : "(no op)",
-           o->iters, o->warmup, o->check, o->blocking);
+           o->iters, o->agg, o->warmup, o->check, o->blocking, avg_names[o->average],
+           (int)o->average);
     if (o->coll == HP_COLL_REDUCE_SCATTER || o->coll == HP_COLL_ALLGATHER)
         printf("# size = the whole vector, nranks x count elements (count: each rank's %s)\n",
                o->coll == HP_COLL_REDUCE_SCATTER ? "recvcount" : "sendcount");
     if (o->coll == HP_COLL_BROADCAST)
-        printf("# root: rank 0\n");
+        printf("# root: rank %d\n", o->root);
     if (p->gpu.cu)
         printf("# buffers: device memory; local rank i on GPU i mod #GPUs (rank 0: GPU %d, "
                "%s), one CUDA stream per rank\n", p->gpu.ordinal, p->gpu.busid);
@@ -251,6 +254,32 @@ static int write_json(const hp_perf_t *p, const char *verdict, double pct)
     return rc;
 }
 
+/* -F: one CSV line per row (nccl-tests' columns, one header line, an
+ * "impl" column first). 0 ok, 1 on a write error. */
+static int write_csv(const hp_perf_t *p)
+{
+    FILE *f = fopen(p->o.csv, "w");
+    int bad = !f;
+    if (f) {
+        fprintf(f, "impl,size,count,type,redop,root,oop_time_us,oop_algbw,oop_busbw,oop_wrong,"
+                   "ip_time_us,ip_algbw,ip_busbw,ip_wrong\n");
+        for (int i = 0; i < p->nrows; i++) {
+            const hp_row_t *r = &p->rows[i];
+            fprintf(f, "%s,%llu,%zu,%s,%s,%d,%.2f,%.4f,%.4f,%lld,%.2f,%.4f,%.4f,%lld\n", r->impl,
+                    (unsigned long long)r->bytes, r->count, hcoll_dtype_name(r->dtype),
+                    hp_coll_reduces(r->coll) ? hcoll_op_name(r->op) : "none",
+                    r->coll == HP_COLL_BROADCAST ? p->o.root : -1, r->oop.time_us, r->oop.algbw,
+                    r->oop.busbw, (long long)r->oop.wrong, r->ip.time_us, r->ip.algbw,
+                    r->ip.busbw, (long long)r->ip.wrong);
+        }
+        bad = ferror(f) != 0;
+        bad |= fclose(f) != 0;
+    }
+    if (bad)
+        fprintf(stderr, "hcoll_perf: -F %s: %s\n", p->o.csv, strerror(errno));
+    return bad;
+}
+
 int hp_print_summary(const hp_perf_t *p)
 {
     const hp_opts_t *o = &p->o;
@@ -265,7 +294,7 @@ int hp_print_summary(const hp_perf_t *p)
         printf("# Avg bus bandwidth (%s) : %g\n", p->peer->name,
                hp_avg_busbw(p->rows, p->nrows, p->peer->name));
     if (o->stages && !p->stages_known)
-        printf("# -p: this library does not report per-stage times yet ('-')\n");
+        printf("# --stages: this library does not report per-stage times yet ('-')\n");
     double pct;
     const char *verdict = print_verdict(p, &pct);
     printf("#\n");
@@ -274,6 +303,8 @@ int hp_print_summary(const hp_perf_t *p)
     if (o->json && write_json(p, verdict, pct) != 0)
         rc = 1;
     if (o->plot && write_plot(p, o->plot) != 0)
+        rc = 1;
+    if (o->csv && write_csv(p) != 0)
         rc = 1;
     return rc;
 }

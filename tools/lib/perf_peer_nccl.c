@@ -55,7 +55,7 @@ static int nccl_call(hp_perf_t *p, int ip, size_t count, void **res_out, char *e
         break;
     case HP_COLL_BROADCAST:
         what = "ncclBroadcast";
-        res = nc->broadcast(s, r, count, n->dtype, 0, n->comm, p->gpu.stream);
+        res = nc->broadcast(s, r, count, n->dtype, p->o.root, n->comm, p->gpu.stream);
         break;
     default:
         what = "ncclAllReduce";

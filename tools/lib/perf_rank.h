@@ -97,7 +97,6 @@ void hp_die(hp_perf_t *p, const char *fmt, const char *detail) __attribute__((no
 
 /* Cross-rank helpers on hcoll itself (small all-reduces). */
 void hp_barrier(hp_perf_t *p);
-void hp_reduce_max(hp_perf_t *p, double *v, size_t n);
 void hp_reduce_sum(hp_perf_t *p, int64_t *v, size_t n);
 
 /* The send and receive pointers of one call of p->o.coll with count (the
