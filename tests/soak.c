@@ -17,8 +17,8 @@
  *                MAX/MIN, arbitrary integer bits: wrap-around is exact), so
  *                the reference is bit for bit; copies take arbitrary bits
  *   resources    each rank samples its RSS, threads and open fds; after the
- *                warm-up (every collective once at the largest size, then
- *                10 % of the run) none may grow: RSS by at most 5 %, fds
+ *                warm-up (every collective at the largest size, in place
+ *                and out of place, then 10 % of the run) none may grow: RSS by at most 5 %, fds
  *                and threads not at all
  *
  * Every rank draws the same sequence from the seed (printed), so ranks agree
@@ -27,6 +27,8 @@
  * exactly once, or growth as above.
  *
  *   soak [-m MINUTES] [-s SEED] [-M MAX_MIB] [-n NODES] [-l RANKS_PER_NODE]
+ *        [-x RANK:STEP]   (RANK fails on purpose at STEP: the others must
+ *                          end at once with an error, not hang)
  * `make soak SOAK_MINUTES=N` runs it (and the 1000-cycle lifecycle test).
  */
 #include <inttypes.h>
@@ -48,6 +50,7 @@
 #define OP_PREMUL 5
 #define NOPS 6
 #define RSS_SLACK 0.05
+#define WARM_STEPS (2 * K_BAR + 2) /* step()'s forced largest calls */
 
 enum { K_AR, K_RS, K_AG, K_BC, K_BAR, K_COUNT };
 static const char *const kind_names[K_COUNT] = { "allreduce", "reduce_scatter", "allgather",
@@ -66,6 +69,8 @@ typedef struct soak_world {
     uint64_t seed;
     double seconds, warm_s;
     size_t max_bytes;
+    int fail_rank;   /* -x: this rank fails on purpose at step fail_step */
+    long fail_step;
     rank_stats_t st[MAX_RANKS];
 } soak_world_t;
 
@@ -487,14 +492,14 @@ static int run_batch(rank_ctx_t *c, const soak_op_t *ops, int n)
 /* ------------------------------------------------------------------------ */
 
 /* Samples this rank; after the warm-up, any growth fails. */
-static int sample(rank_ctx_t *c, double now_s)
+static int sample(rank_ctx_t *c, double now_s, int warm_steps_done)
 {
     rank_stats_t *st = c->st;
     hct_proc_t p = hct_proc_sample();
     st->last = p;
     if (st->ops == 0 || st->first.rss_kb == 0)
         st->first = p;
-    if (now_s < c->w->warm_s)
+    if (now_s < c->w->warm_s || !warm_steps_done)
         return 0;
     if (!st->have_base) {
         st->base = st->max = p;
@@ -525,16 +530,18 @@ static int sample(rank_ctx_t *c, double now_s)
 static int step(rank_ctx_t *c, long n)
 {
     soak_op_t ops[NSLOT];
-    /* Warm-up: every collective at the largest size, blocking, then two at
-     * once, so that every buffer the library keeps exists before the
+    /* Warm-up: every collective at the largest size, blocking, out of
+     * place and in place, then two at once, so that every buffer the
+     * library keeps exists, and has been written all over, before the
      * baseline. */
-    if (n < K_BAR) {
-        draw_op(c, (int)n, &ops[0]);
+    if (n < 2 * K_BAR) {
+        draw_op(c, (int)n / 2, &ops[0]);
+        ops[0].inplace = (int)(n & 1);
         return run_blocking(c, &ops[0]);
     }
-    if (n < K_BAR + 2) {
-        draw_op(c, (int)(n - K_BAR) * 2, &ops[0]);
-        draw_op(c, (int)(n - K_BAR) * 2 + 1, &ops[1]);
+    if (n < 2 * K_BAR + 2) {
+        draw_op(c, (int)(n - 2 * K_BAR) * 2, &ops[0]);
+        draw_op(c, (int)(n - 2 * K_BAR) * 2 + 1, &ops[1]);
         return run_batch(c, ops, 2);
     }
     if (rnd(&c->rng) & 1) {
@@ -564,13 +571,17 @@ static int soak_loop(rank_ctx_t *c)
 {
     double next_print = 60;
     for (long n = 0;; n++) {
+        if (c->rank == c->w->fail_rank && n == c->w->fail_step) {
+            fprintf(stderr, "rank %d: failing on purpose at step %ld (-x)\n", c->rank, n);
+            return 1;
+        }
         if (step(c, n))
             return 1;
         if (n % CHECK_EVERY != CHECK_EVERY - 1)
             continue;
         double now = (hct_now_ms() - c->t0) / 1e3;
         int stop = 0;
-        if (stop_agreed(c, now >= c->w->seconds, &stop) || sample(c, now))
+        if (stop_agreed(c, now >= c->w->seconds, &stop) || sample(c, now, n >= WARM_STEPS))
             return 1;
         if (c->rank == 0 && now >= next_print) {
             printf("soak: %4.0f s  %ld ops  %.1f GiB  RSS %ld kB\n", now, c->st->ops,
@@ -601,6 +612,10 @@ static int rank_main(int rank, int nranks, void *arg)
     hcoll_unique_id_t id;
     hcoll_config_t cfg = HCOLL_CONFIG_INITIALIZER;
     cfg.timeout_ms = 60000;
+    /* A rank waiting for a peer that will never come fails within two
+     * minutes rather than the default half hour (the largest call takes
+     * seconds even on a loaded host). */
+    cfg.op_timeout_ms = 120000;
     HCT_REQUIRE(hct_share_unique_id(&w->slot, rank, 60000, &id) == 0, "no unique id");
     HCT_OK(NULL, hcoll_comm_init(&c.comm, nranks, rank, &id, &cfg));
     c.t0 = hct_now_ms();
@@ -631,10 +646,11 @@ static int report(const soak_world_t *w, int nranks, const hct_result_t *res, do
     for (int r = 0; r < nranks; r++) {
         const rank_stats_t *s = &w->st[r];
         int ok = res[r].exited && res[r].code == 0;
-        printf("soak: rank %d %s: ops %ld, RSS %ld kB at %.0f s (after warm-up) -> %ld kB at "
+        printf("soak: rank %d %s after %.1f s: ops %ld, RSS %ld kB at %.0f s (after warm-up) -> %ld kB at "
                "the end (%+.2f %%, max %+.2f %%), heap %+.2f %%, fds %d -> %d, threads %d -> "
                "%d\n",
-               r, ok ? "ok" : res[r].killed ? "KILLED at the deadline" : "FAILED", s->ops,
+               r, ok ? "ok" : res[r].killed ? "KILLED at the deadline" : "FAILED",
+               res[r].seconds, s->ops,
                s->base.rss_kb, s->base_at_s, s->last.rss_kb,
                pct(s->last.rss_kb, s->base.rss_kb), pct(s->max.rss_kb, s->base.rss_kb),
                pct(s->last.heap_bytes, s->base.heap_bytes), s->base.fds, s->last.fds,
@@ -650,16 +666,19 @@ int main(int argc, char **argv)
     double minutes = 1;
     uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20);
     int nodes = 2, per_node = 2, max_mib = 64, o;
-    while ((o = getopt(argc, argv, "m:s:M:n:l:")) != -1) {
+    int fail_rank = -1;
+    long fail_step = 0;
+    while ((o = getopt(argc, argv, "m:s:M:n:l:x:")) != -1) {
         switch (o) {
         case 'm': minutes = atof(optarg); break;
         case 's': seed = strtoull(optarg, NULL, 0); break;
         case 'M': max_mib = atoi(optarg); break;
         case 'n': nodes = atoi(optarg); break;
         case 'l': per_node = atoi(optarg); break;
+        case 'x': sscanf(optarg, "%d:%ld", &fail_rank, &fail_step); break;
         default:
             fprintf(stderr, "usage: %s [-m MINUTES] [-s SEED] [-M MAX_MIB] [-n NODES] "
-                            "[-l RANKS_PER_NODE]\n", argv[0]);
+                            "[-l RANKS_PER_NODE] [-x RANK:STEP]\n", argv[0]);
             return 2;
         }
     }
@@ -676,6 +695,8 @@ int main(int argc, char **argv)
     w->seconds = minutes * 60;
     w->warm_s = w->seconds * 0.1;
     w->max_bytes = (size_t)max_mib << 20;
+    w->fail_rank = fail_rank;
+    w->fail_step = fail_step;
     printf("soak: %d x %d ranks, %.1f min, sizes 0..%d MiB, seed %" PRIu64
            " (rerun: -s %" PRIu64 ")\n", nodes, per_node, minutes, max_mib, seed, seed);
     fflush(stdout);
