@@ -580,8 +580,10 @@ static int soak_loop(rank_ctx_t *c)
         if (n % CHECK_EVERY != CHECK_EVERY - 1)
             continue;
         double now = (hct_now_ms() - c->t0) / 1e3;
-        int stop = 0;
-        if (stop_agreed(c, now >= c->w->seconds, &stop) || sample(c, now, n >= WARM_STEPS))
+        /* Not before one sample has been compared with the baseline, however
+         * long the warm-up took on a loaded host. */
+        int stop = 0, mine = now >= c->w->seconds && c->st->have_base;
+        if (stop_agreed(c, mine, &stop) || sample(c, now, n >= WARM_STEPS))
             return 1;
         if (c->rank == 0 && now >= next_print) {
             printf("soak: %4.0f s  %ld ops  %.1f GiB  RSS %ld kB\n", now, c->st->ops,
