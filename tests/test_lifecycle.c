@@ -222,6 +222,9 @@ static int abort_cycle(lc_world_t *w, int it, int rank, int victim)
     hcoll_comm_t c;
     if (init_comm(w, it, rank, &c) || allreduce_check(c, rank + 1, 10))
         return 1;
+    /* Every rank has its result before the abort resets the connections
+     * (the victim's last sends may otherwise still be in flight). */
+    HCT_REQUIRE(hct_barrier_wait(&w->bar, NRANKS, TIMEOUT_MS) == 0, "barrier");
     if (rank == victim) {
         usleep(20000);
         HCT_OK(c, hcoll_comm_abort(c));
