@@ -293,6 +293,23 @@ test-cluster: deps
 	$(Q)$(MAKE) --no-print-directory all
 	$(Q)tests/cluster/cluster-test.sh
 
+# The soak (tests/soak.c): a 2 x 2 job of random, verified collectives for
+# SOAK_MINUTES, failing on a wrong element, an error, or growing RSS, fds or
+# threads. Not part of `make test`. SOAK_SEED repeats a run. Then the
+# lifecycle test at LIFECYCLE_CYCLES (make test runs it at 100).
+SOAK_MINUTES ?= 2
+LIFECYCLE_CYCLES ?= 1000
+.PHONY: soak
+tests: $(BUILD)/tests/soak
+$(BUILD)/tests/soak: tests/soak.c tests/soak_proc.h $(BUILD)/tests/common/ranks.o $(STATIC_LIB) | $(GEN)/hc_build.h
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CCLD    $@")
+	$(Q)$(CC) $(ALL_CFLAGS) -Itests -MF $@.d -o $@ $< $(BUILD)/tests/common/ranks.o $(STATIC_LIB) $(LIB_LDLIBS) -lm
+soak: deps
+	$(Q)$(MAKE) --no-print-directory all tests
+	$(Q)$(BUILD)/tests/soak -m $(SOAK_MINUTES) $(if $(SOAK_SEED),-s $(SOAK_SEED))
+	$(Q)HCOLL_LIFECYCLE_CYCLES=$(LIFECYCLE_CYCLES) $(BUILD)/tests/test_lifecycle
+
 # The torch.distributed backend "hcoll" (python/hcoll/csrc, a C++ extension
 # against the system's torch): built ahead of its first use, cached in
 # build/torch_ext. Skipped, with a note, where torch or its headers are absent.
