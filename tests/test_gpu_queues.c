@@ -14,6 +14,10 @@
  *     that some share a queue with hcoll's own streams whichever they are;
  *   - then a reduce-scatter and an all-gather (several staging pieces) on
  *     the last stream, which take the same gated path;
+ *   - and broadcasts from every root (in place and not, one element and
+ *     several staging pieces), also gated at call time: with 2 ranks per
+ *     node the root's node runs NCCL's broadcast before the ring and the
+ *     others NCCL's all-gather after it;
  *   - every result checked; each case under a short watchdog (a hang is a
  *     failure within seconds, not the suite's timeout).
  * Needs a GPU (or the emulation); prints "SKIP: no GPU: <why>" otherwise.
@@ -137,6 +141,40 @@ static int rsag_check(hcoll_comm_t comm, const hc_cu_api_t *cu, void *stream, in
     return 0;
 }
 
+/* Broadcasts from every root on stream: bytes that say where they came
+ * from, bit for bit; out of place on the root for the odd sizes. */
+static int bcast_check(hcoll_comm_t comm, const hc_cu_api_t *cu, void *stream, int rank,
+                       int nranks)
+{
+    static const size_t counts[] = { 1, 1000003, 7 };
+    const size_t nmax = counts[1];
+    unsigned char *h = malloc(nmax * 4);
+    HCT_REQUIRE(h, "no memory");
+    hc_cu_dptr_t src, dst;
+    GPU_OK(cu->mem_alloc(&src, nmax * 4));
+    GPU_OK(cu->mem_alloc(&dst, nmax * 4));
+    for (int root = 0; root < nranks; root++)
+        for (size_t k = 0; k < 3; k++) {
+            const size_t n = counts[k], bytes = n * 4;
+            const int inplace = k != 2;
+            for (size_t i = 0; i < bytes; i++)
+                h[i] = rank == root ? (unsigned char)(i * 31 + (size_t)root * 7 + k) : 0xee;
+            GPU_OK(cu->memcpy_htod_async(inplace ? dst : src, h, bytes, stream));
+            HCT_OK(comm, hcoll_broadcast(comm, (void *)(uintptr_t)(inplace ? dst : src),
+                                         (void *)(uintptr_t)dst, n, HCOLL_FLOAT32, root, stream));
+            GPU_OK(cu->memcpy_dtoh_async(h, dst, bytes, stream));
+            GPU_OK(cu->stream_synchronize(stream));
+            for (size_t i = 0; i < bytes; i++)
+                HCT_REQUIRE(h[i] == (unsigned char)(i * 31 + (size_t)root * 7 + k),
+                            "rank %d: broadcast of %zu floats from %d: byte %zu is 0x%02x", rank,
+                            n, root, i, h[i]);
+        }
+    cu->mem_free(src);
+    cu->mem_free(dst);
+    free(h);
+    return 0;
+}
+
 static int rank_queues(int rank, int nranks, void *arg)
 {
     job_t *j = arg;
@@ -174,7 +212,8 @@ static int rank_queues(int rank, int nranks, void *arg)
                 return 1;
         k += 2;
     }
-    if (rsag_check(comm, cu, st[j->streams - 1], rank, nranks) != 0)
+    if (rsag_check(comm, cu, st[j->streams - 1], rank, nranks) != 0 ||
+        bcast_check(comm, cu, st[j->streams - 1], rank, nranks) != 0)
         return 1;
     HCT_OK(comm, hcoll_comm_destroy(comm));
     for (int i = 0; i < 2; i++) {

@@ -86,6 +86,16 @@ hcoll_status_t hc_coll_dev_rsag_enqueue(hc_coll_dev_t *d, int rs, const void *se
                                         hc_dev_op_t **op_out);
 
 /*
+ * The worker's check, before a device reduce-scatter's or all-gather's
+ * ring, that every rank called it with the same collective, count, dtype
+ * and op (collective over all ranks: one host all-reduce). On a mismatch
+ * returns HCOLL_ERR_MISMATCH with *agreed_out = 1 on every rank alike;
+ * pass that status to hc_coll_dev_execute, which then skips the ring and
+ * only releases the stream. (The broadcast's is hc_coll_bcast_agree.)
+ */
+hcoll_status_t hc_coll_dev_agree(hc_coll_dev_t *d, const hc_dev_op_t *op, int *agreed_out);
+
+/*
  * The host stage of op, on the executor (worker thread), in issue order.
  * status_in != HCOLL_SUCCESS (the communicator failed or was aborted):
  * skip the work and only release the stream. Always consumes op; returns
