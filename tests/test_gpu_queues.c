@@ -42,7 +42,7 @@ typedef struct shared {
 typedef struct job {
     shared_t *sh;
     int rpn;     /* ranks per node */
-    int conns;   /* CUDA_DEVICE_MAX_CONNECTIONS */
+    int conns;   /* CUDA_DEVICE_MAX_CONNECTIONS; 0: the destroy case (one queue) */
     int streams; /* application streams the calls rotate over */
 } job_t;
 
@@ -225,13 +225,56 @@ static int rank_queues(int rank, int nranks, void *arg)
     return 0;
 }
 
+/* The device address of pinned host memory. */
+static hc_cu_dptr_t host_dptr(const hc_cu_api_t *cu, void *p)
+{
+    (void)cu;
+    return (hc_cu_dptr_t)(uintptr_t)p;
+}
+
+/* Destroy while the application's stream is blocked (one queue, on a
+ * host word the test writes only after destroy returned): nothing destroy
+ * waits for may be recorded then, or it sits behind that stream, and
+ * destroy would wait out its drain deadlines (2 s each) and leak. */
+static int rank_destroy_blocked(int rank, int nranks, void *arg)
+{
+    job_t *j = arg;
+    setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1", 1);
+    const hc_cu_api_t *cu = gpu_open(ngpus > 1 ? (rank % j->rpn) % ngpus : 0);
+    HCT_REQUIRE(cu, "no GPU");
+    void *st;
+    GPU_OK(cu->stream_create(&st, HC_CU_STREAM_NON_BLOCKING));
+    hcoll_comm_t comm = rank_init(j, rank, nranks);
+    HCT_REQUIRE(comm, "init failed");
+    call_t c = { st, 0, malloc(300007 * 4), 300007 };
+    HCT_REQUIRE(c.host, "no memory");
+    GPU_OK(cu->mem_alloc(&c.buf, c.n * 4));
+    if (call_start(comm, cu, &c, rank, 0) != 0 || call_check(cu, &c, rank, nranks, 0) != 0)
+        return 1;
+    uint32_t *word;
+    GPU_OK(cu->host_alloc((void **)&word, 4096, 0));
+    *(volatile uint32_t *)word = 0;
+    GPU_OK(cu->stream_wait_value32(st, host_dptr(cu, word), 1, 0 /* GEQ */));
+    const double t0 = hct_now_ms();
+    HCT_OK(comm, hcoll_comm_destroy(comm));
+    const double ms = hct_now_ms() - t0;
+    __atomic_store_n(word, 1, __ATOMIC_RELEASE);
+    GPU_OK(cu->stream_synchronize(st));
+    HCT_REQUIRE(ms < 1000, "rank %d: destroy took %.0f ms behind a blocked stream", rank, ms);
+    cu->host_free(word);
+    cu->mem_free(c.buf);
+    free(c.host);
+    cu->stream_destroy(st);
+    return 0;
+}
+
 static void run(int nranks, int rpn, int conns, int streams)
 {
     shared_t *sh = hct_shared_alloc(sizeof *sh);
     job_t j = { sh, rpn, conns, streams };
     hct_opts_t o = { .nranks = nranks, .ranks_per_node = rpn, .timeout_ms = WATCHDOG_MS };
     hct_result_t res[8];
-    int bad = hct_run(&o, rank_queues, &j, res);
+    int bad = hct_run(&o, conns ? rank_queues : rank_destroy_blocked, &j, res);
     hct_shared_free(sh, sizeof *sh);
     ck_assert_msg(bad == 0,
                   "%d of %d ranks failed or hung (CUDA_DEVICE_MAX_CONNECTIONS=%d, %d streams; "
@@ -256,6 +299,8 @@ START_TEST(one_queue_3stage_2x2)
         run(4, 2, 1, 1);
 }
 END_TEST
+START_TEST(one_queue_destroy_blocked_2x1) { run(2, 1, 0, 1); }
+END_TEST
 START_TEST(four_queues_8_streams_2x1) { run(2, 1, 4, NSTREAMS); }
 END_TEST
 START_TEST(four_queues_8_streams_2x2)
@@ -276,6 +321,7 @@ int main(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, one_queue_ring_2x1);
     tcase_add_test(tc, one_queue_3stage_2x2);
+    tcase_add_test(tc, one_queue_destroy_blocked_2x1);
     tcase_add_test(tc, four_queues_8_streams_2x1);
     tcase_add_test(tc, four_queues_8_streams_2x2);
     suite_add_tcase(s, tc);
