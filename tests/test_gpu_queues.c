@@ -18,6 +18,9 @@
  *     several staging pieces), also gated at call time: with 2 ranks per
  *     node the root's node runs NCCL's broadcast before the ring and the
  *     others NCCL's all-gather after it;
+ *   - destroy behind an application's blocked stream returns at once;
+ *   - the gate word where pinned memory's device address is not its host
+ *     address (HCMOCK_PINNED_DEVPTR=1);
  *   - every result checked; each case under a short watchdog (a hang is a
  *     failure within seconds, not the suite's timeout).
  * Needs a GPU (or the emulation); prints "SKIP: no GPU: <why>" otherwise.
@@ -44,6 +47,7 @@ typedef struct job {
     int rpn;     /* ranks per node */
     int conns;   /* CUDA_DEVICE_MAX_CONNECTIONS; 0: the destroy case (one queue) */
     int streams; /* application streams the calls rotate over */
+    int pin_alias; /* HCMOCK_PINNED_DEVPTR: pinned memory's device address differs */
 } job_t;
 
 static hcoll_comm_t rank_init(job_t *j, int rank, int nranks)
@@ -175,12 +179,16 @@ static int bcast_check(hcoll_comm_t comm, const hc_cu_api_t *cu, void *stream, i
     return 0;
 }
 
+static hc_cu_dptr_t host_dptr(const hc_cu_api_t *cu, void *p);
+
 static int rank_queues(int rank, int nranks, void *arg)
 {
     job_t *j = arg;
     char v[16];
     snprintf(v, sizeof v, "%d", j->conns);
     setenv("CUDA_DEVICE_MAX_CONNECTIONS", v, 1); /* read at cuInit, as the driver does */
+    if (j->pin_alias) /* the emulation only: a driver decides this itself */
+        setenv("HCMOCK_PINNED_DEVPTR", "1", 1);
     const hc_cu_api_t *cu = gpu_open(ngpus > 1 ? (rank % j->rpn) % ngpus : 0);
     HCT_REQUIRE(cu, "no GPU");
     /* The application's streams first, so that hcoll's come after them in
@@ -188,6 +196,13 @@ static int rank_queues(int rank, int nranks, void *arg)
     void *st[NSTREAMS];
     for (int s = 0; s < j->streams; s++)
         GPU_OK(cu->stream_create(&st[s], HC_CU_STREAM_NON_BLOCKING));
+    if (j->pin_alias) { /* the knob took */
+        void *p;
+        GPU_OK(cu->host_alloc(&p, 64, 0));
+        HCT_REQUIRE(host_dptr(cu, p) != (hc_cu_dptr_t)(uintptr_t)p,
+                    "HCMOCK_PINNED_DEVPTR=1 but pinned memory's device address is its host one");
+        cu->host_free(p);
+    }
     hcoll_comm_t comm = rank_init(j, rank, nranks);
     HCT_REQUIRE(comm, "init failed");
     static const size_t sizes[] = { 3000017, 1001, 700001 };
@@ -228,8 +243,8 @@ static int rank_queues(int rank, int nranks, void *arg)
 /* The device address of pinned host memory. */
 static hc_cu_dptr_t host_dptr(const hc_cu_api_t *cu, void *p)
 {
-    (void)cu;
-    return (hc_cu_dptr_t)(uintptr_t)p;
+    hc_cu_dptr_t d = 0;
+    return cu->host_get_device_pointer(&d, p, 0) == HC_CU_SUCCESS ? d : (hc_cu_dptr_t)(uintptr_t)p;
 }
 
 /* Destroy while the application's stream is blocked (one queue, on a
@@ -268,10 +283,10 @@ static int rank_destroy_blocked(int rank, int nranks, void *arg)
     return 0;
 }
 
-static void run(int nranks, int rpn, int conns, int streams)
+static void run_pin(int nranks, int rpn, int conns, int streams, int pin_alias)
 {
     shared_t *sh = hct_shared_alloc(sizeof *sh);
-    job_t j = { sh, rpn, conns, streams };
+    job_t j = { sh, rpn, conns, streams, pin_alias };
     hct_opts_t o = { .nranks = nranks, .ranks_per_node = rpn, .timeout_ms = WATCHDOG_MS };
     hct_result_t res[8];
     int bad = hct_run(&o, conns ? rank_queues : rank_destroy_blocked, &j, res);
@@ -280,6 +295,11 @@ static void run(int nranks, int rpn, int conns, int streams)
                   "%d of %d ranks failed or hung (CUDA_DEVICE_MAX_CONNECTIONS=%d, %d streams; "
                   "see stderr)",
                   bad, nranks, conns, streams);
+}
+
+static void run(int nranks, int rpn, int conns, int streams)
+{
+    run_pin(nranks, rpn, conns, streams, 0);
 }
 
 static int need_2x2(void)
@@ -300,6 +320,10 @@ START_TEST(one_queue_3stage_2x2)
 }
 END_TEST
 START_TEST(one_queue_destroy_blocked_2x1) { run(2, 1, 0, 1); }
+END_TEST
+/* The gate word at the device address the driver gives for it, where that
+ * is not its host address (the emulation's HCMOCK_PINNED_DEVPTR=1). */
+START_TEST(one_queue_pinned_devptr_2x1) { run_pin(2, 1, 1, 1, 1); }
 END_TEST
 START_TEST(four_queues_8_streams_2x1) { run(2, 1, 4, NSTREAMS); }
 END_TEST
@@ -322,6 +346,7 @@ int main(void)
     tcase_add_test(tc, one_queue_ring_2x1);
     tcase_add_test(tc, one_queue_3stage_2x2);
     tcase_add_test(tc, one_queue_destroy_blocked_2x1);
+    tcase_add_test(tc, one_queue_pinned_devptr_2x1);
     tcase_add_test(tc, four_queues_8_streams_2x1);
     tcase_add_test(tc, four_queues_8_streams_2x2);
     suite_add_tcase(s, tc);
