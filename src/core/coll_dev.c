@@ -1,8 +1,7 @@
 /*
  * The all-reduce on device buffers: GPU stages on the caller's stream, the
- * inter-node stage on the host, joined by gates on hcoll's stream
- * (all-reduce, reduce-scatter, all-gather) or a flag in device memory
- * (broadcast).
+ * inter-node stage on the host, joined by gates on hcoll's stream (the
+ * reduce-scatter, all-gather and broadcast alike).
  *
  * Staged plans (ring, flat, three stages; stage ② through pinned host
  * memory): everything is enqueued at call time, the copies on hcoll's
@@ -14,17 +13,10 @@
  * The same on device memory (GPUDirect stage ②): the ring's reductions
  * go on the gate stream at call time, each behind its gate.
  *
- * Reduce-scatter and all-gather (coll_dev_rsag.c) the same. The broadcast
- * (coll_dev_host.c) still joins the host stage through a flag in device
- * memory (s_k: segment k's number, issued in order):
- *
- *   caller's stream ─ RS(0) ev0 RS(1) ev1 … RS(m-1) ─ wait(flag ≥ s_0) AG(0) ─ wait(≥ s_1) AG(1) … ─►
- *   worker thread: segment 0: wait ev0 → ring(0) → write(flag = s_0) …
- *
- * which the worker writes on the internal stream behind work it enqueues
- * then: where the caller's stream and the internal stream share a hardware
- * queue, that work waits behind the caller's wait (docs/design.md, "One
- * device all-reduce"). Not converted yet.
+ * Reduce-scatter and all-gather (coll_dev_rsag.c) and the broadcast
+ * (coll_dev_enq.c) the same: no device call waits for work submitted
+ * after it. Their arguments are compared before anything moves
+ * ("Argument agreement" below).
  *
  * hcoll_allreduce returns once the stream holds every RS, wait and AG: the
  * host never synchronises the caller's stream. Segments pipeline the three
@@ -40,12 +32,13 @@
  * hcoll's scaling kernel on the stream (GPUDirect ring, one rank, a
  * device scalar without NCCL); integer AVG divides once at the end.
  *
- * Failure: a stream waiting on the flag must never hang. A host stage that
- * fails still opens its gates or writes its s (the result is then undefined, the error is
+ * Failure: a stream waiting on a gate must never hang. A host stage that
+ * fails still opens its gates (the result is then undefined, the error is
  * sticky and reported by the request and hcoll_comm_get_async_error), and
- * destroy/abort writes the last issued s before freeing the flag, after
- * waiting (up to the timeout) for every stream to pass it; if one does not,
- * the flag's memory is left allocated rather than freed under it.
+ * destroy/abort opens every gate issued before it frees anything, after
+ * waiting (up to the timeout) for every stream to pass hcoll's work; if
+ * one does not, what it may still use is left allocated rather than freed
+ * under it.
  *
  * Which GPU: the device current at hcoll_comm_init (comm->gpu); buffers on
  * another device are refused. When none was current (CUDA not yet loaded
@@ -53,10 +46,10 @@
  * context (the one the CUDA runtime uses) is retained for the
  * communicator's life.
  *
- * Files: this one sets the path up and tears it down; coll_dev_enq.c puts
- * the GPU stages on the caller's stream (all-reduce, broadcast);
- * coll_dev_gated.c the staged all-reduce's gated copies;
- * coll_dev_host.c is the host stage (and the broadcast's data flow);
+ * Files: this one sets the path up, compares arguments and tears it down;
+ * coll_dev_enq.c puts the GPU stages on the caller's stream (all-reduce,
+ * broadcast); coll_dev_gated.c the gated copies and reductions;
+ * coll_dev_host.c is the host stage;
  * coll_dev_rsag.c reduce-scatter and all-gather; coll_dev_priv.h the
  * state they share.
  */
@@ -78,7 +71,7 @@
 #include "core/ringdrv.h"
 #include "gdr/gdr.h"
 
-/* After abort, how long destroy waits for streams to pass the flag. */
+/* After abort, how long destroy waits for streams to pass hcoll's work. */
 #define DEV_ABORT_DRAIN_MS 2000
 
 /* ------------------------------------------------------------------------ */
@@ -443,17 +436,17 @@ void hc_coll_dev_destroy(hc_coll_dev_t *d, int aborting)
             hc_intra_destroy(d->nccl);
             d->nccl = NULL;
         }
-        /* Streams must be past the flag before its memory goes. */
+        /* Streams must be past hcoll's work before its memory goes. */
         int drain_ms = aborting ? DEV_ABORT_DRAIN_MS : (int)c->params.timeout_ms;
         int stuck = hc_gdr_evlist_drain(&d->done, d->gpu->cu, drain_ms, &d->rp) != HCOLL_SUCCESS;
         hc_intra_destroy(d->nccl);
         hc_intra_destroy(d->agree);
         if (stuck) {
-            /* Leaving the flag allocated is the lesser harm: freeing memory a
-             * stream still waits on could release it at random. */
+            /* Leaving memory allocated is the lesser harm: freeing memory a
+             * stream still uses could corrupt it at random. */
             HC_WARN(HC_GDR, c->rank,
-                    "a CUDA stream is still inside a device all-reduce; its flag is left "
-                    "allocated");
+                    "a CUDA stream is still inside a device call; hcoll's device memory "
+                    "is left allocated");
             hc_gdr_dev_leak_flag(d->gpu);
         }
         if (d->v_buf && !stuck) /* else a stream may still use it */

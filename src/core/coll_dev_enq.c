@@ -1,7 +1,7 @@
 /*
  * The device path's caller side (design: coll_dev.c): validation, the
  * first call's set-up, and the GPU stages of each plan on the caller's
- * stream, with the flag waits that join them to the host stage.
+ * stream, with the gated parts that join them to the host stage.
  */
 #include "core/coll_dev_priv.h"
 

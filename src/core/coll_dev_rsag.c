@@ -108,7 +108,7 @@ static hcoll_status_t v_permute(hc_coll_dev_t *d, unsigned char *V, const unsign
 }
 
 /* The stream side of the three-stage and ring plans: stage ① (RS) or the
- * ready copy (AG), the ready event, the flag, stage ③ (AG). */
+ * ready copy (AG), the ready event, the gated ring, stage ③ (AG). */
 static hcoll_status_t rsag_ring_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, const void *sendbuf,
                                         void *recvbuf, void *stream)
 {
