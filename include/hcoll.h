@@ -637,8 +637,14 @@ HCOLL_API hcoll_status_t hcoll_barrier_async(hcoll_comm_t comm, hcoll_request_t 
  *              device memory and the call is stream-ordered exactly as
  *              hcoll_allreduce on device buffers (returns once enqueued;
  *              NCCL within the node, the rail rings across nodes staged
- *              or GPUDirect). There, as for the device all-reduce, the
- *              ranks' arguments are not compared: they must agree.
+ *              or GPUDirect). The arguments are compared there too,
+ *              before anything moves across nodes; where a node has
+ *              several ranks the call then also waits until that node's
+ *              ranks have made it (they compare first, so that NCCL never
+ *              sees unequal calls). A mismatch is reported by the request
+ *              (hcoll_reduce_scatter_async; the blocking call has
+ *              returned by then, so it fails the communicator), and
+ *              recvbuf is undefined on nodes whose ranks agreed.
  * Each element is reduced in one fixed order, so a block's result does not
  * depend on timing; that order is not the all-reduce's, so for floats the
  * result may differ in the last bits from the matching block of an

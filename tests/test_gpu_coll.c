@@ -396,6 +396,45 @@ static int check_ag(hcoll_comm_t comm, const hc_cu_api_t *cu, void *stream, int 
     return 0;
 }
 
+/* Ranks that disagree (rank 0 one element more, then another dtype, then
+ * a reduce-scatter against the others' all-gather) get HCOLL_ERR_MISMATCH
+ * from every request, none hangs, NCCL never sees the disagreement (the
+ * emulated NCCL fails a call whose count differs between ranks), and the
+ * communicator works on. */
+static int check_rsag_mismatch(hcoll_comm_t comm, const hc_cu_api_t *cu, void *stream, int rank,
+                               int nranks)
+{
+    const size_t B = 1000;
+    hc_cu_dptr_t big, blk;
+    GPU_OK(cu->mem_alloc(&big, (B + 1) * 8 * (size_t)nranks));
+    GPU_OK(cu->mem_alloc(&blk, (B + 1) * 8));
+    void *pb = (void *)(uintptr_t)big, *pk = (void *)(uintptr_t)blk;
+    for (int how = 0; how < 3; how++) {
+        const size_t n = how == 0 && rank == 0 ? B + 1 : B;
+        const hcoll_dtype_t dt = how == 1 && rank == 0 ? HCOLL_INT32 : HCOLL_FLOAT32;
+        const int rs = how != 2 || rank != 0;
+        hcoll_request_t req;
+        if (rs)
+            HCT_OK(comm, hcoll_reduce_scatter_async(comm, pb, pk, n, dt, HCOLL_SUM, stream, &req));
+        else
+            HCT_OK(comm, hcoll_allgather_async(comm, pk, pb, n, dt, stream, &req));
+        hcoll_status_t st = hcoll_wait(req);
+        HCT_REQUIRE(st == HCOLL_ERR_MISMATCH, "rank %d: mismatch %d: the %s said %s (%s)", rank,
+                    how, rs ? "reduce_scatter" : "allgather", hcoll_status_name(st),
+                    hcoll_comm_last_error(comm));
+        HCT_OK(comm, hcoll_request_free(req));
+        GPU_OK(cu->stream_synchronize(stream));
+    }
+    hcoll_status_t async = HCOLL_IN_PROGRESS;
+    HCT_OK(comm, hcoll_comm_get_async_error(comm, &async));
+    HCT_REQUIRE(async == HCOLL_SUCCESS, "rank %d: a mismatch made the communicator fail (%s)",
+                rank, hcoll_status_name(async));
+    GPU_OK(cu->mem_free(big));
+    GPU_OK(cu->mem_free(blk));
+    return check_rs(comm, cu, stream, rank, nranks, HCOLL_FLOAT32, 4093, 0, 0) ||
+           check_ag(comm, cu, stream, rank, nranks, HCOLL_FLOAT32, 4093, 1);
+}
+
 static int rank_rsag(int rank, int nranks, void *arg)
 {
     job_t *j = arg;
@@ -417,6 +456,8 @@ static int rank_rsag(int rank, int nranks, void *arg)
                 check_ag(comm, cu, stream, rank, nranks, dts[d], counts[c], (k >> 1) & 1))
                 return 1;
         }
+    if (nranks > 1 && check_rsag_mismatch(comm, cu, stream, rank, nranks))
+        return 1;
     HCT_OK(comm, hcoll_comm_destroy(comm));
     cu->stream_destroy(stream);
     return 0;

@@ -47,7 +47,7 @@ typedef struct api_arg {
     int kill_victim;       /* -1: none */
     int per_node;          /* device cases: local rank = rank % per_node = its GPU */
     int dmabuf;            /* device cases: the GPU claims dma-buf, whose export fails */
-    int one_queue;         /* device cases: CUDA_DEVICE_MAX_CONNECTIONS=1, no broadcast */
+    int one_queue;         /* device cases: CUDA_DEVICE_MAX_CONNECTIONS=1 */
     volatile double kill_ms;
     volatile double noticed_ms[MAXR];
     int fault_sig;          /* live_* cases: SIGSTOP or SIGKILL */
@@ -334,7 +334,7 @@ static int rank_api_device(int rank, int n, void *argp)
         free(want);
     }
     if (api_device_scaled(comm, cu, stream, rank, n) ||
-        (!a->one_queue && api_device_bcast(comm, cu, stream, rank, n)) ||
+        api_device_bcast(comm, cu, stream, rank, n) ||
         api_device_rsag(comm, cu, stream, rank, n))
         return 1;
     char who[32];

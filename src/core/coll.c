@@ -120,10 +120,13 @@ static hcoll_status_t execute(hc_coll_t *co, struct hcoll_request *rq)
     co->opseq++;
     const int unseen = rq->dev && rq->detached; /* a blocking device call */
     if (rq->dev) {
-        /* A device broadcast moves nothing until every rank agreed. */
+        /* A device broadcast, reduce-scatter or all-gather moves nothing
+         * across nodes until every rank agreed. */
         hcoll_status_t in = HCOLL_SUCCESS;
         if (rq->args.kind == HC_COLL_BROADCAST)
             in = hc_coll_bcast_agree(co, &rq->args, &rq->times, &agreed);
+        else if (rq->args.kind != HC_COLL_ALLREDUCE) /* reduce-scatter, all-gather */
+            in = hc_coll_dev_agree(co->dev, rq->dev, &agreed);
         st = hc_coll_dev_execute(co->dev, rq->dev, in, &rq->times);
         rq->dev = NULL;
     } else {

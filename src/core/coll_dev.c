@@ -1,8 +1,7 @@
 /*
  * The all-reduce on device buffers: GPU stages on the caller's stream, the
- * inter-node stage on the host, joined by gates on hcoll's stream
- * (all-reduce, reduce-scatter, all-gather) or a flag in device memory
- * (broadcast).
+ * inter-node stage on the host, joined by gates on hcoll's stream (the
+ * reduce-scatter, all-gather and broadcast alike).
  *
  * Staged plans (ring, flat, three stages; stage ② through pinned host
  * memory): everything is enqueued at call time, the copies on hcoll's
@@ -14,17 +13,10 @@
  * The same on device memory (GPUDirect stage ②): the ring's reductions
  * go on the gate stream at call time, each behind its gate.
  *
- * Reduce-scatter and all-gather (coll_dev_rsag.c) the same. The broadcast
- * (coll_dev_host.c) still joins the host stage through a flag in device
- * memory (s_k: segment k's number, issued in order):
- *
- *   caller's stream ─ RS(0) ev0 RS(1) ev1 … RS(m-1) ─ wait(flag ≥ s_0) AG(0) ─ wait(≥ s_1) AG(1) … ─►
- *   worker thread: segment 0: wait ev0 → ring(0) → write(flag = s_0) …
- *
- * which the worker writes on the internal stream behind work it enqueues
- * then: where the caller's stream and the internal stream share a hardware
- * queue, that work waits behind the caller's wait (docs/design.md, "One
- * device all-reduce"). Not converted yet.
+ * Reduce-scatter and all-gather (coll_dev_rsag.c) and the broadcast
+ * (coll_dev_enq.c) the same: no device call waits for work submitted
+ * after it. Their arguments are compared before anything moves
+ * ("Argument agreement" below).
  *
  * hcoll_allreduce returns once the stream holds every RS, wait and AG: the
  * host never synchronises the caller's stream. Segments pipeline the three
@@ -40,12 +32,13 @@
  * hcoll's scaling kernel on the stream (GPUDirect ring, one rank, a
  * device scalar without NCCL); integer AVG divides once at the end.
  *
- * Failure: a stream waiting on the flag must never hang. A host stage that
- * fails still opens its gates or writes its s (the result is then undefined, the error is
+ * Failure: a stream waiting on a gate must never hang. A host stage that
+ * fails still opens its gates (the result is then undefined, the error is
  * sticky and reported by the request and hcoll_comm_get_async_error), and
- * destroy/abort writes the last issued s before freeing the flag, after
- * waiting (up to the timeout) for every stream to pass it; if one does not,
- * the flag's memory is left allocated rather than freed under it.
+ * destroy/abort opens every gate issued before it frees anything, after
+ * waiting (up to the timeout) for every stream to pass hcoll's work; if
+ * one does not, what it may still use is left allocated rather than freed
+ * under it.
  *
  * Which GPU: the device current at hcoll_comm_init (comm->gpu); buffers on
  * another device are refused. When none was current (CUDA not yet loaded
@@ -53,28 +46,32 @@
  * context (the one the CUDA runtime uses) is retained for the
  * communicator's life.
  *
- * Files: this one sets the path up and tears it down; coll_dev_enq.c puts
- * the GPU stages on the caller's stream (all-reduce, broadcast);
- * coll_dev_gated.c the staged all-reduce's gated copies;
- * coll_dev_host.c is the host stage (and the broadcast's data flow);
+ * Files: this one sets the path up, compares arguments and tears it down;
+ * coll_dev_enq.c puts the GPU stages on the caller's stream (all-reduce,
+ * broadcast); coll_dev_gated.c the gated copies and reductions;
+ * coll_dev_host.c is the host stage;
  * coll_dev_rsag.c reduce-scatter and all-gather; coll_dev_priv.h the
  * state they share.
  */
 #include "core/coll_dev_priv.h"
 
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
 
 #include "base/clock.h"
 #include "base/err.h"
 #include "base/log.h"
 #include "base/reduce.h"
+#include "core/coll_priv.h"
 #include "core/comm.h"
 #include "core/ringdrv.h"
 #include "gdr/gdr.h"
 
-/* After abort, how long destroy waits for streams to pass the flag. */
+/* After abort, how long destroy waits for streams to pass hcoll's work. */
 #define DEV_ABORT_DRAIN_MS 2000
 
 /* ------------------------------------------------------------------------ */
@@ -108,8 +105,6 @@ hcoll_status_t hc_coll_dev_create(struct hcoll_comm *c, int plan, struct hc_ring
     d->node_ag_ctx = node_ag_ctx;
     d->stage_bytes = hc_devsched_stage_bytes(piece_bytes);
     d->dev = -1;
-    pthread_mutex_init(&d->lock, NULL);
-    hc_devseq_init(&d->seq, 0);
     hc_gdr_evlist_init(&d->done);
     *out = d;
     return HCOLL_SUCCESS;
@@ -119,6 +114,8 @@ typedef struct dev_hello {
     int32_t ok;
     int32_t dev;
     int32_t gdr; /* this rank's ring can take device memory, and kernels loaded */
+    int32_t pad;
+    uint64_t nonce; /* rank 0's names the agreement segments */
 } dev_hello_t;
 
 /* The ring's device operations (GPUDirect stage ②): the GPU's own. */
@@ -153,7 +150,8 @@ static hcoll_status_t devop_copy(void *ctx, void *dst, const void *src, size_t b
 
 /* Every rank's hello: whether its half of the set-up worked and whether
  * its ring can go GPUDirect. local is this rank's half's status. */
-static hcoll_status_t dev_hello(hc_coll_dev_t *d, hcoll_status_t local, int dev, int *all_gdr_out)
+static hcoll_status_t dev_hello(hc_coll_dev_t *d, hcoll_status_t local, int dev, int *all_gdr_out,
+                                uint64_t *nonce_out)
 {
     struct hcoll_comm *c = d->c;
     hcoll_status_t st;
@@ -161,10 +159,12 @@ static hcoll_status_t dev_hello(hc_coll_dev_t *d, hcoll_status_t local, int dev,
      * with GPUDirect on) and the kernels that reduce there are loaded. */
     int gdr = local == HCOLL_SUCCESS && d->ring && plan_stages(d->plan) && d->gpu->kern &&
               hc_ring_gdr_capable(d->ring);
-    dev_hello_t mine = { local == HCOLL_SUCCESS, dev, gdr },
+    dev_hello_t mine = { local == HCOLL_SUCCESS, dev, gdr, 0, 0 },
                 *all = calloc((size_t)c->nranks, sizeof *all);
     if (!all)
         return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_NO_MEMORY, "no memory");
+    if (getrandom(&mine.nonce, sizeof mine.nonce, 0) != (ssize_t)sizeof mine.nonce)
+        mine.nonce = (uint64_t)hc_now_us() ^ ((uint64_t)getpid() << 32);
     st = hc_boot_allgather(c->boot, &mine, all, sizeof mine);
     if (st == HCOLL_SUCCESS && local != HCOLL_SUCCESS)
         st = local;
@@ -177,6 +177,7 @@ static hcoll_status_t dev_hello(hc_coll_dev_t *d, hcoll_status_t local, int dev,
     int all_gdr = st == HCOLL_SUCCESS;
     for (int r = 0; all_gdr && r < c->nranks; r++)
         all_gdr = all[r].gdr;
+    *nonce_out = all[0].nonce;
     free(all);
     *all_gdr_out = all_gdr;
     return st;
@@ -220,6 +221,105 @@ hcoll_status_t hc_dev_nccl_open(hc_coll_dev_t *d, const char *name, hc_intra_t *
     return st;
 }
 
+/* ------------------------------------------------------------------------ */
+/* Argument agreement                                                         */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * A device reduce-scatter, all-gather or broadcast puts its NCCL stages on
+ * the stream at call time, and NCCL given other counts or roots on two
+ * local ranks hangs or writes out of bounds. So where a plan has NCCL
+ * stages, the node's ranks compare their arguments at call time over a
+ * small shared-memory segment of their own (the caller's thread; the
+ * worker's segment is busy with host calls): one all-reduce (MAX) of the
+ * fingerprint and its negation, which waits for the node's late ranks as
+ * a host call does (none stopped: HCOLL_OP_TIMEOUT_MS; a dead one fails
+ * it). Ranks that disagree enqueue nothing. Every rank's worker then
+ * compares the same fingerprint across all ranks before its ring
+ * (hc_coll_dev_agree; the broadcast's through hc_coll_bcast_agree): a
+ * difference anywhere, the node's included, fails the call alike on every
+ * rank with HCOLL_ERR_MISMATCH, the ring is skipped and the gates open
+ * onto copies that put back what they took.
+ */
+static hcoll_status_t dev_agree_open(hc_coll_dev_t *d, uint64_t nonce)
+{
+    struct hcoll_comm *c = d->c;
+    char name[64];
+    snprintf(name, sizeof name, "/hcoll-dev-%016llx-n%d", (unsigned long long)nonce, c->node);
+    const int op_tmo = d->c->params.op_timeout_ms > 0 ? (int)d->c->params.op_timeout_ms : -1;
+    const hc_intra_params_t ip = {
+        .local_rank = c->local_rank,
+        .local_size = c->local_size,
+        .name = name,
+        .chunk_bytes = 4096, /* a fingerprint: the smallest slots */
+        .timeout_ms = (int)c->params.timeout_ms,
+        .op_timeout_ms = op_tmo,
+        .liveness_ms = 0, /* no heartbeat on this segment; exits are seen */
+        .errbuf = &c->err,
+        .rank = c->rank,
+        .allgather = d->node_ag,
+        .allgather_ctx = d->node_ag_ctx,
+    };
+    return hc_intra_shm_ops.create(&ip, &d->agree);
+}
+
+/* What ranks must agree on: the kind, count (elements, or a broadcast's
+ * bytes), dtype and op (a PREMUL_SUM counts as one op) or root. */
+static void dev_fingerprint(const hc_dev_op_t *o, int64_t chk[8])
+{
+    const int64_t v[4] = { o->kind, (int64_t)o->fp_count, o->fp_dtype,
+                           o->kind == HC_DEV_BCAST ? o->root : o->fp_op };
+    for (int i = 0; i < 4; i++) {
+        chk[2 * i] = v[i];
+        chk[2 * i + 1] = -v[i];
+    }
+}
+
+static int fingerprint_equal(const int64_t chk[8])
+{
+    for (int i = 0; i < 4; i++)
+        if (chk[2 * i] != -chk[2 * i + 1])
+            return 0;
+    return 1;
+}
+
+hcoll_status_t hc_dev_local_agree(hc_coll_dev_t *d, const hc_dev_op_t *o, int *agree_out)
+{
+    *agree_out = 1;
+    if (!d->agree)
+        return HCOLL_SUCCESS;
+    int64_t chk[8];
+    dev_fingerprint(o, chk);
+    hcoll_status_t st =
+        d->agree->ops->allreduce(d->agree, chk, chk, 8, HCOLL_INT64, HCOLL_MAX, NULL);
+    if (st == HCOLL_SUCCESS)
+        *agree_out = fingerprint_equal(chk);
+    return st;
+}
+
+hcoll_status_t hc_coll_dev_agree(hc_coll_dev_t *d, const hc_dev_op_t *o, int *agreed_out)
+{
+    struct hcoll_comm *c = d->c;
+    int64_t chk[8], mine[8];
+    dev_fingerprint(o, chk);
+    memcpy(mine, chk, sizeof mine);
+    const hc_coll_args_t a = { .kind = HC_COLL_ALLREDUCE, .sendbuf = chk, .recvbuf = chk,
+                               .count = 8, .dtype = HCOLL_INT64, .op = HCOLL_MAX };
+    hcoll_stage_times_t t;
+    int agreed = 0;
+    hcoll_status_t st = hc_coll_run(c->coll, &a, &t, &agreed);
+    if (st != HCOLL_SUCCESS || fingerprint_equal(chk))
+        return st;
+    *agreed_out = 1;
+    return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_MISMATCH,
+                      "%s on device buffers: ranks disagree on the arguments (count %lld..%lld, "
+                      "dtype %lld..%lld, op %lld..%lld; this rank: %lld, %s, %lld)",
+                      o->kind == HC_DEV_RS ? "reduce_scatter" : "allgather", (long long)-chk[3],
+                      (long long)chk[2], (long long)-chk[5], (long long)chk[4],
+                      (long long)-chk[7], (long long)chk[6], (long long)mine[2],
+                      hcoll_dtype_name((hcoll_dtype_t)mine[4]), (long long)mine[6]);
+}
+
 /* Collective over all ranks: every rank reports whether its half worked,
  * so that one rank's missing GPU fails the call everywhere at once instead
  * of leaving the others in the ring until the timeout. */
@@ -245,11 +345,14 @@ hcoll_status_t hc_coll_dev_setup(hc_coll_dev_t *d, int dev)
         }
     }
     int all_gdr = 0;
-    HC_CHECK(dev_hello(d, local, dev, &all_gdr), clean_gpu);
+    uint64_t nonce = 0;
+    HC_CHECK(dev_hello(d, local, dev, &all_gdr, &nonce), clean_gpu);
     d->dev = dev;
     if (plan_needs_nccl(d->plan) &&
         (st = hc_dev_nccl_open(d, "nccl", &d->nccl)) != HCOLL_SUCCESS)
         goto clean_gpu;
+    if (plan_needs_nccl(d->plan) && (st = dev_agree_open(d, nonce)) != HCOLL_SUCCESS)
+        goto clean_nccl;
     if (all_gdr)
         dev_enable_gdr(d);
     char bdf[32] = "?";
@@ -262,6 +365,9 @@ hcoll_status_t hc_coll_dev_setup(hc_coll_dev_t *d, int dev)
     d->ready = 1;
     return HCOLL_SUCCESS;
 
+clean_nccl:
+    hc_intra_destroy(d->nccl);
+    d->nccl = NULL;
 clean_gpu:
     if (local == HCOLL_SUCCESS) {
         hc_gdr_dev_push(d->gpu);
@@ -318,36 +424,29 @@ void hc_coll_dev_destroy(hc_coll_dev_t *d, int aborting)
     if (d->ready) {
         struct hcoll_comm *c = d->c;
         hc_gdr_dev_push(d->gpu);
-        /* The executor has drained its queue, so every issued number was
-         * released; this is the safety net should one not have been. */
-        if (hc_devseq_pending(&d->seq) != 0) {
-            HC_WARN(HC_GDR, c->rank, "%u device all-reduces were never released; releasing",
-                    hc_devseq_pending(&d->seq));
-            if (hc_gdr_dev_write_flag(d->gpu, d->seq.issued) == HCOLL_SUCCESS)
-                d->seq.released = d->seq.issued;
-        }
+        /* The executor has drained its queue, so every issued gate was
+         * opened; this is the safety net should one not have been. */
         if (d->gate)
-            hc_gdr_gate_release_all(d->gate); /* the same net for gated calls */
+            hc_gdr_gate_release_all(d->gate);
         /* On abort, NCCL goes first: ncclCommAbort ends its kernels, which
          * may wait for dead peers, so that the streams can move on. */
         if (aborting) {
+            hc_intra_abort(d->agree);
             hc_intra_abort(d->nccl);
-            hc_intra_abort(d->wnccl);
             hc_intra_destroy(d->nccl);
-            hc_intra_destroy(d->wnccl);
-            d->nccl = d->wnccl = NULL;
+            d->nccl = NULL;
         }
-        /* Streams must be past the flag before its memory goes. */
+        /* Streams must be past hcoll's work before its memory goes. */
         int drain_ms = aborting ? DEV_ABORT_DRAIN_MS : (int)c->params.timeout_ms;
         int stuck = hc_gdr_evlist_drain(&d->done, d->gpu->cu, drain_ms, &d->rp) != HCOLL_SUCCESS;
         hc_intra_destroy(d->nccl);
-        hc_intra_destroy(d->wnccl);
+        hc_intra_destroy(d->agree);
         if (stuck) {
-            /* Leaving the flag allocated is the lesser harm: freeing memory a
-             * stream still waits on could release it at random. */
+            /* Leaving memory allocated is the lesser harm: freeing memory a
+             * stream still uses could corrupt it at random. */
             HC_WARN(HC_GDR, c->rank,
-                    "a CUDA stream is still inside a device all-reduce; its flag is left "
-                    "allocated");
+                    "a CUDA stream is still inside a device call; hcoll's device memory "
+                    "is left allocated");
             hc_gdr_dev_leak_flag(d->gpu);
         }
         if (d->v_buf && !stuck) /* else a stream may still use it */
@@ -361,7 +460,6 @@ void hc_coll_dev_destroy(hc_coll_dev_t *d, int aborting)
     } else {
         hc_gdr_evlist_drain(&d->done, NULL, 0, &d->rp);
     }
-    pthread_mutex_destroy(&d->lock);
     free(d);
 }
 

@@ -7,7 +7,7 @@
  * later runs hc_coll_dev_execute, the host stage, in issue order with the
  * host-buffer requests (they share the ring).
  *
- * The pure parts, the flag sequence, the staging schedule and the
+ * The pure parts, the staging schedule and the
  * segment sizes, are in devsched.h, which tests check without a GPU.
  */
 #ifndef HC_CORE_COLL_DEV_H
@@ -63,12 +63,13 @@ hcoll_status_t hc_coll_dev_enqueue(hc_coll_dev_t *d, const void *sendbuf, void *
 /*
  * A broadcast on device buffers (recvbuf everywhere, sendbuf on the root;
  * equal: in place): checks as hc_coll_check_bcast, then what
- * hc_coll_dev_enqueue says; the first device broadcast of a communicator
- * with several ranks per node also creates the worker's NCCL
- * communicator (collective). The stream gets a ready event and a flag
- * wait; the data moves in hc_coll_dev_execute, which the executor calls
- * with HCOLL_ERR_MISMATCH (nothing moves, the stream is released) when
- * the ranks disagree on the root or the size.
+ * hc_coll_dev_enqueue says. Everything goes on the stream now (NCCL
+ * stages, the chain's gated copies); where a node has several ranks they
+ * first compare the root and size (waiting for each other), and ranks
+ * that disagree enqueue nothing. The executor compares them across all
+ * ranks before hc_coll_dev_execute (hc_coll_bcast_agree), which it calls
+ * with HCOLL_ERR_MISMATCH (the chain is skipped, the gates open) when
+ * they differ.
  */
 hcoll_status_t hc_coll_dev_bcast_enqueue(hc_coll_dev_t *d, const void *sendbuf, void *recvbuf,
                                          size_t count, hcoll_dtype_t dtype, int root,
@@ -77,13 +78,24 @@ hcoll_status_t hc_coll_dev_bcast_enqueue(hc_coll_dev_t *d, const void *sendbuf, 
 /*
  * A reduce-scatter (rs; count = recvcount, op as hc_coll_dev_enqueue) or
  * all-gather (count = sendcount) on device buffers: checks as
- * hc_coll_check_rsag, then what hc_coll_dev_enqueue says
+ * hc_coll_check_rsag, then what hc_coll_dev_enqueue says, with the
+ * broadcast's argument comparison (hc_coll_dev_agree on the worker)
  * (coll_dev_rsag.c).
  */
 hcoll_status_t hc_coll_dev_rsag_enqueue(hc_coll_dev_t *d, int rs, const void *sendbuf,
                                         void *recvbuf, size_t count, hcoll_dtype_t dtype,
                                         hcoll_op_t op, const struct hc_redop *ro, void *stream,
                                         hc_dev_op_t **op_out);
+
+/*
+ * The worker's check, before a device reduce-scatter's or all-gather's
+ * ring, that every rank called it with the same collective, count, dtype
+ * and op (collective over all ranks: one host all-reduce). On a mismatch
+ * returns HCOLL_ERR_MISMATCH with *agreed_out = 1 on every rank alike;
+ * pass that status to hc_coll_dev_execute, which then skips the ring and
+ * only releases the stream. (The broadcast's is hc_coll_bcast_agree.)
+ */
+hcoll_status_t hc_coll_dev_agree(hc_coll_dev_t *d, const hc_dev_op_t *op, int *agreed_out);
 
 /*
  * The host stage of op, on the executor (worker thread), in issue order.
@@ -96,8 +108,8 @@ hcoll_status_t hc_coll_dev_execute(hc_coll_dev_t *d, hc_dev_op_t *op, hcoll_stat
                                    hcoll_stage_times_t *times);
 
 /*
- * After the executor has stopped: release every stream still waiting,
- * wait (up to the timeout) until those streams have passed the flag, and
+ * After the executor has stopped: open every gate still closed, wait (up
+ * to the timeout) until the streams have passed hcoll's work, and
  * free everything. aborting: abort NCCL instead of finalising it. NULL is
  * a no-op.
  */

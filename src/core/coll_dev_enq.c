@@ -1,7 +1,7 @@
 /*
  * The device path's caller side (design: coll_dev.c): validation, the
  * first call's set-up, and the GPU stages of each plan on the caller's
- * stream, with the flag waits that join them to the host stage.
+ * stream, with the gated parts that join them to the host stage.
  */
 #include "core/coll_dev_priv.h"
 
@@ -78,24 +78,6 @@ static hcoll_status_t dev_validate(hc_coll_dev_t *d, const void *sendbuf, void *
     return HCOLL_SUCCESS;
 }
 
-
-/* Issue the next flag number and make stream wait for it; on failure the
- * number is given back, so that numbers stay dense. */
-hcoll_status_t hc_dev_seq_wait(hc_coll_dev_t *d, void *stream, uint32_t *seq_out)
-{
-    pthread_mutex_lock(&d->lock);
-    uint32_t seq = hc_devseq_issue(&d->seq);
-    pthread_mutex_unlock(&d->lock);
-    hcoll_status_t st = hc_gdr_dev_stream_wait(d->gpu, stream, seq);
-    if (st != HCOLL_SUCCESS) {
-        pthread_mutex_lock(&d->lock);
-        d->seq.issued--;
-        pthread_mutex_unlock(&d->lock);
-        return st;
-    }
-    *seq_out = seq;
-    return HCOLL_SUCCESS;
-}
 
 /* Scaled ops without an NCCL stage (o->ro.dev_scale): recvbuf = scalar *
  * sendbuf on stream, which the next stage then reads in place. */
@@ -261,14 +243,18 @@ hcoll_status_t hc_dev_prepare(hc_coll_dev_t *d, const void *sendbuf, void *recvb
  * Managed memory on a GPUDirect ring: neither dma-buf nor nvidia-peermem
  * pins it, and every other rank runs the ring on device memory, so this
  * call runs on device memory of hcoll's own, copied in and out on the
- * caller's stream and given back behind the copy out (gdr/mem.h). Costs
- * two copies per call: pass cuMemAlloc'd buffers for speed.
+ * caller's stream and given back behind the copy out (gdr/mem.h): the
+ * one staging of managed buffers, for every device call that takes the
+ * ring. Costs two copies per call: pass cuMemAlloc'd buffers for speed.
+ * The op's count and dtype say the size; plan enqueues the call on the
+ * copy.
  */
+typedef hcoll_status_t (*plan_fn)(hc_coll_dev_t *d, hc_dev_op_t *o, const void *sendbuf,
+                                  void *recvbuf, void *stream);
 static hcoll_status_t managed_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, const void *sendbuf,
-                                      void *recvbuf, size_t count, size_t segc, size_t nseg,
-                                      void *stream)
+                                      void *recvbuf, void *stream, plan_fn plan)
 {
-    const size_t bytes = count * hcoll_dtype_size(o->dtype);
+    const size_t bytes = o->count * hcoll_dtype_size(o->dtype);
     hc_gdr_dev_t *gpu = d->gpu;
     hc_cu_dptr_t t = 0;
     hc_cu_res_t r = hc_gdr_dbuf_get(gpu->cu, gpu->cudev, bytes, &t);
@@ -278,7 +264,7 @@ static hcoll_status_t managed_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, const vo
     void *tp = (void *)(uintptr_t)t;
     hcoll_status_t st = hc_gdr_dev_copy_async(gpu, tp, sendbuf, bytes, stream);
     if (st == HCOLL_SUCCESS)
-        st = plan_enqueue(d, o, tp, tp, count, segc, nseg, stream);
+        st = plan(d, o, tp, tp, stream);
     if (st == HCOLL_SUCCESS) {
         /* Gates are issued: a failure now is the operation's, not the call's. */
         hcoll_status_t out = hc_gdr_dev_copy_async(gpu, recvbuf, tp, bytes, stream);
@@ -289,6 +275,14 @@ static hcoll_status_t managed_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, const vo
         HC_WARN(HC_GDR, d->c->rank, "a managed buffer's device copy could not be given back; "
                 "%zu bytes left allocated", bytes);
     return st;
+}
+
+/* The all-reduce's plan, on a managed buffer's copy. */
+static hcoll_status_t ar_plan(hc_coll_dev_t *d, hc_dev_op_t *o, const void *sendbuf,
+                              void *recvbuf, void *stream)
+{
+    const size_t nseg = (o->count + o->segc - 1) / o->segc;
+    return plan_enqueue(d, o, sendbuf, recvbuf, o->count, o->segc, nseg, stream);
 }
 
 static int is_managed(const void *p)
@@ -333,8 +327,10 @@ hcoll_status_t hc_coll_dev_enqueue(hc_coll_dev_t *d, const void *sendbuf, void *
 
     void *ev_done;
     HC_CHECK(hc_dev_call_begin(d, stream, &ev_done), clean_op);
+    o->count = count;
+    o->segc = segc;
     if (d->gdr && (is_managed(sendbuf) || is_managed(recvbuf)))
-        st = managed_enqueue(d, o, sendbuf, recvbuf, count, segc, nseg, stream);
+        st = managed_enqueue(d, o, sendbuf, recvbuf, stream, ar_plan);
     else
         st = plan_enqueue(d, o, sendbuf, recvbuf, count, segc, nseg, stream);
     if (st != HCOLL_SUCCESS)
@@ -352,27 +348,75 @@ clean_op:
 /* Broadcast                                                                  */
 /* ------------------------------------------------------------------------ */
 
-/* The worker's NCCL communicator, made by the first device broadcast of a
- * plan with NCCL stages (collective over the node: every rank makes that
- * call). Its calls are issued by the worker in request order, which is
- * the same on every rank; the caller's-thread communicator (d->nccl) is
- * issued in call order. Sharing one would let the two orders interleave
- * differently on different ranks. */
-static hcoll_status_t bcast_wnccl(hc_coll_dev_t *d)
+/* Stage ③ of a three-stage broadcast on a node without the root: the
+ * shards the rail rings brought, gathered, after the wait for the ring. */
+static hcoll_status_t bcast_ag(hc_coll_dev_t *d, hc_dev_op_t *o, size_t k, void *stream,
+                               void *arg)
 {
-    if (d->wnccl || !plan_needs_nccl(d->plan))
+    (void)k;
+    (void)arg;
+    return d->nccl->ops->all_gather(d->nccl, o->recvbuf, o->count, o->dtype, stream);
+}
+
+/*
+ * The stream side of a device broadcast of o->count elements of o->dtype
+ * from o->sendbuf (the root's; else recvbuf) into o->recvbuf, all at call
+ * time on the caller's thread, so that the caller's NCCL communicator
+ * serves it in call order as the other device calls:
+ *   single   the root's copy
+ *   intra    ncclBroadcast
+ *   ring     root's copy, ready event, the chain over all ranks from the
+ *   flat     root through the gate stream (staged copies around it, or
+ *            GPUDirect on device memory), the wait for its event
+ *   3stage   root's node: ncclBroadcast (each local rank then holds its
+ *            shard); local rank i chains shard i along rail i from the
+ *            root's node, as above; other nodes: ncclAllGather of the
+ *            shards after the wait
+ * The chain waits on the worker for every rank's agreement on the root and
+ * the size (coll.c): a mismatch opens the gates without running it, and
+ * the staged copies then put back what they took.
+ */
+static hcoll_status_t bcast_plan_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, const void *sendbuf,
+                                         void *recvbuf, void *stream)
+{
+    struct hcoll_comm *c = d->c;
+    const size_t es = hcoll_dtype_size(o->dtype), n = o->count;
+    const int root_node = c->node_of[o->root], three = d->plan == HC_PLAN_3STAGE;
+    const int is_root = c->rank == o->root;
+    unsigned char *buf = recvbuf;
+    hcoll_status_t st = HCOLL_SUCCESS;
+    o->sendbuf = sendbuf;
+    o->recvbuf = recvbuf;
+    if (d->plan == HC_PLAN_INTRA || (three && c->node == root_node))
+        HC_CHECK(d->nccl->ops->bcast(d->nccl, sendbuf, buf, n, o->dtype, c->local_of[o->root],
+                                     stream),
+                 out);
+    else if (is_root && sendbuf != buf)
+        HC_CHECK(hc_gdr_dev_copy_async(d->gpu, buf, sendbuf, n * es, stream), out);
+    if (!plan_stages(d->plan))
         return HCOLL_SUCCESS;
-    hcoll_status_t st = hc_dev_nccl_open(d, "nccl-worker", &d->wnccl);
+    size_t soff = 0, slen = n;
+    if (three)
+        hc_intra_shard(n, c->local_size, c->local_rank, &soff, &slen);
+    /* Rail rings have one rank per node, in node order; else positions are
+     * ranks. */
+    o->chain_root = three ? root_node : o->root;
+    hc_dev_seg_t *g = &o->seg[0];
+    g->src = g->dst = buf + soff * es;
+    g->count = slen;
+    HC_CHECK(hc_gdr_dev_event_mark(d->gpu, stream, &g->ev_ready), out);
+    st = hc_dev_gated_enqueue(d, o, 1, stream, three && c->node != root_node ? bcast_ag : NULL,
+                              NULL);
     if (st != HCOLL_SUCCESS)
-        d->setup_failed = st; /* the node's ranks failed alike; the others time out */
+        hc_gdr_dev_event_free(d->gpu, g->ev_ready);
+out:
     return st;
 }
 
 /*
- * The stream side of a device broadcast: a ready event (the root's
- * sendbuf and everyone's recvbuf are then free to use) and a wait for the
- * flag. Everything else runs on the worker, after the ranks agreed on the
- * arguments (coll.c): a mismatch releases the flag without moving data.
+ * A device broadcast: checks, then its GPU stages and the gated chain on
+ * the stream at call time (bcast_plan_enqueue). Nothing waits for work
+ * that hcoll submits later, so a shared hardware queue cannot hold it up.
  */
 hcoll_status_t hc_coll_dev_bcast_enqueue(hc_coll_dev_t *d, const void *sendbuf, void *recvbuf,
                                          size_t count, hcoll_dtype_t dtype, int root,
@@ -396,21 +440,35 @@ hcoll_status_t hc_coll_dev_bcast_enqueue(hc_coll_dev_t *d, const void *sendbuf, 
     o->root = root;
     o->sendbuf = is_root ? sendbuf : recvbuf;
     o->recvbuf = recvbuf;
+    o->fp_count = bytes;
+    o->fp_dtype = -1; /* the bytes count, whatever the dtype */
+    o->fp_op = -1;
+    int agree = 1;
     if (count == 0) { /* the worker still checks that every rank agrees */
+        if (d->ready)
+            HC_CHECK(hc_dev_local_agree(d, o, &agree), clean_op);
         *op_out = o;
         return HCOLL_SUCCESS;
     }
     HC_CHECK(hc_dev_prepare(d, o->sendbuf, recvbuf, count, dtype, HCOLL_SUM, stream), clean_op);
-    HC_CHECK(bcast_wnccl(d), clean_op);
+    /* Before NCCL sees the root and the size (coll_dev.c, "Argument
+     * agreement"): on a disagreement nothing goes on the stream, and the
+     * worker's check fails the call on every rank. */
+    HC_CHECK(hc_dev_local_agree(d, o, &agree), clean_op);
+    if (!agree) {
+        *op_out = o;
+        return HCOLL_SUCCESS;
+    }
     void *ev_done;
     HC_CHECK(hc_dev_call_begin(d, stream, &ev_done), clean_op);
-    st = hc_gdr_dev_event_mark(d->gpu, stream, &o->seg[0].ev_ready);
-    if (st == HCOLL_SUCCESS && (st = hc_dev_seq_wait(d, stream, &o->seg[0].seq)) != HCOLL_SUCCESS)
-        hc_gdr_dev_event_free(d->gpu, o->seg[0].ev_ready);
+    const void *sb = o->sendbuf;
+    if (d->gdr && (is_managed(sb) || is_managed(recvbuf)))
+        st = managed_enqueue(d, o, sb, recvbuf, stream, bcast_plan_enqueue);
+    else
+        st = bcast_plan_enqueue(d, o, sb, recvbuf, stream);
     HC_CHECK(hc_dev_call_end(d, stream, ev_done, st), clean_op);
-    o->nseg = 1;
     *op_out = o;
-    return HCOLL_SUCCESS;
+    return o->status;
 
 clean_op:
     free(o);

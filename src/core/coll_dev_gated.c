@@ -269,7 +269,10 @@ hcoll_status_t hc_dev_gated_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, size_t nse
     o->gate_hi = o->gate_start;
     o->nseg = (int)nseg;
     for (size_t k = 0; k < nseg && st == HCOLL_SUCCESS; k++)
-        st = d->gdr ? seg_jobs(d, o, &o->seg[k]) : seg_copies(d, o, &o->seg[k]);
+        st = !d->gdr                   ? seg_copies(d, o, &o->seg[k])
+             : o->kind == HC_DEV_BCAST ? seg_jobs_phase(d, o, &o->seg[k], HC_RING_PHASE_AG, 0,
+                                                        NULL, 0) /* the chain reduces nothing */
+                                       : seg_jobs(d, o, &o->seg[k]);
     for (size_t k = 0; k < nseg && st == HCOLL_SUCCESS; k++) {
         st = hc_gdr_dev_stream_wait_event(d->gpu, stream, o->seg[k].ev_back);
         if (st == HCOLL_SUCCESS && ag)

@@ -1,9 +1,8 @@
 /*
  * The device path's host stage (design: coll_dev.c), on the executor's
- * worker in issue order: wait for the stream's ready event, run the ring
+ * worker in issue order: wait for the stream's ready events, run the ring
  * over the rank's shard (staged through pinned host memory, or on device
- * memory with GPUDirect), and release the stream's flag, always and in
- * order.
+ * memory with GPUDirect), and open the call's gates, always and in order.
  */
 #include "core/coll_dev_priv.h"
 
@@ -42,87 +41,6 @@ static hcoll_status_t ring_run(hc_coll_dev_t *d, const void *src, void *buf, siz
     const double t0 = hc_now_us();
     hcoll_status_t st = hc_ringdrv_run(d->ring, &rop, &env);
     *ring_us += hc_now_us() - t0;
-    return st;
-}
-
-/* ---- vfix (issue 19 item 6): managed memory on a GPUDirect ring ----------
- * Neither dma-buf nor nvidia-peermem pins managed memory, so the NIC cannot
- * take it. Every other rank runs this ring operation on device memory, so
- * this one must too: through device memory of hcoll's own, copied in and
- * out on the internal stream. Costs an allocation and two copies per call:
- * pass cuMemAlloc'd buffers for speed. */
-static hcoll_status_t gdr_ring_run(hc_coll_dev_t *d, const hc_dev_op_t *o, const void *src,
-                                   void *dst, size_t count, double *ring_us)
-{
-    if (hc_gdr_ptr_kind(src, NULL) != HC_MEM_MANAGED &&
-        hc_gdr_ptr_kind(dst, NULL) != HC_MEM_MANAGED)
-        return ring_run(d, src, dst, count, o, 1, ring_us);
-    hc_gdr_dev_t *gpu = d->gpu;
-    const int tmo = (int)d->c->params.timeout_ms;
-    const size_t bytes = count * hcoll_dtype_size(o->dtype);
-    hcoll_status_t st;
-    hc_gdr_dmem_t tmp;
-    if (hc_gdr_dmem_alloc(d->dev, bytes, &tmp) != 0)
-        return hc_err_set(&d->c->err, HC_GDR, d->c->rank, HCOLL_ERR_NO_MEMORY,
-                          "no %zu bytes of device memory to stage a managed buffer for the "
-                          "GPUDirect ring",
-                          bytes);
-    void *t = (void *)(uintptr_t)tmp.ptr;
-    HC_CHECK(hc_gdr_dev_copy_async(gpu, t, src, bytes, gpu->istream), clean_tmp);
-    HC_CHECK(hc_gdr_dev_fence(gpu, tmo, 1, "staging a managed buffer in"), clean_tmp);
-    HC_CHECK(ring_run(d, t, t, count, o, 1, ring_us), clean_tmp);
-    HC_CHECK(hc_gdr_dev_copy_async(gpu, dst, t, bytes, gpu->istream), clean_tmp);
-    st = hc_gdr_dev_fence(gpu, tmo, 1, "staging a managed buffer out");
-clean_tmp:
-    hc_gdr_dmem_free(&tmp);
-    return st;
-}
-/* ---- end vfix ---------------------------------------------------------- */
-
-hcoll_status_t hc_dev_ring_stage(hc_coll_dev_t *d, const hc_dev_op_t *o, const void *src_p,
-                                 void *dst_p, size_t count, double *ring_us)
-{
-    hc_gdr_dev_t *gpu = d->gpu;
-    const int tmo = (int)d->c->params.timeout_ms;
-    const size_t es = hcoll_dtype_size(o->dtype);
-    const size_t piece = d->stage_bytes / es;
-    const size_t npieces = hc_devsched_pieces(count, es, d->stage_bytes);
-    const unsigned char *src = src_p;
-    unsigned char *dst = dst_p;
-    hcoll_status_t st;
-    /* GPUDirect: the ring reads and writes the device range itself. */
-    if (d->gdr)
-        return gdr_ring_run(d, o, src, dst, count, ring_us);
-    hc_devstage_t it;
-    hc_devstage_init(&it, npieces);
-    for (;;) {
-        hc_devstage_step_t step = hc_devstage_next(&it);
-        if (step.kind == HC_DEVSTAGE_DONE)
-            break;
-        size_t off = step.piece * piece;
-        size_t n = count - off < piece ? count - off : piece;
-        switch (step.kind) {
-        case HC_DEVSTAGE_D2H:
-            HC_CHECK(hc_gdr_dev_stage_in(gpu, step.buf, src + off * es, n * es), out);
-            break;
-        case HC_DEVSTAGE_WAIT:
-            HC_CHECK(hc_gdr_dev_stage_wait(gpu, step.buf, tmo), out);
-            break;
-        case HC_DEVSTAGE_RING:
-            if (o->ro.host_scale) /* no NCCL stage scaled this rank's input */
-                hc_redop_scale_host(&o->ro, gpu->stage[step.buf], NULL, n, o->dtype);
-            HC_CHECK(ring_run(d, gpu->stage[step.buf], gpu->stage[step.buf], n, o, 0, ring_us),
-                     out);
-            break;
-        case HC_DEVSTAGE_H2D:
-            HC_CHECK(hc_gdr_dev_stage_out(gpu, step.buf, dst + off * es, n * es), out);
-            break;
-        case HC_DEVSTAGE_DONE:
-            break;
-        }
-    }
-    st = HCOLL_SUCCESS;
-out:
     return st;
 }
 
@@ -170,6 +88,10 @@ static hcoll_status_t gated_seg_gdr(hc_coll_dev_t *d, const hc_dev_op_t *o,
         hc_dev_wait_stream(d, g->ev_ready, "the intra-node stage on the caller's stream");
     if (st != HCOLL_SUCCESS)
         return st;
+    if (o->kind == HC_DEV_BCAST) { /* the chain: nothing for the GPU to reduce */
+        st = ring_run(d, g->src, g->dst, g->count, o, 1, ring_us);
+        goto out;
+    }
     hc_dev_gdr_seg_t x;
     HC_CHECK(hc_dev_gdr_seg_begin(d, g, &x), out);
     st = ring_run(d, g->src, g->dst, g->count, o, 1, ring_us);
@@ -179,9 +101,10 @@ out:
     return st;
 }
 
-/* The worker's side of a gated all-reduce (coll_dev_gated.c): each
- * segment's ring, every gate opened (always, in order), the gate stream
- * waited for. */
+/* The worker's side of a gated all-reduce or broadcast
+ * (coll_dev_gated.c): each segment's ring (st_in: the call failed, or the
+ * ranks disagree on it: none runs), every gate opened (always, in order),
+ * the gate stream waited for. */
 static hcoll_status_t gated_stage(hc_coll_dev_t *d, hc_dev_op_t *o, hcoll_status_t st,
                                   double *ring_us)
 {
@@ -201,81 +124,6 @@ static hcoll_status_t gated_stage(hc_coll_dev_t *d, hc_dev_op_t *o, hcoll_status
         if (st == HCOLL_SUCCESS)
             st = w;
     }
-    return st;
-}
-
-/*
- * A device broadcast, once every rank agreed on its arguments: all on the
- * internal stream after the caller's ready event, in the plan's order
- * (the worker's NCCL communicator; "chain" is the ring's broadcast chain,
- * staged through pinned host memory or, GPUDirect, on device memory):
- *   single   the root's copy
- *   intra    ncclBroadcast
- *   ring     chain over all ranks from the root
- *   flat     the same
- *   3stage   root's node: ncclBroadcast (each local rank then holds its
- *            shard); local rank i chains shard i along rail i from the
- *            root's node; other nodes: ncclAllGather of the shards
- */
-static hcoll_status_t bcast_stage(hc_coll_dev_t *d, hc_dev_op_t *o, const hc_dev_seg_t *g,
-                                  double *ring_us)
-{
-    struct hcoll_comm *c = d->c;
-    hc_gdr_dev_t *gpu = d->gpu;
-    const int tmo = (int)c->params.timeout_ms;
-    const size_t es = hcoll_dtype_size(o->dtype), n = o->count;
-    unsigned char *buf = o->recvbuf;
-    const int root_node = c->node_of[o->root], three = d->plan == HC_PLAN_3STAGE;
-    hcoll_status_t st;
-    HC_CHECK(hc_dev_wait_stream(d, g->ev_ready, "the caller's stream before the broadcast"),
-             out);
-    if (c->rank == o->root && o->sendbuf != buf && (d->plan != HC_PLAN_INTRA && !three))
-        HC_CHECK(hc_gdr_dev_copy_async(gpu, buf, o->sendbuf, n * es, gpu->istream), out);
-    if (d->plan == HC_PLAN_INTRA || (three && c->node == root_node))
-        HC_CHECK(d->wnccl->ops->bcast(d->wnccl, o->sendbuf, buf, n, o->dtype,
-                                      c->local_of[o->root], gpu->istream),
-                 out);
-    if (d->plan == HC_PLAN_SINGLE || d->plan == HC_PLAN_INTRA)
-        return HCOLL_SUCCESS;
-    size_t soff = 0, slen = n;
-    if (three)
-        hc_intra_shard(n, c->local_size, c->local_rank, &soff, &slen);
-    /* Rail rings have one rank per node, in node order; else positions are
-     * ranks. */
-    o->chain_root = three ? root_node : o->root;
-    /* GPUDirect reads device memory from the host's side: the stream's
-     * work must be done first (staging copies are ordered on it). */
-    if (d->gdr)
-        HC_CHECK(hc_gdr_dev_fence(gpu, tmo, 1, "the broadcast's intra-node stage"), out);
-    HC_CHECK(hc_dev_ring_stage(d, o, buf + soff * es, buf + soff * es, slen, ring_us), out);
-    if (three && c->node != root_node)
-        HC_CHECK(d->wnccl->ops->all_gather(d->wnccl, buf, n, o->dtype, gpu->istream), out);
-    st = HCOLL_SUCCESS;
-out:
-    return st;
-}
-
-/* Write seq to the flag behind everything on the internal stream, and wait
- * until it is written (the staging buffers are then free, and the request
- * may complete). */
-static hcoll_status_t release(hc_coll_dev_t *d, uint32_t seq, int check_abort)
-{
-    hcoll_status_t st;
-    HC_CHECK(hc_gdr_dev_write_flag(d->gpu, seq), out);
-    pthread_mutex_lock(&d->lock);
-    int order = hc_devseq_release(&d->seq, seq);
-    pthread_mutex_unlock(&d->lock);
-    if (order != 0) {
-        st = hc_err_set(&d->c->err, HC_COLL, d->c->rank, HCOLL_ERR_INTERNAL,
-                        "stream flag released out of order (seq %u)", seq);
-        goto out;
-    }
-    st = hc_gdr_dev_fence(d->gpu, (int)d->c->params.timeout_ms, check_abort,
-                          "the copy back from staging");
-out:
-    if (st != HCOLL_SUCCESS)
-        HC_WARN(HC_GDR, d->c->rank,
-                "releasing device all-reduce %u failed; a stream waiting for it may hang", seq);
     return st;
 }
 
@@ -325,15 +173,6 @@ hcoll_status_t hc_coll_dev_execute(hc_coll_dev_t *d, hc_dev_op_t *o, hcoll_statu
         for (int k = 0; k < o->nseg; k++)
             hc_gdr_dev_event_free(d->gpu, o->seg[k].ev_ready);
         hc_dev_gated_free(d, o);
-    }
-    for (int k = 0; k < o->nseg && !o->gated; k++) {
-        if (st == HCOLL_SUCCESS)
-            st = bcast_stage(d, o, &o->seg[k], &ring_us); /* the only one with a flag */
-        /* Always, and in order: the caller's stream waits for it. */
-        hcoll_status_t rst = release(d, o->seg[k].seq, 0);
-        if (st == HCOLL_SUCCESS)
-            st = rst;
-        hc_gdr_dev_event_free(d->gpu, o->seg[k].ev_ready);
     }
     times->inter_us = ring_us;
     if (gpu) {

@@ -3,6 +3,7 @@
  * interface; the design is at the top of coll_dev.c):
  *   coll_dev.c       set-up, timing events, teardown
  *   coll_dev_enq.c   validation and the GPU stages on the caller's stream
+ *   coll_dev_gated.c the gated copies or reductions on hcoll's gate stream
  *   coll_dev_host.c  the host stage on the executor's worker
  *   coll_dev_rsag.c  reduce-scatter and all-gather, both sides
  */
@@ -27,7 +28,6 @@
 /* One segment's host stage. */
 typedef struct hc_dev_seg {
     void *ev_ready;           /* its stage ① done on the caller's stream */
-    uint32_t seq;             /* the flag number the stream waits for */
     const unsigned char *src; /* device range the host stage reads ... */
     unsigned char *dst;       /* ... and writes back */
     size_t count;
@@ -68,12 +68,16 @@ struct hc_dev_op {
     int ntev;              /* slots used */
     int fused;             /* one NCCL all-reduce: its time is split RS/AG */
     /* Broadcast: the whole call (dtype is then an integer type that divides
-     * the size, count its elements), and the ring chain's first position. */
+     * the size, count its elements), and the ring chain's first position.
+     * All-reduce: count and the segments' (segc elements each). */
     int root;
     const void *sendbuf; /* the root's */
     void *recvbuf;
-    size_t count;
+    size_t count, segc;
     int chain_root;
+    /* What the ranks compare (hc_dev_local_agree, hc_coll_dev_agree). */
+    size_t fp_count;
+    int fp_dtype, fp_op;
     /* Reduce-scatter / all-gather (count: elements per block): the ring's
      * N blocks of count elements, read from rsrc and written to rdst
      * (equal but for a GPUDirect reduce-scatter from sendbuf), at ring
@@ -106,8 +110,8 @@ struct hc_coll_dev {
     hcoll_status_t setup_failed; /* sticky */
     int dev;            /* ordinal, -1 before the set-up */
     hc_gdr_dev_t *gpu;  /* context, internal stream, flag, staging, kernels */
-    hc_intra_t *nccl;   /* NCCL stages issued by the caller's thread */
-    hc_intra_t *wnccl;  /* ... by the worker (broadcast), made at the first one */
+    hc_intra_t *nccl;   /* NCCL stages, all issued by the caller's thread */
+    hc_intra_t *agree;  /* plans with NCCL: the node's call-time argument check */
     int gdr;                  /* stage ② on device memory (GPUDirect ring) */
     hc_gdr_gate_t *gate;      /* staged plans: hcoll's gated stream (gdr/gate.h) */
     hc_ring_devops_t devops;  /* the ring's device operations (ctx = gpu) */
@@ -119,8 +123,6 @@ struct hc_coll_dev {
     size_t v_cap;
     void *v_free;
 
-    pthread_mutex_t lock; /* seq */
-    hc_devseq_t seq;
     hc_gdr_evlist_t done; /* recorded after each call's last stream work */
 };
 
@@ -143,9 +145,10 @@ hcoll_status_t hc_coll_dev_setup(hc_coll_dev_t *d, int dev);
 hcoll_status_t hc_dev_prepare(hc_coll_dev_t *d, const void *sendbuf, void *recvbuf,
                               size_t count, hcoll_dtype_t dtype, hcoll_op_t op, void *stream);
 
-/* Issue the next flag number and make stream wait for it
- * (coll_dev_enq.c); on failure the number is given back. */
-hcoll_status_t hc_dev_seq_wait(hc_coll_dev_t *d, void *stream, uint32_t *seq_out);
+/* The node's call-time check of o's fingerprint (coll_dev.c), where the
+ * plan has NCCL stages: *agree_out = 0 when the node's ranks disagree
+ * (then nothing may go on the stream). A failure is recorded. */
+hcoll_status_t hc_dev_local_agree(hc_coll_dev_t *d, const hc_dev_op_t *o, int *agree_out);
 
 /* recvbuf = scalar * sendbuf on stream, for o->ro.dev_scale (coll_dev_enq.c). */
 hcoll_status_t hc_dev_prescale(hc_coll_dev_t *d, const hc_dev_op_t *o, const void *sendbuf,
@@ -169,12 +172,6 @@ hcoll_status_t hc_dev_call_end(hc_coll_dev_t *d, void *stream, void *ev_done, hc
  * while every local rank is alive, up to HCOLL_OP_TIMEOUT_MS, with the
  * abort check; a dead or stopped local rank ends it (coll_dev.c). */
 hcoll_status_t hc_dev_wait_stream(hc_coll_dev_t *d, void *ev, const char *what);
-
-/* The stage ② of one segment or piece without its ready wait
- * (coll_dev_host.c): src to dst through the ring (all-reduce) or dst
- * along the chain (broadcast), staged or on device memory. */
-hcoll_status_t hc_dev_ring_stage(hc_coll_dev_t *d, const hc_dev_op_t *o, const void *src,
-                                 void *dst, size_t count, double *ring_us);
 
 /* A gated segment on device memory (GPUDirect), while the ring runs it
  * (coll_dev_gated.c): the ring says which of its messages landed, their

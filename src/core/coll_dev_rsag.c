@@ -108,7 +108,7 @@ static hcoll_status_t v_permute(hc_coll_dev_t *d, unsigned char *V, const unsign
 }
 
 /* The stream side of the three-stage and ring plans: stage ① (RS) or the
- * ready copy (AG), the ready event, the flag, stage ③ (AG). */
+ * ready copy (AG), the ready event, the gated ring, stage ③ (AG). */
 static hcoll_status_t rsag_ring_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, const void *sendbuf,
                                         void *recvbuf, void *stream)
 {
@@ -241,14 +241,28 @@ hcoll_status_t hc_coll_dev_rsag_enqueue(hc_coll_dev_t *d, int rs, const void *se
     o->count = count;
     o->sendbuf = sendbuf;
     o->recvbuf = recvbuf;
+    o->fp_count = count;
+    o->fp_dtype = dtype;
+    o->fp_op = rs ? (int)ro->op * 2 + (ro->scaled != 0) : -1;
     HC_CHECK(hc_coll_check_rsag(c, rs ? HC_COLL_REDUCE_SCATTER : HC_COLL_ALLGATHER, sendbuf,
                                 recvbuf, count, dtype, o->op),
              clean_op);
-    if (count == 0) {
+    int agree = 1;
+    if (count == 0) { /* the node's check still runs: the others may not be empty */
+        if (d->ready)
+            HC_CHECK(hc_dev_local_agree(d, o, &agree), clean_op);
         *op_out = o;
         return HCOLL_SUCCESS;
     }
     HC_CHECK(hc_dev_prepare(d, sendbuf, recvbuf, count, dtype, o->op, stream), clean_op);
+    /* Before NCCL sees the arguments (coll_dev.c, "Argument agreement"):
+     * on a disagreement nothing goes on the stream, and the worker's
+     * check fails the call on every rank. */
+    HC_CHECK(hc_dev_local_agree(d, o, &agree), clean_op);
+    if (!agree) {
+        *op_out = o;
+        return HCOLL_SUCCESS;
+    }
     if (rs)
         HC_CHECK(hc_redop_dev_plan(c, &o->ro, &o->op, op, plan_needs_nccl(d->plan),
                                    d->plan == HC_PLAN_SINGLE, d->gdr, d->gpu->kern != NULL,

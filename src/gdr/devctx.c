@@ -48,13 +48,16 @@ void hc_gdr_dev_pop(hc_gdr_dev_t *g)
     g->cu->ctx_pop(&popped);
 }
 
-/* Has the internal stream run everything queued so far? Polled with a
- * bound: it never holds work of the application's, but a wait of its own
- * that never ends must not hang a destroy. */
+/* Has the internal stream run everything queued so far? ev_fence is
+ * recorded behind each piece of work when it is enqueued (istream_mark),
+ * never here: at destroy, a record would queue behind whatever an
+ * application's blocked stream holds up on a shared hardware queue. Polled
+ * with a bound, so that a wait of its own that never ends cannot hang a
+ * destroy. */
 static int dev_istream_idle(hc_gdr_dev_t *g)
 {
     const hc_cu_api_t *cu = g->cu;
-    if (!g->ev_fence || cu->event_record(g->ev_fence, g->istream) != HC_CU_SUCCESS)
+    if (!g->ev_fence)
         return 0;
     const double deadline = hc_now_ms() + DEV_CLOSE_DRAIN_MS;
     for (;;) {
@@ -66,6 +69,17 @@ static int dev_istream_idle(hc_gdr_dev_t *g)
         struct timespec ts = { 0, 100000 };
         nanosleep(&ts, NULL);
     }
+}
+
+/* ev_fence behind everything enqueued on istream so far (call it after
+ * each enqueue); a failed record leaves close unsure, so it keeps the
+ * staging buffers. */
+static hc_cu_res_t istream_mark(hc_gdr_dev_t *g, hc_cu_res_t r)
+{
+    if (r == HC_CU_SUCCESS && g->ev_fence && g->cu->event_record(g->ev_fence, g->istream) !=
+                                                 HC_CU_SUCCESS)
+        g->fence_lost = 1;
+    return r;
 }
 
 /* Give device memory of hcoll's back behind stream's work (mem.h), and say
@@ -88,7 +102,7 @@ static void dev_free_locals(hc_gdr_dev_t *g)
 {
     const hc_cu_api_t *cu = g->cu;
     g->kern = NULL;
-    const int idle = (g->stage[0] || g->stage[1]) && dev_istream_idle(g);
+    const int idle = (g->stage[0] || g->stage[1]) && !g->fence_lost && dev_istream_idle(g);
     if ((g->stage[0] || g->stage[1]) && !idle)
         HC_WARN(HC_GDR, g->rp.rank, "hcoll's internal stream did not drain within %d ms; its "
                 "staging buffers are left allocated", DEV_CLOSE_DRAIN_MS);
@@ -205,8 +219,8 @@ hcoll_status_t hc_gdr_dev_stream_wait(hc_gdr_dev_t *g, void *stream, uint32_t se
 
 hcoll_status_t hc_gdr_dev_write_flag(hc_gdr_dev_t *g, uint32_t seq)
 {
-    hc_cu_res_t r = g->cu->stream_write_value32(g->istream, g->flag, seq,
-                                                HC_CU_STREAM_WRITE_VALUE_DEFAULT);
+    hc_cu_res_t r = istream_mark(g, g->cu->stream_write_value32(g->istream, g->flag, seq,
+                                                                HC_CU_STREAM_WRITE_VALUE_DEFAULT));
     return r == HC_CU_SUCCESS
                ? HCOLL_SUCCESS
                : hc_gdr_cu_fail(&g->rp, r, "cuStreamWriteValue32 (releasing the caller's stream)");
@@ -333,7 +347,8 @@ out:
 hcoll_status_t hc_gdr_dev_stage_in(hc_gdr_dev_t *g, int buf, const void *src, size_t bytes)
 {
     hcoll_status_t st = HCOLL_SUCCESS;
-    CU_TRY(g, g->cu->memcpy_dtoh_async(g->stage[buf], dptr(src), bytes, g->istream),
+    CU_TRY(g, istream_mark(g, g->cu->memcpy_dtoh_async(g->stage[buf], dptr(src), bytes,
+                                                       g->istream)),
            "cuMemcpyDtoHAsync (staging)", out);
     CU_TRY(g, g->cu->event_record(g->ev_d2h[buf], g->istream), "cuEventRecord", out);
 out:
@@ -349,7 +364,8 @@ hcoll_status_t hc_gdr_dev_stage_wait(hc_gdr_dev_t *g, int buf, int timeout_ms)
 hcoll_status_t hc_gdr_dev_stage_out(hc_gdr_dev_t *g, int buf, void *dst, size_t bytes)
 {
     hcoll_status_t st = HCOLL_SUCCESS;
-    CU_TRY(g, g->cu->memcpy_htod_async(dptr(dst), g->stage[buf], bytes, g->istream),
+    CU_TRY(g, istream_mark(g, g->cu->memcpy_htod_async(dptr(dst), g->stage[buf], bytes,
+                                                       g->istream)),
            "cuMemcpyHtoDAsync (staging)", out);
 out:
     return st;
@@ -361,11 +377,11 @@ hcoll_status_t hc_gdr_dev_stage_copy(hc_gdr_dev_t *g, int buf, size_t off, void 
     hcoll_status_t st = HCOLL_SUCCESS;
     unsigned char *h = (unsigned char *)g->stage[buf] + off;
     if (to_host) {
-        CU_TRY(g, g->cu->memcpy_dtoh_async(h, dptr(dev), bytes, g->istream),
+        CU_TRY(g, istream_mark(g, g->cu->memcpy_dtoh_async(h, dptr(dev), bytes, g->istream)),
                "cuMemcpyDtoHAsync (staging)", out);
         CU_TRY(g, g->cu->event_record(g->ev_d2h[buf], g->istream), "cuEventRecord", out);
     } else {
-        CU_TRY(g, g->cu->memcpy_htod_async(dptr(dev), h, bytes, g->istream),
+        CU_TRY(g, istream_mark(g, g->cu->memcpy_htod_async(dptr(dev), h, bytes, g->istream)),
                "cuMemcpyHtoDAsync (staging)", out);
     }
 out:
@@ -398,6 +414,7 @@ out:
 static hcoll_status_t devop_done(hc_gdr_dev_t *g, hc_cu_res_t r, const char *what)
 {
     hcoll_status_t st = HCOLL_SUCCESS;
+    r = istream_mark(g, r);
     if (r == HC_CU_SUCCESS)
         r = g->cu->stream_synchronize(g->istream);
     if (r != HC_CU_SUCCESS)

@@ -34,7 +34,8 @@ typedef struct hc_gdr_dev {
     size_t stage_bytes; /* each of the two buffers; 0: none */
     void *stage[2];
     void *ev_d2h[2];
-    void *ev_fence;  /* istream drained */
+    void *ev_fence;  /* istream past its last work, recorded at each enqueue */
+    int fence_lost;  /* a record of it failed: close cannot tell */
     hc_gdr_kern_t *kern; /* NULL: not loaded, kern_why says why */
     char kern_why[200];
 } hc_gdr_dev_t;

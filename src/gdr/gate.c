@@ -31,14 +31,20 @@ hcoll_status_t hc_gdr_gate_open(const hc_cu_api_t *cu, const hc_gdr_report_t *rp
         goto clean_gate;
     /* From the GPU's pinned pool (gdr/mem.h): cuMemFreeHost would wait for
      * every stream at close, the application's included. With unified
-     * addressing (every 64-bit platform CUDA supports) pinned memory is
-     * mapped into every context, whatever its flags, at its host address. */
+     * addressing pinned memory is mapped into every context at its host
+     * address, but the driver's word for the device address is
+     * cuMemHostGetDevicePointer's (write-combined memory, platforms
+     * without that identity); a driver that will not say (memory not
+     * allocated with DEVICEMAP, on a driver that insists) leaves the host
+     * address, which is the device address wherever it cannot tell. */
     what = "cuCtxGetDevice (gate word)";
     if ((r = cu->ctx_get_device(&g->cudev)) != HC_CU_SUCCESS)
         goto clean_stream;
     what = "cuMemHostAlloc (gate word)";
     if ((r = hc_gdr_pin_get(cu, g->cudev, GATE_WORD_BYTES, (void **)&g->word)) != HC_CU_SUCCESS)
         goto clean_stream;
+    if (cu->host_get_device_pointer(&g->dword, g->word, 0) != HC_CU_SUCCESS)
+        g->dword = dptr(g->word);
     __atomic_store_n(g->word, 0, __ATOMIC_RELEASE);
     g->done = g->word + 16;
     __atomic_store_n(g->done, 0, __ATOMIC_RELEASE);
@@ -84,7 +90,7 @@ hcoll_status_t hc_gdr_gate_wait(hc_gdr_gate_t *g, uint32_t *ticket_out)
 {
     pthread_mutex_lock(&g->lock);
     uint32_t t = ++g->issued;
-    hc_cu_res_t r = g->cu->stream_wait_value32(g->stream, dptr(g->word), t,
+    hc_cu_res_t r = g->cu->stream_wait_value32(g->stream, g->dword, t,
                                                HC_CU_STREAM_WAIT_VALUE_GEQ);
     if (r != HC_CU_SUCCESS)
         g->issued--;
@@ -117,7 +123,8 @@ void hc_gdr_gate_release_all(hc_gdr_gate_t *g)
 hcoll_status_t hc_gdr_gate_signal(hc_gdr_gate_t *g, uint32_t *value_out)
 {
     const uint32_t v = g->signaled + 1;
-    hc_cu_res_t r = g->cu->stream_write_value32(g->stream, dptr(g->done), v,
+    /* done is 16 words past word, on the device as on the host */
+    hc_cu_res_t r = g->cu->stream_write_value32(g->stream, g->dword + 16 * sizeof *g->word, v,
                                                 HC_CU_STREAM_WRITE_VALUE_DEFAULT);
     if (r != HC_CU_SUCCESS)
         return hc_gdr_cu_fail(&g->rp, r, "cuStreamWriteValue32 (gate signal)");

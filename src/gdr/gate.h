@@ -7,7 +7,8 @@
  *   caller's stream: wait(ev) AG ...
  *
  * The word is pinned host memory mapped into the device (the CPU writes it
- * with a plain store, the stream polls it with cuStreamWaitValue32), and
+ * with a plain store, the stream polls it with cuStreamWaitValue32 at the
+ * device address cuMemHostGetDevicePointer gives), and
  * the stream that waits on it, gstream, is hcoll's: every piece of work
  * that the word's release depends on was submitted before the wait, so
  * the wait cannot block a hardware queue that hcoll's own later work
@@ -35,6 +36,7 @@ typedef struct hc_gdr_gate {
     hc_gdr_report_t rp;
     void *stream;            /* gstream: hcoll's, non-blocking */
     uint32_t *word;          /* pinned, device-mapped; the CPU writes it */
+    hc_cu_dptr_t dword;      /* its device address (cuMemHostGetDevicePointer) */
     uint32_t *done;          /* its own cache line; gstream writes it */
     uint32_t signaled;       /* the last value a signal writes to done */
     void *ev_drain;          /* gstream past every call's work (mark) */

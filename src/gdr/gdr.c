@@ -137,6 +137,7 @@ static void cuda_load_api(void *h)
         E(mem_free_async, "cuMemFreeAsync"),
         E(host_alloc, "cuMemHostAlloc"),
         E(host_free, "cuMemFreeHost"),
+        E(host_get_device_pointer, "cuMemHostGetDevicePointer_v2"),
         E(memcpy_dtoh_async, "cuMemcpyDtoHAsync_v2"),
         E(memcpy_htod_async, "cuMemcpyHtoDAsync_v2"),
         E(memcpy_dtod_async, "cuMemcpyDtoDAsync_v2"),

@@ -159,6 +159,10 @@ typedef struct hc_cu_api {
     hc_cu_res_t (*mem_free_async)(hc_cu_dptr_t p, void *s);
     hc_cu_res_t (*host_alloc)(void **p, size_t n, unsigned flags);
     hc_cu_res_t (*host_free)(void *p);
+    /* cuMemHostGetDevicePointer: pinned memory's device address (equal to
+     * the host address only with unified addressing, and not for
+     * write-combined memory). */
+    hc_cu_res_t (*host_get_device_pointer)(hc_cu_dptr_t *dptr, void *p, unsigned flags);
     hc_cu_res_t (*memcpy_dtoh_async)(void *dst, hc_cu_dptr_t src, size_t n, void *s);
     hc_cu_res_t (*memcpy_htod_async)(hc_cu_dptr_t dst, const void *src, size_t n, void *s);
     hc_cu_res_t (*memcpy_dtod_async)(hc_cu_dptr_t dst, hc_cu_dptr_t src, size_t n, void *s);

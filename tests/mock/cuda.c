@@ -47,6 +47,10 @@
  *                    cuMemFreeAsync fails with CUDA_ERROR_NOT_SUPPORTED
  *                    (default 1)
  *   HCMOCK_MEM_GB    device memory per GPU (default 80)
+ *   HCMOCK_PINNED_DEVPTR  1: pinned host memory's device address
+ *                    (cuMemHostGetDevicePointer) differs from its host address,
+ *                    which device-side calls then refuse (default 0: the
+ *                    same, as with unified addressing)
  *   HCMOCK_TRACE     1: print every queued op as it runs (stderr)
  *   HCMOCK_RACE      unordered device-memory accesses of two streams: 0
  *                    ignored, 1 reported on stderr (default), 2 reported
@@ -225,6 +229,11 @@ typedef struct mmem {
     uint64_t id;     /* CU_POINTER_ATTRIBUTE_BUFFER_ID: never reused */
     int refs;        /* the table's, plus one per op using it right now */
     int live;
+    /* HCMOCK_PINNED_DEVPTR=1: pinned memory's device address (dalias, an
+     * entry of its own whose owner holds the backing) is not its host
+     * address, which is then no device address at all. */
+    uint64_t dalias;
+    struct mmem *owner;
 } mmem_t;
 
 typedef struct mevent {
@@ -345,6 +354,7 @@ static struct {
     int capture_all;
     int dmabuf;
     int mempools; /* HCMOCK_MEMPOOLS */
+    int pin_alias; /* HCMOCK_PINNED_DEVPTR */
     int trace;
     int race;  /* HCMOCK_RACE: 0 off, 1 report, 2 report and fail the op */
     int nhwq;  /* hardware queues per context; 0: one per stream (HCMOCK_QUEUES=stream) */
@@ -528,6 +538,7 @@ CUAPI int cuInit(unsigned flags)
         g.poison = (int)env_long("HCMOCK_POISON", 0xa5);
         g.capture_all = env_long("HCMOCK_CAPTURE", 0) == 1;
         g.mempools = env_long("HCMOCK_MEMPOOLS", 1) != 0;
+        g.pin_alias = env_long("HCMOCK_PINNED_DEVPTR", 0) == 1;
         g.dmabuf = (int)env_long("HCMOCK_DMABUF", 0);
         g.trace = env_long("HCMOCK_TRACE", 0) == 1;
         g.race = (int)env_long("HCMOCK_RACE", 1);
@@ -907,6 +918,11 @@ static void mem_unref(mmem_t *m)
 {
     if (--m->refs > 0)
         return;
+    if (m->owner) { /* a device alias of pinned memory: the owner maps it */
+        mem_unref(m->owner);
+        free(m);
+        return;
+    }
     munmap(m->host, m->span);
     if (!m->pinned && g.nva_free < 4096) {
         if (g.nva_free == g.cap_va_free) {
@@ -941,6 +957,8 @@ static void *mem_xlate(uint64_t p, size_t len, mmem_t **mem_out)
         return NULL;
     mmem_t *m = g.mem[i];
     if (!m->live || len > m->size - (p - m->base))
+        return NULL;
+    if (m->dalias) /* pinned memory's host address, with a device address of its own */
         return NULL;
     if (mem_out) {
         m->refs++;
@@ -1794,6 +1812,13 @@ static int mem_free_common(uint64_t p, int pinned, const char *who)
             if (!pinned)
                 g.mem_used[m->ctx->dev] -= m->span;
             mem_table_remove(m);
+            long ai = m->dalias ? mem_find(m->dalias) : -1;
+            if (ai >= 0 && g.mem[ai]->owner == m) {
+                mmem_t *a = g.mem[ai];
+                a->live = 0;
+                mem_table_remove(a);
+                mem_unref(a); /* the table's */
+            }
             mem_unref(m); /* the table's */
         }
         r = m->ctx->sticky;
@@ -1856,6 +1881,35 @@ CUAPI int cuMemFreeAsync(unsigned long long dptr, void *hstream)
     return r;
 }
 
+CUAPI int cuMemFreeHost(void *p);
+
+/* HCMOCK_PINNED_DEVPTR=1: give pinned allocation m a device address in
+ * the device range, an entry that shares m's backing. */
+static int pin_alias_add(mmem_t *m)
+{
+    pthread_mutex_lock(&g.lock);
+    int r = CUDA_ERROR_OUT_OF_MEMORY;
+    mmem_t *a = calloc(1, sizeof *a);
+    uint64_t b = (g.va_next + SMALL_ALIGN - 1) & ~(uint64_t)(SMALL_ALIGN - 1);
+    if (a && b + m->span <= g.va_end) {
+        *a = *m;
+        a->base = b;
+        a->owner = m;
+        a->dalias = 0;
+        a->refs = 1;
+        if (mem_table_add(a) == 0) {
+            g.va_next = b + m->span;
+            m->refs++; /* the alias's hold on the backing */
+            m->dalias = b;
+            a = NULL;
+            r = CUDA_SUCCESS;
+        }
+    }
+    free(a);
+    pthread_mutex_unlock(&g.lock);
+    return r;
+}
+
 CUAPI int cuMemHostAlloc(void **pp, size_t size, unsigned flags)
 {
     CHECK_INIT();
@@ -1874,8 +1928,32 @@ CUAPI int cuMemHostAlloc(void **pp, size_t size, unsigned flags)
         return r;
     if (g.poison >= 0)
         memset(m->host, g.poison, size);
+    if (g.pin_alias && pin_alias_add(m) != CUDA_SUCCESS) {
+        cuMemFreeHost(m->host);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     *pp = m->host;
     return CUDA_SUCCESS;
+}
+
+/* The device address of pinned host memory: with unified addressing its
+ * host address (the default here), under HCMOCK_PINNED_DEVPTR=1 one of
+ * its own, as on a platform without that identity. */
+CUAPI int cuMemHostGetDevicePointer_v2(unsigned long long *pdptr, void *p, unsigned flags)
+{
+    CHECK_INIT();
+    if (!pdptr || !p || flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g.lock);
+    long i = mem_find((uint64_t)(uintptr_t)p);
+    mmem_t *m = i >= 0 ? g.mem[i] : NULL;
+    int r = CUDA_SUCCESS;
+    if (!m || !m->live || !m->pinned || m->managed || m->owner)
+        r = CUDA_ERROR_INVALID_VALUE;
+    else
+        *pdptr = (m->dalias ? m->dalias : m->base) + ((uint64_t)(uintptr_t)p - m->base);
+    pthread_mutex_unlock(&g.lock);
+    return r;
 }
 
 CUAPI int cuMemFreeHost(void *p)
