@@ -13,15 +13,25 @@
  * With HCOLL_CHECK_ARGS=0 (no agreement), on one node: local ranks that
  * disagree on the dtype or the op alone are caught by the shared-memory
  * step's own comparison (every local rank returns HCOLL_ERR_MISMATCH).
+ *
+ * On the emulated verbs provider (3x1 and 2x2, HCOLL_NET=ib): one rank's
+ * host buffer cannot be registered (HCMOCK_IB_MEMLOCK_KB, as
+ * RLIMIT_MEMLOCK): the all-reduce (3x1) and the broadcast fail on every
+ * rank with that rank's status, no recvbuf changes, and the next calls
+ * work. (Without the agreement the ring's own registration fails half-way
+ * and the communicator with it.)
  */
 #include <check.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/mockib.h"
 #include "common/ranks.h"
+#include "hc_build.h"
 
 #define MAX_RANKS 6
 #define TIMEOUT_MS 20000
@@ -45,6 +55,11 @@ static int open_comm(world_t *w, int k, int rank, int nranks, hcoll_comm_t *comm
     hcoll_config_t cfg = HCOLL_CONFIG_INITIALIZER;
     cfg.timeout_ms = TIMEOUT_MS;
     cfg.chunk_bytes = 4096; /* many chunks and pieces for the large case */
+    if (getenv("HCT_MISM_IB")) {
+        setenv("HCOLL_SOCKET_IFNAME", "=lo", 1);
+        cfg.net = "ib";
+        cfg.chunk_bytes = 65536;
+    }
     HCT_REQUIRE(hct_share_unique_id(&w->slot[k], rank, TIMEOUT_MS, &id) == 0, "no unique id");
     HCT_OK(NULL, hcoll_comm_init(comm_out, nranks, rank, &id, &cfg));
     return 0;
@@ -206,6 +221,54 @@ static int rank_intra(int rank, int nranks, void *argp)
     return 0;
 }
 
+/* One rank over the locked-memory limit (verbs only). */
+#define REG_BYTES (8u << 20)
+static int rank_memlock(int rank, int nranks, void *argp)
+{
+    world_t *w = argp;
+    hcoll_comm_t comm;
+    if (open_comm(w, 0, rank, nranks, &comm))
+        return 1;
+    const int odd = nranks - 1, me = rank == odd;
+    const size_t n = REG_BYTES / sizeof(float);
+    float *buf = fill(n, SENTINEL), *src = fill(n, 1.0f);
+    HCT_REQUIRE(buf && src, "no memory");
+    /* 2x2: the broadcast only (the three-stage all-reduce registers a shard
+     * per piece as it goes, not checked beforehand). */
+    for (int k = nranks == 4; k < 2; k++) {
+        const char *what = k ? "broadcast" : "allreduce";
+        if (me)
+            setenv("HCMOCK_IB_MEMLOCK_KB", "4096", 1);
+        hcoll_status_t st = k ? hcoll_broadcast(comm, src, buf, n, HCOLL_FLOAT32, 0, NULL)
+                              : hcoll_allreduce(comm, buf, buf, n, HCOLL_FLOAT32, HCOLL_SUM, NULL);
+        unsetenv("HCMOCK_IB_MEMLOCK_KB");
+        const char *msg = hcoll_comm_last_error(comm);
+        HCT_REQUIRE(st != HCOLL_SUCCESS && st != HCOLL_ERR_MISMATCH,
+                    "%s rank %d: %s over the limit -> %s (%s)", w->name, rank, what,
+                    hcoll_status_name(st), msg);
+        char want[64];
+        snprintf(want, sizeof want, "rank %d could not take part", odd);
+        HCT_REQUIRE(me ? strstr(msg, "ulimit") != NULL : strstr(msg, want) != NULL,
+                    "%s rank %d: %s: the message does not say who: %s", w->name, rank, what, msg);
+        for (size_t i = 0; i < n; i++)
+            HCT_REQUIRE(buf[i] == SENTINEL, "%s rank %d: %s: recvbuf[%zu] is %g after the "
+                        "failure", w->name, rank, what, i, buf[i]);
+    }
+    /* Nothing is sticky: the same calls go through now. */
+    HCT_OK(comm, hcoll_broadcast(comm, src, buf, n, HCOLL_FLOAT32, 0, NULL));
+    for (size_t i = 0; i < n; i++)
+        HCT_REQUIRE(buf[i] == 1.0f, "%s rank %d: element %zu is %g after the broadcast", w->name,
+                    rank, i, buf[i]);
+    HCT_OK(comm, hcoll_allreduce(comm, buf, buf, n, HCOLL_FLOAT32, HCOLL_SUM, NULL));
+    for (size_t i = 0; i < n; i++)
+        HCT_REQUIRE(buf[i] == (float)nranks, "%s rank %d: element %zu is %g after the failures",
+                    w->name, rank, i, buf[i]);
+    HCT_OK(comm, hcoll_comm_destroy(comm));
+    free(buf);
+    free(src);
+    return 0;
+}
+
 static void run_world(const char *name, const int *node_of, int nranks, hct_rank_fn fn)
 {
     world_t *w = hct_shared_alloc(sizeof *w);
@@ -243,8 +306,60 @@ END_TEST
 START_TEST(intra_dtype_op) { RUN("i1x3", rank_intra, 0, 0, 0); }
 END_TEST
 
-int main(void)
+/* The emulation is loaded when the process starts (common/mockib.h): this
+ * case runs the program again with HCT_MISM_IB=1, which enters it. */
+static char **prog_argv;
+
+START_TEST(memlock_2x2_ib)
 {
+    fflush(NULL);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        setenv("HCT_MISM_IB", "1", 1);
+        execv("/proc/self/exe", prog_argv);
+        _exit(127);
+    }
+    int status = 0;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(WIFEXITED(status), "the verbs case died of signal %d", WTERMSIG(status));
+    ck_assert_msg(WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == 77,
+                  "the verbs case failed (exit %d, see stderr)", WEXITSTATUS(status));
+}
+END_TEST
+
+static int ib_main(char **argv)
+{
+#if HCOLL_BUILD_VERBS
+    int rc = hct_mockib_enter(argv);
+    if (rc != 0)
+        return rc;
+    static const int layouts[2][5] = { { 3, 0, 1, 2 }, { 4, 0, 0, 1, 1 } };
+    int bad = 0;
+    for (int l = 0; l < 2 && bad == 0; l++) {
+        world_t *w = hct_shared_alloc(sizeof *w);
+        w->nranks = layouts[l][0];
+        snprintf(w->name, sizeof w->name, "memlock-ib-%s", l ? "2x2" : "3x1");
+        memcpy(w->node_of, &layouts[l][1], (size_t)w->nranks * sizeof(int));
+        hct_opts_t o = { .nranks = w->nranks, .timeout_ms = 60000 };
+        hct_result_t res[MAX_RANKS];
+        bad = hct_run(&o, rank_memlock, w, res);
+        hct_shared_free(w, sizeof *w);
+    }
+    return bad == 0 ? 0 : 1;
+#else
+    (void)argv;
+    printf("SKIP: hcoll was built without rdma-core headers\n");
+    return 77;
+#endif
+}
+
+int main(int argc, char **argv)
+{
+    (void)argc;
+    if (getenv("HCT_MISM_IB"))
+        return ib_main(argv);
+    prog_argv = argv;
     Suite *s = suite_create("mismatch");
     TCase *tc = tcase_create("mismatch");
     tcase_set_timeout(tc, 120);
@@ -255,6 +370,7 @@ int main(void)
     tcase_add_test(tc, others_3x1);
     tcase_add_test(tc, others_2x3);
     tcase_add_test(tc, intra_dtype_op);
+    tcase_add_test(tc, memlock_2x2_ib);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -274,6 +274,19 @@ hcoll_status_t hc_ring_ag_start_device(hc_ring_t *r, void *buf, size_t count, hc
     return ring_start(r, buf, buf, count, dtype, HCOLL_SUM, 0, 1, HC_RING_PHASE_AG);
 }
 
+int hc_ring_registers(const hc_ring_t *r, size_t count, hcoll_dtype_t dtype, int phase)
+{
+    if (!r || r->n == 1 || count == 0 || !r->ops->mem_pin)
+        return 0;
+    if (phase != HC_RING_PHASE_ALLREDUCE)
+        return 1;
+    hc_ring_sched_t g;
+    const size_t trailer = sizeof(gather_trailer_t);
+    hc_ring_sched_plan(&g, r->n, count, hcoll_dtype_size(dtype), r->chunk_bytes,
+                       r->gvec >= trailer ? r->gvec - trailer : 0, 0);
+    return !g.gather;
+}
+
 /* No progress for the operation timeout: every neighbour is alive (the
  * liveness links say so), but at least one has not called it. */
 static hcoll_status_t op_timed_out(hc_ring_t *r)
