@@ -31,12 +31,14 @@
  * rail's ring has the same node order, so all ranks still end with the
  * same bits. The threshold must be equal on every rank (checked at init).
  *
- * Broadcast: first the arguments, then the vector.
+ * Every kind starts with the argument agreement (hc_coll_agree, packing
+ * in coll_agree.c): one all-reduce (MAX) of every rank's fingerprint and
+ * verdict, so ranks called differently, or one that could not register
+ * its buffer, fail alike before any data moves (not sticky: every rank saw
+ * the same words after a complete exchange). HCOLL_CHECK_ARGS=0: none.
  *
- *   check   one all-reduce (MAX) of {root, -root, bytes, -bytes}: ranks called
- *           with another root or size fail alike with HCOLL_ERR_MISMATCH
- *           instead of mixing data (not sticky: every rank saw the same
- *           extremes after a complete exchange)
+ * Broadcast: the agreement (root, bytes), then the vector.
+ *
  *   3stage  root's node          node B               node C
  *           RS: local rank i     ┌──────────┐         ┌──────────┐
  *           holds shard i ──rail i chain──► │ shard i ├──rail i──►│ shard i │
@@ -48,7 +50,8 @@
  *   ring, flat   the chain over all ranks, from the root
  *   intra   the all-reduce of the root's bytes and the others' zeros
  *
- * Barrier (barrier.c):
+ * Barrier: the agreement is the barrier (an all-reduce). Without it
+ * (barrier.c):
  *
  *   intra   the node's barrier (shared memory): every local rank entered
  *   dissem  local rank i: ceil(log2 N) rounds over rail i, signalling the
