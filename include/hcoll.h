@@ -434,6 +434,19 @@ HCOLL_API hcoll_status_t hcoll_comm_node_count(hcoll_comm_t comm, int *node_coun
  * returns HCOLL_IN_PROGRESS and does nothing (as hcoll_allreduce_async). sendbuf == recvbuf means in place; otherwise the two must not
  * overlap. count, dtype and op must be the same on every rank; count may be
  * 0. Collective.
+ * Argument agreement (host buffers, HCOLL_CHECK_ARGS=1, the default):
+ * before any data moves, every host collective (all-reduce, broadcast,
+ * barrier, reduce-scatter, all-gather) compares across all ranks the
+ * collective, count, dtype, op (a PREMUL_SUM op counts as one op), root
+ * and the call's number on the communicator, and whether each rank could
+ * register its buffers. Ranks that disagree all return HCOLL_ERR_MISMATCH
+ * (a rank that could not register: its status, e.g. HCOLL_ERR_RDMA, on
+ * every rank), with a message naming the field and two ranks that differ;
+ * no recvbuf is written (it keeps what it held, in place too) and the
+ * communicator stays usable: the next matching call succeeds. Costs one
+ * small all-reduce per call; HCOLL_CHECK_ARGS=0 turns it off, and then
+ * disagreeing ranks may fail (stickily), hang until HCOLL_OP_TIMEOUT_MS
+ * or get mixed data. Device buffers are not compared.
  * stream: a cudaStream_t passed as void * for device buffers, NULL for host
  * buffers. With host buffers and NULL the call blocks until the result is
  * in recvbuf. Stream handles with device buffers: NULL (0, the handle of
@@ -554,7 +567,9 @@ HCOLL_API hcoll_status_t hcoll_op_destroy(hcoll_comm_t comm, hcoll_op_t op);
  * place, otherwise the two must not overlap. count (elements of dtype)
  * may be 0; count, dtype and root must be the same on every rank: a rank
  * called with another root or byte size fails, with every other rank,
- * with HCOLL_ERR_MISMATCH (the communicator stays usable). The bytes
+ * with HCOLL_ERR_MISMATCH, before anything moves (no recvbuf written, the
+ * root's neither; the communicator stays usable; hcoll_allreduce's
+ * "argument agreement", HCOLL_CHECK_ARGS). The bytes
  * arrive bit for bit, whatever the dtype. Collective; blocks until the
  * vector is in recvbuf; on a communicator still being set up returns
  * HCOLL_IN_PROGRESS and does nothing. Thread-safe as hcoll_allreduce: calls
@@ -600,8 +615,10 @@ HCOLL_API hcoll_status_t hcoll_broadcast_async(hcoll_comm_t comm, const void *se
  * HCOLL_SUCCESS or the communicator's error: a rank that died makes the
  * others fail at once, a stopped one within HCOLL_LIVENESS_MS; a rank
  * alive but late is waited for up to HCOLL_OP_TIMEOUT_MS; a rank that
- * called another host collective in its place makes them fail with
- * HCOLL_ERR_MISMATCH (or HCOLL_ERR_PEER_FAILED, the reset that follows).
+ * called another host collective in its place makes every rank fail with
+ * HCOLL_ERR_MISMATCH, the communicator staying usable (with
+ * HCOLL_CHECK_ARGS=0: HCOLL_ERR_MISMATCH or HCOLL_ERR_PEER_FAILED, the
+ * reset that follows, and the failure is sticky).
  * Thread-safe as hcoll_allreduce.
  * hcoll_barrier_async: the same as a request in *req_out; it completes
  * once every rank has entered.
@@ -653,10 +670,10 @@ HCOLL_API hcoll_status_t hcoll_barrier_async(hcoll_comm_t comm, hcoll_request_t 
  * recvcount, dtype and op must be the same on every rank. Before any data
  * moves, the ranks compare the collective (reduce-scatter, all-gather),
  * recvcount, dtype and op (a PREMUL_SUM op counts as one op, whatever its
- * scalar): ranks that disagree fail alike with HCOLL_ERR_MISMATCH and the
- * communicator stays usable. A rank that calls another collective
- * (all-reduce, broadcast, barrier) at the same point fails, with the
- * others, with HCOLL_ERR_MISMATCH or another error, which is then sticky.
+ * scalar): ranks that disagree fail alike with HCOLL_ERR_MISMATCH, no
+ * recvbuf written, and the communicator stays usable; so does a rank that
+ * calls another host collective at the same point (hcoll_allreduce's
+ * "argument agreement"; with HCOLL_CHECK_ARGS=0 nothing is compared).
  * Collective; blocks until the result is in recvbuf; on a communicator still
  * being set up returns HCOLL_IN_PROGRESS and does nothing. Thread-safe as
  * hcoll_allreduce: calls on one communicator run one at a time, in the

@@ -128,6 +128,13 @@ static const hc_knob_t knobs[] = {
       "How long a verbs wait polls its completion queues without sleeping, microseconds, "
       "before it sleeps on a completion channel; a NIC's round trip is 2-5 us, a sleep's "
       "wake-up tens. 0: sleep at once (frees the core sooner, costs latency)." },
+    /* Cross-rank argument agreement (core/coll_agree.c). */
+    { "HCOLL_CHECK_ARGS", HC_KNOB_INT, "1", 0, 1, NULL, 0, 0, OFF(check_args),
+      "1: before any data moves, every host collective agrees across all ranks on its "
+      "arguments (collective, count, dtype, op, root, operation number) and on each rank "
+      "being able to take part, so that a mismatch or a failed registration fails that call "
+      "on every rank alike; costs one small all-reduce per call. 0: no check (ranks must "
+      "agree; a mismatch may then hang or mix data). Must be equal on every rank." },
 };
 
 #undef OFF

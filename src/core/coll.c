@@ -288,6 +288,7 @@ hcoll_status_t hc_coll_submit(hc_coll_t *co, const hc_coll_args_t *args, void *s
     hc_dev_op_t *dop = NULL;
     hc_coll_args_t a = *args;
     hcoll_status_t st;
+    a.user_op = args->op; /* the op the ranks agree on, before it resolves */
     /* This thread is the worker inside a completion callback: a blocking
      * call would wait for the requests queued behind the callback. */
     if (!req_out && hc_request_in_callback(co))
@@ -482,22 +483,27 @@ static const hc_iface_t *rail_iface(const struct hcoll_comm *c, int r)
 }
 
 /* Ranks that disagree on the latency threshold would run different stages
- * on the same call and hang until the deadline: refuse at init instead. */
-static hcoll_status_t small_bytes_agree(hc_coll_t *co)
+ * on the same call and hang until the deadline, and ranks that disagree on
+ * HCOLL_CHECK_ARGS would run the agreement against data: refuse at init
+ * instead. */
+static hcoll_status_t knobs_agree(hc_coll_t *co)
 {
     struct hcoll_comm *c = co->comm;
-    uint64_t mine = co->small_bytes;
-    uint64_t *all = calloc((size_t)c->nranks, sizeof *all);
+    static const char *const names[2] = { "HCOLL_SMALL_BYTES", "HCOLL_CHECK_ARGS" };
+    uint64_t mine[2] = { co->small_bytes, (uint64_t)co->check_args };
+    uint64_t(*all)[2] = calloc((size_t)c->nranks, sizeof *all);
     if (!all)
         return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_NO_MEMORY,
                           "no memory for the set-up exchange");
-    hcoll_status_t st = hc_boot_allgather(c->boot, &mine, all, sizeof mine);
+    hcoll_status_t st = hc_boot_allgather(c->boot, mine, all, sizeof mine);
     for (int r = 0; st == HCOLL_SUCCESS && r < c->nranks; r++)
-        if (all[r] != mine)
-            st = hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_MISMATCH,
-                            "HCOLL_SMALL_BYTES is %llu on rank %d but %llu on rank %d; it "
-                            "must be equal on every rank",
-                            (unsigned long long)all[r], r, (unsigned long long)mine, c->rank);
+        for (int k = 0; st == HCOLL_SUCCESS && k < 2; k++)
+            if (all[r][k] != mine[k])
+                st = hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_MISMATCH,
+                                "%s is %llu on rank %d but %llu on rank %d; it must be equal "
+                                "on every rank",
+                                names[k], (unsigned long long)all[r][k], r,
+                                (unsigned long long)mine[k], c->rank);
     free(all);
     return st;
 }
@@ -569,6 +575,7 @@ hcoll_status_t hc_coll_create(struct hcoll_comm *c)
     /* A piece holds PIECE_CHUNKS ring chunks per local rank's shard. */
     co->piece_bytes = (size_t)c->params.chunk_bytes * PIECE_CHUNKS * (size_t)c->local_size;
     co->small_bytes = (size_t)c->params.small_bytes;
+    co->check_args = c->params.check_args != 0;
     c->coll = co;
 
     if (c->rank == 0)
@@ -576,8 +583,8 @@ hcoll_status_t hc_coll_create(struct hcoll_comm *c)
                 hc_coll_plan_name(co->plan), c->nnodes, c->local_size,
                 c->uniform ? "" : ", unequal");
 
-    if (co->plan == HC_PLAN_INTRA || co->plan == HC_PLAN_3STAGE)
-        HC_CHECK(small_bytes_agree(co), out);
+    if (co->plan != HC_PLAN_SINGLE)
+        HC_CHECK(knobs_agree(co), out);
 
     if (co->plan == HC_PLAN_INTRA || co->plan == HC_PLAN_3STAGE) {
         /* A name unique to this communicator: rank 0 draws it for all. */

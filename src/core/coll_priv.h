@@ -10,7 +10,9 @@
 
 #include <pthread.h>
 #include <stddef.h>
+#include <stdint.h>
 
+#include "base/err.h"
 #include "boot/boot.h"
 #include "core/coll.h"
 #include "core/coll_dev.h"
@@ -63,6 +65,7 @@ struct hc_coll {
     struct hc_dissem *dissem; /* the barrier across nodes (barrier.c); NULL: none */
     uint64_t opseq;        /* operations executed, counted alike on every rank */
     void **rsag_blk;        /* a piece's blocks of sendbuf / recvbuf in that order */
+    int check_args;         /* HCOLL_CHECK_ARGS: the agreement before every host call */
 };
 
 /* Run one host-buffer operation of any kind as the executor (the caller
@@ -73,10 +76,29 @@ struct hc_coll {
 hcoll_status_t hc_coll_run(hc_coll_t *co, const hc_coll_args_t *a, hcoll_stage_times_t *times,
                            int *agreed_out);
 
-/* The broadcast's argument check alone (coll_run.c), which the device
- * broadcast runs before any data moves: one host all-reduce over every
- * rank; HCOLL_ERR_MISMATCH with *agreed_out = 1 when roots or sizes
- * differ. Its time adds to *times. */
+/* The agreement before any data moves (coll_run.c; coll_agree.c packs and
+ * judges): one host all-reduce (MAX) over every rank of each rank's
+ * fingerprint of a (collective, operation number, count, dtype, op, root)
+ * and its local verdict (HCOLL_SUCCESS, or why it cannot take part, already
+ * recorded). Every rank decides alike: HCOLL_SUCCESS, HCOLL_ERR_MISMATCH
+ * naming the field and two ranks that differ on it, or the status of a
+ * rank whose verdict failed; then *agreed_out = 1 (the data plane is idle
+ * and sound). Off (HCOLL_CHECK_ARGS=0) or one rank: returns verdict, with
+ * *agreed_out untouched. Its time adds to *times. */
+hcoll_status_t hc_coll_agree(hc_coll_t *co, const hc_coll_args_t *a, hcoll_status_t verdict,
+                             hcoll_stage_times_t *times, int *agreed_out);
+
+#define HC_AGREE_WORDS 15
+/* coll_agree.c: this rank's words; the decision over the words MAX-reduced
+ * over every rank (records the message, except for this rank's own failed
+ * verdict, which it returns as it is). */
+void hc_agree_pack(const hc_coll_args_t *a, uint64_t seq, int rank, hcoll_status_t verdict,
+                   int64_t w[HC_AGREE_WORDS]);
+hcoll_status_t hc_agree_judge(const int64_t w[HC_AGREE_WORDS], const hc_coll_args_t *a,
+                              uint64_t seq, int rank, hcoll_status_t verdict, hc_errbuf_t *err);
+
+/* The broadcast's argument check alone, which the device broadcast runs
+ * before any data moves: hc_coll_agree with a sound verdict. */
 hcoll_status_t hc_coll_bcast_agree(hc_coll_t *co, const hc_coll_args_t *a,
                                    hcoll_stage_times_t *times, int *agreed_out);
 

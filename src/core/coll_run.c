@@ -31,12 +31,14 @@
  * rail's ring has the same node order, so all ranks still end with the
  * same bits. The threshold must be equal on every rank (checked at init).
  *
- * Broadcast: first the arguments, then the vector.
+ * Every kind starts with the argument agreement (hc_coll_agree, packing
+ * in coll_agree.c): one all-reduce (MAX) of every rank's fingerprint and
+ * verdict, so ranks called differently, or one that could not register
+ * its buffer, fail alike before any data moves (not sticky: every rank saw
+ * the same words after a complete exchange). HCOLL_CHECK_ARGS=0: none.
  *
- *   check   one all-reduce (MAX) of {root, -root, bytes, -bytes}: ranks called
- *           with another root or size fail alike with HCOLL_ERR_MISMATCH
- *           instead of mixing data (not sticky: every rank saw the same
- *           extremes after a complete exchange)
+ * Broadcast: the agreement (root, bytes), then the vector.
+ *
  *   3stage  root's node          node B               node C
  *           RS: local rank i     ┌──────────┐         ┌──────────┐
  *           holds shard i ──rail i chain──► │ shard i ├──rail i──►│ shard i │
@@ -48,7 +50,8 @@
  *   ring, flat   the chain over all ranks, from the root
  *   intra   the all-reduce of the root's bytes and the others' zeros
  *
- * Barrier (barrier.c):
+ * Barrier: the agreement is the barrier (an all-reduce). Without it
+ * (barrier.c):
  *
  *   intra   the node's barrier (shared memory): every local rank entered
  *   dissem  local rank i: ceil(log2 N) rounds over rail i, signalling the
@@ -324,37 +327,35 @@ static hcoll_status_t bcast_3stage(hc_coll_t *co, const hc_coll_args_t *a, size_
     return st;
 }
 
+hcoll_status_t hc_coll_agree(hc_coll_t *co, const hc_coll_args_t *a, hcoll_status_t verdict,
+                             hcoll_stage_times_t *tm, int *agreed_out)
+{
+    struct hcoll_comm *c = co->comm;
+    if (!co->check_args || co->plan == HC_PLAN_SINGLE)
+        return verdict;
+    int64_t w[HC_AGREE_WORDS];
+    hc_agree_pack(a, co->opseq, c->rank, verdict, w);
+    hcoll_status_t st = allreduce_in_place(co, w, HC_AGREE_WORDS, HCOLL_INT64, HCOLL_MAX, tm);
+    if (st != HCOLL_SUCCESS)
+        return st;
+    st = hc_agree_judge(w, a, co->opseq, c->rank, verdict, &c->err);
+    if (st != HCOLL_SUCCESS)
+        *agreed_out = 1;
+    return st;
+}
+
 hcoll_status_t hc_coll_bcast_agree(hc_coll_t *co, const hc_coll_args_t *a,
                                    hcoll_stage_times_t *tm, int *agreed_out)
 {
-    struct hcoll_comm *c = co->comm;
-    const size_t bytes = a->count * hcoll_dtype_size(a->dtype);
-    /* Every rank learns the extremes of everyone's root and size: equal
-     * extremes mean equal arguments, so every rank decides alike. */
-    int64_t chk[4] = { a->root, -(int64_t)a->root, (int64_t)bytes, -(int64_t)bytes };
-    hcoll_status_t st = allreduce_in_place(co, chk, 4, HCOLL_INT64, HCOLL_MAX, tm);
-    if (st != HCOLL_SUCCESS)
-        return st;
-    if (chk[0] != -chk[1] || chk[2] != -chk[3]) {
-        *agreed_out = 1;
-        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_MISMATCH,
-                          "broadcast: ranks disagree on the arguments (roots from %lld to %lld, "
-                          "sizes from %lld to %lld bytes; this rank: root %d, %zu bytes)",
-                          (long long)-chk[1], (long long)chk[0], (long long)-chk[3],
-                          (long long)chk[2], a->root, bytes);
-    }
-    return HCOLL_SUCCESS;
+    return hc_coll_agree(co, a, HCOLL_SUCCESS, tm, agreed_out);
 }
 
 static hcoll_status_t run_broadcast(hc_coll_t *co, const hc_coll_args_t *a,
-                                    hcoll_stage_times_t *tm, int *agreed_out)
+                                    hcoll_stage_times_t *tm)
 {
     struct hcoll_comm *c = co->comm;
     const size_t bytes = a->count * hcoll_dtype_size(a->dtype);
     const int is_root = c->rank == a->root;
-    hcoll_status_t st = hc_coll_bcast_agree(co, a, tm, agreed_out);
-    if (st != HCOLL_SUCCESS)
-        return st;
     if (bytes == 0)
         return HCOLL_SUCCESS;
     if (is_root && a->sendbuf != a->recvbuf)
@@ -384,65 +385,86 @@ static hcoll_status_t run_broadcast(hc_coll_t *co, const hc_coll_args_t *a,
 /* Reduce-scatter and all-gather: the arguments, then coll_rsag.c             */
 /* ------------------------------------------------------------------------ */
 
-/* The op as ranks must agree on it: a built-in op, or "a PREMUL_SUM",
- * whose scalar may differ by rank. */
-static int64_t rsag_opcode(const hc_coll_args_t *a)
-{
-    if (a->kind != HC_COLL_REDUCE_SCATTER)
-        return -1;
-    return (int)a->user_op < HC_REDOP_BASE ? (int64_t)a->user_op : HC_REDOP_BASE;
-}
-
-/* One all-reduce (MAX) of the collective, count, dtype and op and their
- * negations, as the broadcast's check: unequal extremes mean that ranks
- * were called differently, and every rank returns HCOLL_ERR_MISMATCH
- * alike, before any data moved. */
-static hcoll_status_t run_rsag(hc_coll_t *co, const hc_coll_args_t *a, hcoll_stage_times_t *tm,
-                               int *agreed_out)
+/* This rank's side of the registrations an operation will need (verbs:
+ * the user's host buffers, registered per operation): pinned here, before
+ * the agreement, so that a failure (the locked-memory limit) is this
+ * rank's verdict and fails the call on every rank before anything moves,
+ * instead of failing the ring half-way. Only where the ring registers that
+ * whole range anyway (the ring and flat plans, the latency path, a
+ * broadcast's shard), so the operation's own registration hits the pinned
+ * entry and nothing more is locked. The three-stage pipeline registers a
+ * shard per piece as it goes, and a failure there still fails the
+ * communicator. pins[2] are set (NULL: nothing kept). */
+static hcoll_status_t pin_buffers(hc_coll_t *co, const hc_coll_args_t *a, hc_mr_t *pins[2])
 {
     struct hcoll_comm *c = co->comm;
-    const int64_t mine[4] = { a->kind, (int64_t)a->count, a->dtype, rsag_opcode(a) };
-    int64_t chk[8];
-    for (int i = 0; i < 4; i++) {
-        chk[2 * i] = mine[i];
-        chk[2 * i + 1] = -mine[i];
-    }
-    hcoll_status_t st = allreduce_in_place(co, chk, 8, HCOLL_INT64, HCOLL_MAX, tm);
-    if (st != HCOLL_SUCCESS)
-        return st;
-    for (int i = 0; i < 4; i++)
-        if (chk[2 * i] != -chk[2 * i + 1]) {
-            *agreed_out = 1;
-            return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_MISMATCH,
-                              "%s: ranks disagree on the arguments (collective %lld..%lld, "
-                              "count %lld..%lld, dtype %lld..%lld, op %lld..%lld; this rank: "
-                              "%lld, %zu, %s, %lld; collectives: %d reduce-scatter, %d "
-                              "all-gather)",
-                              a->kind == HC_COLL_REDUCE_SCATTER ? "reduce_scatter" : "allgather",
-                              (long long)-chk[1], (long long)chk[0], (long long)-chk[3],
-                              (long long)chk[2], (long long)-chk[5], (long long)chk[4],
-                              (long long)-chk[7], (long long)chk[6], (long long)a->kind,
-                              a->count, hcoll_dtype_name(a->dtype), (long long)mine[3],
-                              (int)HC_COLL_REDUCE_SCATTER, (int)HC_COLL_ALLGATHER);
+    pins[0] = pins[1] = NULL;
+    const size_t bytes = a->count * hcoll_dtype_size(a->dtype);
+    if (!co->ring || bytes == 0 || !co->check_args)
+        return HCOLL_SUCCESS;
+    unsigned char *base = a->recvbuf;
+    size_t len = bytes;
+    const void *send = NULL;
+    if (a->kind == HC_COLL_BROADCAST) {
+        if (!hc_ring_registers(co->ring, bytes, HCOLL_UINT8, -1))
+            return HCOLL_SUCCESS;
+        if (co->plan == HC_PLAN_3STAGE) { /* as run_broadcast cuts it */
+            const size_t es = bytes % 8 == 0 ? 8 : bytes % 4 == 0 ? 4 : 1;
+            size_t soff, slen;
+            hc_intra_shard(bytes / es, c->local_size, c->local_rank, &soff, &slen);
+            base += soff * es;
+            len = slen * es;
         }
-    memset(tm, 0, sizeof *tm); /* the check is not a stage */
-    return hc_coll_run_rsag(co, a, tm);
+    } else if (a->kind == HC_COLL_ALLREDUCE) {
+        if (co->plan == HC_PLAN_3STAGE && bytes > co->small_bytes)
+            return HCOLL_SUCCESS;
+        if (!hc_ring_registers(co->ring, a->count, a->dtype, HC_RING_PHASE_ALLREDUCE))
+            return HCOLL_SUCCESS;
+        /* The ring and flat plans send from sendbuf itself (unscaled). */
+        if (co->plan != HC_PLAN_3STAGE && !a->ro.scaled && a->sendbuf != a->recvbuf)
+            send = a->sendbuf;
+    } else {
+        return HCOLL_SUCCESS;
+    }
+    hcoll_status_t st = len ? hc_ring_mem_pin(co->ring, base, len, &pins[0]) : HCOLL_SUCCESS;
+    if (st == HCOLL_SUCCESS && send)
+        st = hc_ring_mem_pin(co->ring, (void *)send, bytes, &pins[1]);
+    return st;
+}
+
+static void unpin_buffers(hc_coll_t *co, hc_mr_t *pins[2])
+{
+    for (int i = 0; i < 2; i++)
+        if (pins[i])
+            hc_ring_mem_unpin(co->ring, pins[i]);
 }
 
 hcoll_status_t hc_coll_run(hc_coll_t *co, const hc_coll_args_t *a, hcoll_stage_times_t *tm,
                            int *agreed_out)
 {
     *agreed_out = 0;
-    if (a->kind == HC_COLL_ALLREDUCE)
-        return run_allreduce(co, a, tm);
     const double t0 = hc_now_us();
     memset(tm, 0, sizeof *tm);
-    hcoll_status_t st;
-    switch (a->kind) {
-    case HC_COLL_BROADCAST: st = run_broadcast(co, a, tm, agreed_out); break;
-    case HC_COLL_BARRIER: st = hc_coll_barrier(co, tm); break;
-    default: st = run_rsag(co, a, tm, agreed_out); break;
+    hc_mr_t *pins[2];
+    const hcoll_status_t verdict = pin_buffers(co, a, pins);
+    hcoll_status_t st = hc_coll_agree(co, a, verdict, tm, agreed_out);
+    if (st != HCOLL_SUCCESS) {
+        unpin_buffers(co, pins);
+        return st;
     }
+    memset(tm, 0, sizeof *tm); /* the check is not a stage */
+    switch (a->kind) {
+    case HC_COLL_ALLREDUCE: st = run_allreduce(co, a, tm); break;
+    case HC_COLL_BROADCAST: st = run_broadcast(co, a, tm); break;
+    case HC_COLL_BARRIER:
+        /* The agreement is itself a barrier: an all-reduce, which no rank
+         * leaves before every rank has entered it. */
+        st = co->check_args && co->plan != HC_PLAN_SINGLE ? HCOLL_SUCCESS
+                                                          : hc_coll_barrier(co, tm);
+        break;
+    default: st = hc_coll_run_rsag(co, a, tm); break;
+    }
+    unpin_buffers(co, pins);
     tm->total_us = hc_now_us() - t0;
     return st;
 }

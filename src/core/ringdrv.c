@@ -42,5 +42,10 @@ hcoll_status_t hc_ringdrv_run(struct hc_ring *ring, const hc_ringdrv_op_t *op,
             return st;
         st = hc_ring_progress(ring, HC_RINGDRV_POLL_MS, &done);
     }
+    /* A failure that an abort of this rank set off (its node's segment
+     * poisoned, a neighbour resetting in turn) is the abort. */
+    if (st != HCOLL_SUCCESS && atomic_load(env->aborted))
+        return hc_err_set(env->err, HC_COLL, env->rank, HCOLL_ERR_ABORTED,
+                          "communicator aborted during %s", env->stage);
     return st;
 }

@@ -215,6 +215,16 @@ hcoll_status_t hc_ring_live_status(hc_ring_t *ring);
 hcoll_status_t hc_ring_mem_pin(hc_ring_t *ring, void *base, size_t len, hc_mr_t **pin_out);
 void hc_ring_mem_unpin(hc_ring_t *ring, hc_mr_t *pin);
 
+/* 1 when an operation of count elements of dtype (phase: enum
+ * hc_ring_phase, or -1 for a broadcast chain) on host buffers would
+ * register them with a transport that can pin ranges beforehand
+ * (hc_ring_mem_pin; verbs): a caller that wants to know whether they can
+ * be registered before the operation starts pins them first, and the
+ * operation's own registrations then hit the pinned entry. 0: the
+ * operation registers nothing (gather mode copies into the ring's own
+ * region, TCP, a 1-rank ring, count 0). */
+int hc_ring_registers(const hc_ring_t *ring, size_t count, hcoll_dtype_t dtype, int phase);
+
 /* Test hook: the endpoint towards the next rank (NULL for a 1-rank ring). */
 hc_ep_t *hc_ring_debug_ep_next(hc_ring_t *ring);
 

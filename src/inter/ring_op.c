@@ -18,6 +18,27 @@
 /* Longest transport wait between two looks at the liveness links. */
 #define RING_LIVE_SLICE_MS 50
 
+/* The invariant of an operation's end, checked on its own (not through
+ * op_complete), so that an operation reported done early fails every test
+ * that runs a ring, TCP ones included, instead of passing wherever the
+ * transport happens to have drained already: every message of both phases
+ * sent and received, none of this rank's puts in flight, no slot of next's
+ * still owed a credit. A few compares per operation. */
+static hcoll_status_t op_drained(hc_ring_t *r)
+{
+    const ring_op_t *o = &r->op;
+    const size_t m = o->g.nmsg;
+    if (r->puts_out == 0 && r->nbusy == 0 && o->rs_next == m && o->rs_nrecv == m &&
+        o->ag_next == m && o->ag_nrecv == m)
+        return HCOLL_SUCCESS;
+    return hc_err_set(RING_ERRBUF(r), HC_NET, RING_LOGRANK(r), HCOLL_ERR_INTERNAL,
+                      "ring: operation %llu reported done with %zu put(s) in flight, %d "
+                      "credit(s) owed by next, messages sent %zu+%zu and received %zu+%zu of "
+                      "%zu per phase",
+                      (unsigned long long)r->seq, r->puts_out, r->nbusy, o->rs_next, o->ag_next,
+                      o->rs_nrecv, o->ag_nrecv, m);
+}
+
 static void op_finish(hc_ring_t *r)
 {
     ring_op_t *o = &r->op;
@@ -274,6 +295,19 @@ hcoll_status_t hc_ring_ag_start_device(hc_ring_t *r, void *buf, size_t count, hc
     return ring_start(r, buf, buf, count, dtype, HCOLL_SUM, 0, 1, HC_RING_PHASE_AG);
 }
 
+int hc_ring_registers(const hc_ring_t *r, size_t count, hcoll_dtype_t dtype, int phase)
+{
+    if (!r || r->n == 1 || count == 0 || !r->ops->mem_pin)
+        return 0;
+    if (phase != HC_RING_PHASE_ALLREDUCE)
+        return 1;
+    hc_ring_sched_t g;
+    const size_t trailer = sizeof(gather_trailer_t);
+    hc_ring_sched_plan(&g, r->n, count, hcoll_dtype_size(dtype), r->chunk_bytes,
+                       r->gvec >= trailer ? r->gvec - trailer : 0, 0);
+    return !g.gather;
+}
+
 /* No progress for the operation timeout: every neighbour is alive (the
  * liveness links say so), but at least one has not called it. */
 static hcoll_status_t op_timed_out(hc_ring_t *r)
@@ -408,6 +442,7 @@ hcoll_status_t hc_ring_progress(hc_ring_t *r, int wait_ms, int *done_out)
             HC_CHECK(hc_ring_on_comp(r, &comps[i]), out);
         HC_CHECK(hc_ring_send_ready(r), out);
     }
+    HC_CHECK(op_drained(r), out);
     op_finish(r);
     *done_out = 1;
     return HCOLL_SUCCESS;
