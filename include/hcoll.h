@@ -402,8 +402,9 @@ HCOLL_API hcoll_status_t hcoll_comm_get_async_error(hcoll_comm_t comm,
  * hcoll_comm_last_error: the text of the communicator's most recent error,
  * "" when there was none. With NULL: the most recent error of a call on
  * this thread that had no communicator yet (init, get_unique_id). The
- * string stays valid until the next failing call on the same communicator
- * (or thread). Thread-safe.
+ * string is a copy kept per calling thread: it stays valid, unchanged,
+ * until this thread calls hcoll_comm_last_error again, whatever other
+ * threads do. Thread-safe.
  */
 HCOLL_API const char *hcoll_comm_last_error(hcoll_comm_t comm);
 
