@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "base/err.h"
@@ -555,6 +556,61 @@ START_TEST(last_error_threads)
 }
 END_TEST
 
+
+/* A forked child of a rank: its calls on the parent's communicator fail
+ * with a message saying why, and its destroy leaves the parent's
+ * connections alone, so the parent's next collective over TCP still
+ * works (a goodbye or a shutdown from the child would break it). */
+static int rank_fork(int rank, int nranks, void *argp)
+{
+    shape_arg_t *a = argp;
+    hcoll_unique_id_t id;
+    hcoll_comm_t comm;
+    hcoll_config_t cfg = cfg_timeout(TIMEOUT_MS);
+    HCT_REQUIRE(hct_share_unique_id(&a->slot, rank, TIMEOUT_MS, &id) == 0, "no id");
+    HCT_OK(NULL, hcoll_comm_init(&comm, nranks, rank, &id, &cfg));
+    float v[256];
+    for (int i = 0; i < 256; i++)
+        v[i] = (float)(rank + 1);
+    if (rank == 0) {
+        pid_t pid = fork();
+        HCT_REQUIRE(pid >= 0, "fork");
+        if (pid == 0) {
+            alarm(20); /* a child stuck in the parent's communicator ends */
+            int bad = 0;
+            if (hcoll_allreduce(comm, v, v, 256, HCOLL_FLOAT32, HCOLL_SUM, NULL) !=
+                    HCOLL_ERR_INVALID_ARG ||
+                !strstr(hcoll_comm_last_error(comm), "forked child"))
+                bad |= 1;
+            if (hcoll_comm_destroy(comm) != HCOLL_ERR_INVALID_ARG)
+                bad |= 2;
+            if (hcoll_comm_abort(comm) != HCOLL_ERR_INVALID_ARG)
+                bad |= 4;
+            _exit(bad);
+        }
+        int status = 0;
+        waitpid(pid, &status, 0);
+        HCT_REQUIRE(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child: status %#x",
+                    status);
+    }
+    HCT_OK(comm, hcoll_allreduce(comm, v, v, 256, HCOLL_FLOAT32, HCOLL_SUM, NULL));
+    for (int i = 0; i < 256; i++)
+        HCT_REQUIRE(v[i] == 3.0f, "v[%d] = %g", i, (double)v[i]);
+    HCT_OK(comm, hcoll_comm_destroy(comm));
+    return 0;
+}
+
+START_TEST(fork_child_refused)
+{
+    shape_arg_t *a = hct_shared_alloc(sizeof *a);
+    a->rpn = 1;
+    hct_opts_t o = { .nranks = 2, .ranks_per_node = 1, .timeout_ms = 60000 };
+    hct_result_t res[2];
+    ck_assert_int_eq(hct_run(&o, rank_fork, a, res), 0);
+    hct_shared_free(a, sizeof *a);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------ */
 /* Abort                                                                      */
 /* ------------------------------------------------------------------------ */
@@ -700,6 +756,7 @@ int main(void)
     tcase_add_test(env, env_errors);
     tcase_add_test(env, api_arguments);
     tcase_add_test(env, last_error_threads);
+    tcase_add_test(env, fork_child_refused);
     suite_add_tcase(s, env);
 
     TCase *ab = tcase_create("abort");
