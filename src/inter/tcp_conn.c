@@ -31,16 +31,6 @@ static int set_nonblock(int fd, int on)
     return fcntl(fd, F_SETFL, on ? (fl | O_NONBLOCK) : (fl & ~O_NONBLOCK));
 }
 
-/* Buffer sizes must be set before listen/connect to affect window scaling. */
-void hc_tcp_set_bufs(const hc_transport_t *tr, int fd)
-{
-    if (tr->p.socket_buf) {
-        int v = (int)tr->p.socket_buf;
-        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &v, sizeof v);
-        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &v, sizeof v);
-    }
-}
-
 /* A silent link must surface within the deadline: TCP_USER_TIMEOUT bounds
  * unacknowledged data, keepalive probes an idle connection. */
 static void set_data_opts(const hc_transport_t *tr, int fd)

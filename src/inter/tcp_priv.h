@@ -2,7 +2,8 @@
  * The TCP transport's objects, shared by its files and by nothing else:
  *
  *   tcp.c       the instance: create, regions, destroy, the ops table
- *   tcp_conn.c  connection set-up: socket options, dial + hello, accept
+ *   tcp_conn.c  connection set-up: endpoints, socket options, watching
+ *   tcp_hello.c dialling and accepting in one loop, the authenticated hello
  *   tcp_ep.c    the data path: send queues, frame parsing, progress, poll
  *
  * The calls go one way, tcp.c -> tcp_conn.c / tcp_ep.c; what all three
@@ -14,6 +15,7 @@
 #include <netinet/in.h>
 #include <stdio.h>
 #include <sys/epoll.h>
+#include <sys/socket.h>
 
 #include "inter/tcp.h"
 
@@ -147,6 +149,17 @@ static inline void hc_tcp_sock_unwatch(hc_transport_t *tr, tcp_sock_t *s)
     }
 }
 
+/* SO_SNDBUF/SO_RCVBUF from the parameters; before listen/connect, as they
+ * decide window scaling. */
+static inline void hc_tcp_set_bufs(const hc_transport_t *tr, int fd)
+{
+    if (tr->p.socket_buf) {
+        int v = (int)tr->p.socket_buf;
+        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &v, sizeof v);
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &v, sizeof v);
+    }
+}
+
 static inline hc_mr_t *hc_tcp_mr_find(hc_transport_t *tr, uint64_t id)
 {
     /* Most-recent first; a ring holds a handful of regions. A send-only
@@ -162,9 +175,6 @@ int hc_tcp_random(void *buf, size_t len);
 
 /* ---- tcp_conn.c: connection set-up -------------------------------------- */
 
-/* SO_SNDBUF/SO_RCVBUF from the parameters; before listen/connect, as they
- * decide window scaling. */
-void hc_tcp_set_bufs(const hc_transport_t *tr, int fd);
 
 /* connect() of the ops table. */
 hcoll_status_t hc_tcp_connect(hc_transport_t *tr, const int *peers, int npeers,
