@@ -35,6 +35,7 @@
 #include "base/config.h"
 #include "base/err.h"
 #include "base/reduce.h"
+#include "boot/hmac.h"
 #include "inter/ring.h"
 #include "inter/tcp.h"
 
@@ -169,6 +170,9 @@ static int run_rank(shared_t *sh, int rank, int n, size_t bytes, int iters, int 
         .allgather = allgather,
         .ag_ctx = &ag,
     };
+    static const unsigned char key[HC_TP_KEY_BYTES] = "ring_bench's data hello key";
+    p.tp.auth_key = key;
+    p.tp.mac = hc_hmac_sha256;
     hc_ring_t *ring;
     if (hc_ring_create(&p, &ring) != HCOLL_SUCCESS) {
         fprintf(stderr, "rank %d: %s\n", rank, eb.msg);

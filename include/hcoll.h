@@ -19,6 +19,10 @@
  *     at once. One communicator's calls are serialised by the caller, except
  *     hcoll_comm_abort, hcoll_comm_get_async_error, hcoll_comm_last_error and
  *     the rank/size queries, which may be called from any thread at any time.
+ *   - fork: a communicator belongs to the process that created it. In a
+ *     forked child, every call on it (destroy and abort included) fails with
+ *     HCOLL_ERR_INVALID_ARG and leaves the parent's connections, threads and
+ *     segments alone; the child may create communicators of its own.
  *   - Configuration comes from an hcoll_config_t (explicit fields win), then
  *     the HCOLL_* environment variables, then built-in defaults; run
  *     `hcoll_info --env` for the full list.
@@ -402,8 +406,9 @@ HCOLL_API hcoll_status_t hcoll_comm_get_async_error(hcoll_comm_t comm,
  * hcoll_comm_last_error: the text of the communicator's most recent error,
  * "" when there was none. With NULL: the most recent error of a call on
  * this thread that had no communicator yet (init, get_unique_id). The
- * string stays valid until the next failing call on the same communicator
- * (or thread). Thread-safe.
+ * string is a copy kept per calling thread: it stays valid, unchanged,
+ * until this thread calls hcoll_comm_last_error again, whatever other
+ * threads do. Thread-safe.
  */
 HCOLL_API const char *hcoll_comm_last_error(hcoll_comm_t comm);
 

@@ -9,12 +9,16 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include "base/err.h"
+#include "base/log.h"
 #include "boot/boot.h"
 #include "common/ranks.h"
 #include "core/comm.h"
@@ -488,6 +492,125 @@ START_TEST(api_arguments)
 }
 END_TEST
 
+
+/* hcoll_comm_last_error from other threads while failing calls rewrite
+ * the message: every string read is one whole message, never a mix. The
+ * writer records at INFO (hc_err_repeat) so the log stays quiet. */
+typedef struct lasterr_arg {
+    hcoll_comm_t comm;
+    atomic_int stop;
+    long reads, torn;
+} lasterr_arg_t;
+
+static void *lasterr_reader(void *p)
+{
+    lasterr_arg_t *a = p;
+    long reads = 0, torn = 0;
+    while (!atomic_load(&a->stop)) {
+        const char *m = hcoll_comm_last_error(a->comm);
+        const char *body = strstr(m, ": ");
+        reads++;
+        if (!m[0])
+            continue;
+        if (!body) {
+            torn++;
+            continue;
+        }
+        body += 2;
+        size_t n = strlen(body);
+        if (n != 300 || strspn(body, body[0] == 'a' ? "a" : "b") != n)
+            torn++;
+        /* The string stays put while other threads write. */
+        char first = body[0];
+        for (int k = 0; k < 50; k++)
+            if (body[299] != first)
+                torn++;
+    }
+    __atomic_fetch_add(&a->reads, reads, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&a->torn, torn, __ATOMIC_RELAXED);
+    return NULL;
+}
+
+START_TEST(last_error_threads)
+{
+    hcoll_unique_id_t id;
+    lasterr_arg_t a = { 0 };
+    ck_assert_int_eq(hcoll_get_unique_id(&id), HCOLL_SUCCESS);
+    ck_assert_int_eq(hcoll_comm_init(&a.comm, 1, 0, &id, NULL), HCOLL_SUCCESS);
+    char msg[2][301];
+    memset(msg[0], 'a', 300);
+    memset(msg[1], 'b', 300);
+    msg[0][300] = msg[1][300] = '\0';
+    pthread_t th[3];
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(pthread_create(&th[i], NULL, lasterr_reader, &a), 0);
+    for (int i = 0; i < 200000; i++)
+        hc_err_repeat(&a.comm->err, HC_COLL, 0, HCOLL_ERR_INVALID_ARG, "%s", msg[i & 1]);
+    atomic_store(&a.stop, 1);
+    for (int i = 0; i < 3; i++)
+        pthread_join(th[i], NULL);
+    ck_assert_msg(a.torn == 0, "%ld of %ld reads saw a torn or changing message", a.torn,
+                  a.reads);
+    ck_assert_int_gt(a.reads, 0);
+    ck_assert_int_eq(hcoll_comm_destroy(a.comm), HCOLL_SUCCESS);
+}
+END_TEST
+
+
+/* A forked child of a rank: its calls on the parent's communicator fail
+ * with a message saying why, and its destroy leaves the parent's
+ * connections alone, so the parent's next collective over TCP still
+ * works (a goodbye or a shutdown from the child would break it). */
+static int rank_fork(int rank, int nranks, void *argp)
+{
+    shape_arg_t *a = argp;
+    hcoll_unique_id_t id;
+    hcoll_comm_t comm;
+    hcoll_config_t cfg = cfg_timeout(TIMEOUT_MS);
+    HCT_REQUIRE(hct_share_unique_id(&a->slot, rank, TIMEOUT_MS, &id) == 0, "no id");
+    HCT_OK(NULL, hcoll_comm_init(&comm, nranks, rank, &id, &cfg));
+    float v[256];
+    for (int i = 0; i < 256; i++)
+        v[i] = (float)(rank + 1);
+    if (rank == 0) {
+        pid_t pid = fork();
+        HCT_REQUIRE(pid >= 0, "fork");
+        if (pid == 0) {
+            alarm(20); /* a child stuck in the parent's communicator ends */
+            int bad = 0;
+            if (hcoll_allreduce(comm, v, v, 256, HCOLL_FLOAT32, HCOLL_SUM, NULL) !=
+                    HCOLL_ERR_INVALID_ARG ||
+                !strstr(hcoll_comm_last_error(comm), "forked child"))
+                bad |= 1;
+            if (hcoll_comm_destroy(comm) != HCOLL_ERR_INVALID_ARG)
+                bad |= 2;
+            if (hcoll_comm_abort(comm) != HCOLL_ERR_INVALID_ARG)
+                bad |= 4;
+            _exit(bad);
+        }
+        int status = 0;
+        waitpid(pid, &status, 0);
+        HCT_REQUIRE(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child: status %#x",
+                    status);
+    }
+    HCT_OK(comm, hcoll_allreduce(comm, v, v, 256, HCOLL_FLOAT32, HCOLL_SUM, NULL));
+    for (int i = 0; i < 256; i++)
+        HCT_REQUIRE(v[i] == 3.0f, "v[%d] = %g", i, (double)v[i]);
+    HCT_OK(comm, hcoll_comm_destroy(comm));
+    return 0;
+}
+
+START_TEST(fork_child_refused)
+{
+    shape_arg_t *a = hct_shared_alloc(sizeof *a);
+    a->rpn = 1;
+    hct_opts_t o = { .nranks = 2, .ranks_per_node = 1, .timeout_ms = 60000 };
+    hct_result_t res[2];
+    ck_assert_int_eq(hct_run(&o, rank_fork, a, res), 0);
+    hct_shared_free(a, sizeof *a);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------ */
 /* Abort                                                                      */
 /* ------------------------------------------------------------------------ */
@@ -632,6 +755,8 @@ int main(void)
     tcase_add_test(env, env_launchers);
     tcase_add_test(env, env_errors);
     tcase_add_test(env, api_arguments);
+    tcase_add_test(env, last_error_threads);
+    tcase_add_test(env, fork_child_refused);
     suite_add_tcase(s, env);
 
     TCase *ab = tcase_create("abort");

@@ -149,7 +149,7 @@ START_TEST(create_fails_cleanly)
     hc_errbuf_t eb;
     hc_errbuf_init(&eb);
     hc_transport_params_t p = { 0, 2, "127.0.0.1", NULL, 0, 0, 1000, 1, 0, &eb, 0, -1, NULL, NULL,
-                                NULL };
+                                NULL, NULL, NULL };
     hc_transport_t *tr = NULL;
     /* No settings: refused before anything is touched. */
     ck_assert_int_eq(hc_ib_ops.create(&p, &tr), HCOLL_ERR_INVALID_ARG);

@@ -25,6 +25,7 @@
 #include "common/ranks.h"
 #include "base/err.h"
 #include "base/reduce.h"
+#include "boot/hmac.h"
 #include "inter/ring.h"
 #include "inter/ring_sched.h"
 #include "inter/tcp.h"
@@ -67,6 +68,8 @@ static hcoll_status_t shm_allgather(void *ctx, const void *mine, void *all, size
 }
 
 static hc_errbuf_t eb; /* one per forked rank */
+/* The data connections' hello key (a communicator passes its own). */
+static const unsigned char tp_key[HC_TP_KEY_BYTES] = "test_ring's data hello key";
 
 static hcoll_status_t ring_up(int rank, int n, ag_ctx_t *ag, uint64_t chunk, int nslots,
                               int nsocks, int timeout_ms, hc_ring_t **ring_out)
@@ -82,6 +85,8 @@ static hcoll_status_t ring_up(int rank, int n, ag_ctx_t *ag, uint64_t chunk, int
         .allgather = shm_allgather,
         .ag_ctx = ag,
     };
+    p.tp.auth_key = tp_key;
+    p.tp.mac = hc_hmac_sha256;
     return hc_ring_create(&p, ring_out);
 }
 
@@ -720,6 +725,8 @@ static int rank_live(int rank, int n, void *arg)
         .op_timeout_ms = -1,
         .liveness_ms = LIVE_MS,
     };
+    p.tp.auth_key = tp_key;
+    p.tp.mac = hc_hmac_sha256;
     hc_ring_t *ring;
     HCT_REQUIRE(hc_ring_create(&p, &ring) == HCOLL_SUCCESS, "create: %s", eb.msg);
     beater_t b = { ring, 0 };

@@ -18,11 +18,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "common/ranks.h"
 #include "base/reduce.h"
 #include "intra/intra.h"
+#include "intra/shm.h"
 
 #define TSHM_MAXL 8
 #define TEST_TIMEOUT_S 120
@@ -964,6 +967,91 @@ START_TEST(bad_arguments)
 }
 END_TEST
 
+
+/* ---- a segment left by ranks that all died while creating it ---------- */
+
+static void die_at_created(const char *point)
+{
+    if (strcmp(point, "created") == 0)
+        raise(SIGKILL);
+}
+
+static void pause_at_created(const char *point)
+{
+    if (strcmp(point, "created") == 0)
+        for (;;)
+            pause();
+}
+
+static hcoll_status_t failing_allgather(void *ctx, const void *mine, void *all, size_t len)
+{
+    (void)ctx, (void)mine, (void)all, (void)len;
+    return HCOLL_ERR_TIMEOUT;
+}
+
+/* Local rank 0 of 2 creating `name`; its partner never comes. */
+static hcoll_status_t create_alone(const char *name, hc_errbuf_t *eb)
+{
+    hc_errbuf_init(eb);
+    hc_intra_params_t p = { .local_rank = 0, .local_size = 2, .name = name,
+                            .chunk_bytes = 4096, .timeout_ms = 2000, .errbuf = eb,
+                            .allgather = failing_allgather };
+    hc_intra_t *ctx = NULL;
+    return hc_intra_shm_ops.create(&p, &ctx);
+}
+
+static pid_t create_in_child(const char *name, void (*hook)(const char *))
+{
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        hc_errbuf_t eb;
+        hc_shm_test_hook = hook;
+        alarm(30);
+        create_alone(name, &eb);
+        _exit(3); /* the hook never let create return */
+    }
+    return pid;
+}
+
+static int shm_exists(const char *name)
+{
+    char path[128];
+    snprintf(path, sizeof path, "/dev/shm%s", name);
+    return access(path, F_OK) == 0;
+}
+
+/* Rank 0 SIGKILLed right after creating its segment (its partner gone
+ * too): the name is left in /dev/shm. The next create on the node removes
+ * it, and leaves alone the segment of a creator that is still alive. */
+START_TEST(leftover_segment_reaped)
+{
+    char dead[64], alive[64], next[64];
+    snprintf(dead, sizeof dead, "/hcoll-test-%d-dead", (int)getpid());
+    snprintf(alive, sizeof alive, "/hcoll-test-%d-alive", (int)getpid());
+    snprintf(next, sizeof next, "/hcoll-test-%d-next", (int)getpid());
+    int status;
+    pid_t a = create_in_child(dead, die_at_created);
+    ck_assert_int_eq(waitpid(a, &status, 0), a);
+    ck_assert(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+    ck_assert_msg(shm_exists(dead), "the kill left no segment: the test tests nothing");
+    pid_t b = create_in_child(alive, pause_at_created);
+    for (int i = 0; i < 500 && !shm_exists(alive); i++)
+        usleep(10000);
+    ck_assert(shm_exists(alive));
+    usleep(50000); /* its header is written before the hook runs */
+    hc_errbuf_t eb;
+    ck_assert_int_eq(create_alone(next, &eb), HCOLL_ERR_TIMEOUT);
+    ck_assert_msg(!shm_exists(dead), "the dead creator's segment is still there");
+    ck_assert_msg(shm_exists(alive), "a live creator's segment was removed");
+    ck_assert(!shm_exists(next));
+    kill(b, SIGKILL);
+    waitpid(b, &status, 0);
+    shm_unlink(alive);
+    shm_unlink(dead);
+}
+END_TEST
+
 static Suite *shm_suite(void)
 {
     Suite *s = suite_create("shm");
@@ -990,6 +1078,7 @@ static Suite *shm_suite(void)
     tcase_add_test(tc, silent_rank_times_out);
     tcase_add_test(tc, frozen_rank_vs_late_rank);
     tcase_add_test(tc, abort_from_another_thread);
+    tcase_add_test(tc, leftover_segment_reaped);
     suite_add_tcase(s, tc);
     return s;
 }

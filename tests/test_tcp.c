@@ -24,6 +24,7 @@
 #include "common/seam.h"
 #include "base/config.h"
 #include "base/err.h"
+#include "boot/hmac.h"
 #include "inter/tcp.h"
 #include "inter/transport.h"
 
@@ -57,6 +58,8 @@ static hcoll_status_t shm_allgather(void *ctx, const void *mine, void *all, size
 }
 
 static hc_errbuf_t eb; /* per forked rank */
+/* The data connections' hello key (a communicator passes its own). */
+static const unsigned char tp_key[HC_TP_KEY_BYTES] = "test_tcp's data hello key";
 
 static hc_transport_params_t tparams(int rank, int n, int nsocks, int timeout_ms)
 {
@@ -64,7 +67,7 @@ static hc_transport_params_t tparams(int rank, int n, int nsocks, int timeout_ms
     snprintf(addr[rank], sizeof addr[rank], "127.0.0.%d", rank + 1);
     hc_errbuf_init(&eb);
     hc_transport_params_t p = { rank, n, addr[rank], "lo", rank, rank, timeout_ms, nsocks, 0,
-                                &eb, 0, -1, NULL, NULL, NULL };
+                                &eb, 0, -1, NULL, NULL, NULL, tp_key, hc_hmac_sha256 };
     return p;
 }
 
@@ -312,7 +315,7 @@ START_TEST(test_bad_bind)
     hc_errbuf_t e;
     hc_errbuf_init(&e);
     hc_transport_params_t p = { 0, 2, "not-an-ip", "lo", 0, 0, 1000, 1, 0, &e, 0, -1, NULL, NULL,
-                                NULL };
+                                NULL, tp_key, hc_hmac_sha256 };
     hc_transport_t *tr = NULL;
     ck_assert_int_eq(hc_tcp_ops.create(&p, &tr), HCOLL_ERR_INVALID_ARG);
     ck_assert_ptr_null(tr);

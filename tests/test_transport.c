@@ -47,6 +47,7 @@
 #include "base/config.h"
 #include "base/err.h"
 #include "base/log.h"
+#include "boot/hmac.h"
 #include "hc_build.h"
 #include "inter/transport.h"
 
@@ -86,6 +87,9 @@ static hc_errbuf_t eb; /* per forked rank */
  * transport reads the same environment itself); the rest is the test's:
  * TCP ranks on 127.0.0.<rank+1>, the emulated verbs ranks all on NIC 0.
  */
+/* The data connections' hello key (a communicator passes its own). */
+static const unsigned char tp_key[HC_TP_KEY_BYTES] = "test_transport's data hello key";
+
 static hcoll_status_t tp_params(const tp_kind_t *k, int rank, int n, int timeout_ms,
                                 hc_transport_params_t *p_out)
 {
@@ -111,6 +115,8 @@ static hcoll_status_t tp_params(const tp_kind_t *k, int rank, int n, int timeout
         .gpu = -1,
         .peer_ranks = NULL,
         .settings = &knobs,
+        .auth_key = tp_key,
+        .mac = hc_hmac_sha256,
     };
     *p_out = p;
     return HCOLL_SUCCESS;

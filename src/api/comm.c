@@ -17,6 +17,15 @@
  * the very thread that runs it. */
 static hcoll_status_t refuse_in_callback(hcoll_comm_t comm, const char *what)
 {
+    /* In a forked child, tearing down would shut the parent's sockets,
+     * send its goodbyes, unlink its segments and join threads that do not
+     * exist here: the child leaves the communicator alone (its copy of the
+     * memory goes with the child). */
+    if (hc_comm_forked(comm))
+        return hc_err_set(&comm->err, HC_INIT, comm->rank, HCOLL_ERR_INVALID_ARG,
+                          "%s in a forked child (pid %d) of the communicator's process %d: "
+                          "refused, the parent's connections are left alone",
+                          what, (int)getpid(), comm->owner_pid);
     const void *owner = hc_request_callback_owner();
     if (owner && owner == (const void *)comm->coll)
         return hc_err_set(&comm->err, HC_INIT, comm->rank, HCOLL_ERR_INVALID_ARG,

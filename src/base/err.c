@@ -63,8 +63,14 @@ hcoll_status_t hc_err_repeat(hc_errbuf_t *eb, unsigned subsys, int rank, hcoll_s
 
 const char *hc_errbuf_get(hc_errbuf_t *eb)
 {
-    /* The caller reads eb->msg after we unlock; the buffer is never freed
-     * while the communicator lives and is only rewritten by a later failing
-     * call, which the API documents as ending the string's validity. */
-    return eb->msg;
+    /* A copy taken under the lock, one per thread: eb->msg itself may be
+     * rewritten by a failing call on another thread while the caller reads
+     * (hcoll_comm_last_error is callable from any thread at any time), and
+     * a torn message would be worse than an old one. */
+    static __thread char copy[HC_ERRMSG_MAX];
+    pthread_mutex_lock(&eb->lock);
+    memcpy(copy, eb->msg, sizeof copy);
+    pthread_mutex_unlock(&eb->lock);
+    copy[sizeof copy - 1] = '\0';
+    return copy;
 }

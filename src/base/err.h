@@ -41,7 +41,8 @@ hcoll_status_t hc_err_set(hc_errbuf_t *eb, unsigned subsys, int rank, hcoll_stat
 hcoll_status_t hc_err_repeat(hc_errbuf_t *eb, unsigned subsys, int rank, hcoll_status_t st,
                              const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
-/* Copy of the current message (for returning a stable pointer). */
+/* The current message, copied under eb's lock into a buffer of the calling
+ * thread's, valid until that thread's next hc_errbuf_get. */
 const char *hc_errbuf_get(hc_errbuf_t *eb);
 
 #define HC_CHECK(expr, label)                                                 \

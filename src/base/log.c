@@ -98,7 +98,10 @@ static void log_init(void)
     if (g_log.level > HC_LOG_NONE && log_knob("HCOLL_DEBUG_FILE", &v) && v.str[0]) {
         char path[4096];
         expand_path(v.str, path, sizeof path);
-        int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+        /* Owner-only (messages name hosts, ports and peers), and never
+         * through a symbolic link: on a shared /tmp another user could
+         * plant one at the name to have us append to a file of theirs. */
+        int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
         if (fd < 0)
             init_warn("HCOLL_DEBUG_FILE: cannot open '%s': %s; logging to stderr", path,
                       strerror(errno));

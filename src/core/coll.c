@@ -44,6 +44,7 @@
 #include "base/reduce.h"
 #include "inter/ring.h"
 #include "intra/intra.h"
+#include "boot/hmac.h" /* the data connections' hello MAC */
 
 /* HCOLL_OP_TIMEOUT_MS as the backends take it: 0 (no limit) is < 0 there. */
 static int op_timeout(const struct hcoll_comm *c)
@@ -547,6 +548,8 @@ static hcoll_status_t ring_setup(hc_coll_t *co, int nmembers, int position)
             .peer_ranks = co->ring_ag.members, /* position -> rank, for messages */
             .settings = &c->params,
             .cancel_fd = &c->cancel_fd, /* abort/destroy during a non-blocking init */
+            .auth_key = c->key,         /* TCP's hello (tcp_hello.c) */
+            .mac = hc_hmac_sha256,
         },
         .chunk_bytes = c->params.chunk_bytes,
         .nslots = 0,

@@ -208,6 +208,12 @@ void hc_comm_abort(struct hcoll_comm *c)
 
 hcoll_status_t hc_comm_ready(struct hcoll_comm *c, const char *what)
 {
+    if (hc_comm_forked(c))
+        return hc_err_set(&c->err, HC_INIT, c->rank, HCOLL_ERR_INVALID_ARG,
+                          "%s: this communicator belongs to process %d, not to its forked "
+                          "child %d (the connections and threads are the parent's); create "
+                          "a new communicator in the child",
+                          what, c->owner_pid, (int)getpid());
     hcoll_status_t st = (hcoll_status_t)atomic_load_explicit(&c->setup_state,
                                                              memory_order_acquire);
     /* Not an error: polling callers would fill the log at WARN. */
@@ -324,6 +330,7 @@ static hcoll_status_t comm_new(hc_comm_init_t *ia, const hcoll_config_t *config,
     }
     hc_errbuf_init(&c->err);
     hc_redop_table_init(c);
+    c->owner_pid = (int)getpid();
     c->rank = ia->rank;
     c->nranks = ia->nranks;
     c->authenticated = ia->authenticated;

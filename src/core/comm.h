@@ -26,6 +26,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <unistd.h>
 
 #include "boot/boot.h"
 #include "base/config.h"
@@ -107,7 +108,19 @@ struct hcoll_comm {
     struct hc_premul *premul; /* [npremul] slots */
     int npremul;
     unsigned op_tag;          /* tells this communicator's handles from others' */
+
+    /* The process that created it. A forked child inherits the memory but
+     * not the threads, and shares the sockets and segments with the
+     * parent: it must neither use nor tear down any of them. */
+    int owner_pid;
 };
+
+/* 1 in a process forked from the one that created c (hc_comm_ready and
+ * destroy/abort refuse there). */
+static inline int hc_comm_forked(const struct hcoll_comm *c)
+{
+    return (int)getpid() != c->owner_pid;
+}
 
 /* Rank with local rank `local` on node `node`, or -1 when there is none. */
 int hc_comm_rank_at(const struct hcoll_comm *c, int node, int local);

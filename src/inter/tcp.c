@@ -5,9 +5,10 @@
  * connection set-up is in tcp_conn.c, the data path (the drawing of a put)
  * in tcp_ep.c, the wire frame in tcp.h.
  *
- * A registered region is a name, not a pinning: its id travels in the
- * rkey, and a receiver checks every frame's target against the region's
- * bounds before writing a byte.
+ * A registered region is a name, not a pinning: its random id travels in
+ * the rkey, and a receiver checks every frame's target against the
+ * region's bounds before writing a byte; a region registered without an
+ * rkey (only sent from) has no id a frame can name.
  */
 #include "inter/tcp_priv.h"
 #include "base/clock.h"
@@ -16,7 +17,6 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -31,7 +31,6 @@ static hcoll_status_t tcp_create(const hc_transport_params_t *params, hc_transpo
                           "tcp: out of memory creating the transport");
     tr->p = *params;
     tr->listen_fd = tr->epfd = -1;
-    tr->next_mr_id = 1;
     if (tr->p.nsocks_perpeer < 1)
         tr->p.nsocks_perpeer = 1;
     if (tr->p.timeout_ms < 1)
@@ -47,10 +46,23 @@ static hcoll_status_t tcp_create(const hc_transport_params_t *params, hc_transpo
                          "bind address '%s' is not an IPv4 address", tr->bind_addr);
         goto clean_tr;
     }
-    if (getrandom(&tr->token, sizeof tr->token, 0) != (ssize_t)sizeof tr->token)
-        tr->token = ((uint64_t)getpid() << 32) ^ (uint64_t)(hc_now_ms() * 1e3);
+    if (!params->auth_key || !params->mac) {
+        st = hc_tcp_fail(tr, HCOLL_ERR_INVALID_ARG,
+                         "no key for the data connections' hello (auth_key and mac)");
+        goto clean_tr;
+    }
+    /* No weaker source if the kernel has none: a guessable token or nonce
+     * is worse than a clear failure. */
+    if (hc_tcp_random(&tr->token, sizeof tr->token) != 0) {
+        st = hc_tcp_fail(tr, HCOLL_ERR_SYSTEM, "getrandom: %s", strerror(errno));
+        goto clean_tr;
+    }
+    /* A key of its own, so that a hello's MAC is no MAC of the bootstrap. */
+    tr->mac = params->mac;
+    tr->mac(params->auth_key, HC_TP_KEY_BYTES, "hcoll-tcp-hello-v1", 18, tr->hkey);
+    tr->p.auth_key = NULL;
 
-    tr->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    tr->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (tr->listen_fd < 0) {
         st = hc_tcp_fail(tr, HCOLL_ERR_SYSTEM, "socket: %s", strerror(errno));
         goto clean_tr;
@@ -82,6 +94,7 @@ static hcoll_status_t tcp_create(const hc_transport_params_t *params, hc_transpo
 clean_socket:
     close(tr->listen_fd);
 clean_tr:
+    explicit_bzero(tr->hkey, sizeof tr->hkey);
     free(tr);
     return st;
 }
@@ -101,14 +114,26 @@ static hcoll_status_t tcp_mr_reg(hc_transport_t *tr, void *base, size_t len, hc_
     hc_mr_t *mr = calloc(1, sizeof *mr);
     if (!mr)
         return hc_tcp_fail(tr, HCOLL_ERR_NO_MEMORY, "out of memory registering %zu bytes", len);
-    /* Ids are never reused, so a stale key can never hit a newer region. */
-    mr->id = tr->next_mr_id++;
+    /* A random key, unique among this instance's regions: a peer that
+     * guesses (or remembers a deregistered key) hits no region. Without
+     * rkey_out the region is only sent from and no frame may target it. */
+    mr->remote = rkey_out != NULL;
+    while (mr->remote && (mr->id == 0 || hc_tcp_mr_find(tr, mr->id))) {
+        if (hc_tcp_random(&mr->id, sizeof mr->id) != 0) {
+            int err = errno;
+            free(mr);
+            return hc_tcp_fail(tr, HCOLL_ERR_SYSTEM, "getrandom for a region key: %s",
+                               strerror(err));
+        }
+    }
     mr->base = base;
     mr->len = len;
     mr->next = tr->mrs;
     tr->mrs = mr;
-    rkey_out->w[0] = mr->id;
-    rkey_out->w[1] = len;
+    if (rkey_out) {
+        rkey_out->w[0] = mr->id;
+        rkey_out->w[1] = len;
+    }
     *mr_out = mr;
     return HCOLL_SUCCESS;
 }
@@ -160,6 +185,7 @@ static void tcp_destroy(hc_transport_t *tr, int graceful)
     hc_compq_free(&tr->cq);
     close(tr->epfd);
     close(tr->listen_fd);
+    explicit_bzero(tr->hkey, sizeof tr->hkey);
     free(tr);
 }
 

@@ -2,7 +2,8 @@
  * The TCP transport's objects, shared by its files and by nothing else:
  *
  *   tcp.c       the instance: create, regions, destroy, the ops table
- *   tcp_conn.c  connection set-up: socket options, dial + hello, accept
+ *   tcp_conn.c  connection set-up: endpoints, socket options, watching
+ *   tcp_hello.c dialling and accepting in one loop, the authenticated hello
  *   tcp_ep.c    the data path: send queues, frame parsing, progress, poll
  *
  * The calls go one way, tcp.c -> tcp_conn.c / tcp_ep.c; what all three
@@ -14,6 +15,7 @@
 #include <netinet/in.h>
 #include <stdio.h>
 #include <sys/epoll.h>
+#include <sys/socket.h>
 
 #include "inter/tcp.h"
 
@@ -29,20 +31,39 @@ typedef struct tcp_addr {
     uint32_t ip;     /* network order */
     uint32_t port;   /* host order */
     uint32_t rank;
-    uint64_t token;  /* random per instance: proves a dialer saw this blob */
+    uint64_t token;  /* random per instance: names the instance a hello is for */
 } tcp_addr_t;
 
-/* First bytes a dialer sends. */
+/* The hello (tcp_hello.c): dialer -> acceptor, acceptor -> dialer, dialer
+ * -> acceptor; fixed sizes, host byte order as the frames. */
+#define HC_TCP_NONCE 16
+#define HC_TCP_CHAL_MAGIC 0x48434348u /* "HCCH" */
+#define HC_TCP_RESP_MAGIC 0x48435253u /* "HCRS" */
 typedef struct tcp_hello {
     uint32_t magic;
-    uint32_t rank;
+    uint32_t rank;     /* the dialer's position */
     uint32_t sock_idx;
     uint32_t nsocks;
-    uint64_t token; /* the acceptor's token */
+    uint64_t token;    /* the acceptor's token (not a secret: a filter) */
+    unsigned char nonce[HC_TCP_NONCE];
 } tcp_hello_t;
 
+typedef struct tcp_chal {
+    uint32_t magic;
+    uint32_t pad;
+    unsigned char nonce[HC_TCP_NONCE];
+    unsigned char mac[HC_TP_MAC_BYTES]; /* the acceptor's proof */
+} tcp_chal_t;
+
+typedef struct tcp_resp {
+    uint32_t magic;
+    uint32_t pad;
+    unsigned char mac[HC_TP_MAC_BYTES]; /* the dialer's proof */
+} tcp_resp_t;
+
 struct hc_mr {
-    uint64_t id;
+    uint64_t id;     /* random, never 0; 0 for a send-only region */
+    int remote;      /* peers may put into it (mr_reg gave an rkey) */
     char *base;
     size_t len;
     struct hc_mr *next;
@@ -92,8 +113,9 @@ struct hc_transport {
     int port;
     int epfd;
     uint64_t token;
+    unsigned char hkey[HC_TP_KEY_BYTES]; /* the hello's key, from params.auth_key */
+    hc_mac_fn mac;
     hc_mr_t *mrs;
-    uint64_t next_mr_id;
     hc_ep_t **eps;
     int neps;
     hc_compq_t cq; /* found, not yet reported */
@@ -127,20 +149,32 @@ static inline void hc_tcp_sock_unwatch(hc_transport_t *tr, tcp_sock_t *s)
     }
 }
 
+/* SO_SNDBUF/SO_RCVBUF from the parameters; before listen/connect, as they
+ * decide window scaling. */
+static inline void hc_tcp_set_bufs(const hc_transport_t *tr, int fd)
+{
+    if (tr->p.socket_buf) {
+        int v = (int)tr->p.socket_buf;
+        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &v, sizeof v);
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &v, sizeof v);
+    }
+}
+
 static inline hc_mr_t *hc_tcp_mr_find(hc_transport_t *tr, uint64_t id)
 {
-    /* Most-recent first; a ring holds a handful of regions. */
+    /* Most-recent first; a ring holds a handful of regions. A send-only
+     * region has no key a peer could name. */
     for (hc_mr_t *mr = tr->mrs; mr; mr = mr->next)
-        if (mr->id == id)
+        if (mr->remote && mr->id == id)
             return mr;
     return NULL;
 }
 
+/* Fill buf from getrandom; 0, or -1 with errno (never a weaker source). */
+int hc_tcp_random(void *buf, size_t len);
+
 /* ---- tcp_conn.c: connection set-up -------------------------------------- */
 
-/* SO_SNDBUF/SO_RCVBUF from the parameters; before listen/connect, as they
- * decide window scaling. */
-void hc_tcp_set_bufs(const hc_transport_t *tr, int fd);
 
 /* connect() of the ops table. */
 hcoll_status_t hc_tcp_connect(hc_transport_t *tr, const int *peers, int npeers,
@@ -148,6 +182,17 @@ hcoll_status_t hc_tcp_connect(hc_transport_t *tr, const int *peers, int npeers,
 
 /* Close an endpoint's sockets and free it (not unwatched: the caller's). */
 void hc_tcp_ep_free(hc_ep_t *ep);
+
+/* ---- tcp_hello.c: dialling, accepting and the hello -------------------- */
+
+/* Make every socket of eps: ns dialled to each higher peer in all[], ns
+ * accepted from each lower one, all at once in one loop, each checked by
+ * the hello; a connection that is not an expected peer is dropped without
+ * holding up the others. Blocks until every socket is in place, deadline
+ * (HCOLL_ERR_TIMEOUT, naming who is missing), cancellation or a peer that
+ * fails to prove the key (HCOLL_ERR_MISMATCH). */
+hcoll_status_t hc_tcp_handshake(hc_transport_t *tr, const tcp_addr_t *all, const int *peers,
+                                int npeers, hc_ep_t **eps, double deadline);
 
 /* ---- tcp_ep.c: the data path -------------------------------------------- */
 

@@ -62,6 +62,12 @@ typedef struct hc_rkey {
     uint64_t w[2];
 } hc_rkey_t;
 
+#define HC_TP_KEY_BYTES 32
+#define HC_TP_MAC_BYTES 32
+/* HMAC-SHA-256 of data under key into out (HC_TP_MAC_BYTES). */
+typedef void (*hc_mac_fn)(const void *key, size_t keylen, const void *data, size_t len,
+                          unsigned char out[HC_TP_MAC_BYTES]);
+
 typedef struct hc_transport_params {
     int rank;                /* this rank's index among the transport's ranks */
     int nranks;
@@ -86,6 +92,14 @@ typedef struct hc_transport_params {
                               * abort and destroy write): connect's waits that
                               * are not exchanges (dial, accept) watch it and
                               * end with HCOLL_ERR_ABORTED */
+    /* TCP's hello (tcp_hello.c): both ends of every data connection prove
+     * with HMAC-SHA-256 over fresh nonces of both sides that they hold
+     * auth_key (HC_TP_KEY_BYTES bytes: the communicator's bootstrap key,
+     * read at create and not kept). mac is HMAC-SHA-256 (the caller passes
+     * boot's hc_hmac_sha256: inter may not call boot). TCP refuses to be
+     * created without both; verbs ignores them. */
+    const unsigned char *auth_key;
+    hc_mac_fn mac;
 } hc_transport_params_t;
 
 /* A transport's failure: the first one is recorded in *err and logged as
@@ -143,7 +157,8 @@ typedef struct hc_transport_ops {
                               hc_allgather_fn allgather, void *ag_ctx, hc_ep_t **eps_out);
 
     /* Register [base, base+len) (host memory; device memory where the
-     * backend supports it). rkey_out is what a peer passes to put. */
+     * backend supports it). rkey_out is what a peer passes to put; NULL:
+     * a send-only region, which no peer can target. */
     hcoll_status_t (*mr_reg)(hc_transport_t *tr, void *base, size_t len, hc_mr_t **mr_out,
                              hc_rkey_t *rkey_out);
     void (*mr_dereg)(hc_transport_t *tr, hc_mr_t *mr);

@@ -12,14 +12,19 @@
  * failed allgather) every surviving rank unlinks the name too, so a dead
  * creator is covered by the others. What can remain: the name, if every
  * local rank dies (SIGKILL, node failure) between rank 0's shm_open and the
- * first unlink, a window of one allgather plus the attach. Peers in another
+ * first unlink, a window of one allgather plus the attach; the next create
+ * on the node reaps such a name (hc_shm_reap: ours, hcoll's header, its
+ * creator gone, or no header after a minute). Peers in another
  * pid namespace cannot be watched by pid; for them only the deadline and
  * the "left"/"aborted" state words tell.
  */
 #include "intra/shm.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +33,7 @@
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "base/clock.h"
@@ -78,8 +84,60 @@ static uint64_t hc_shm_pidns(void)
     return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
 }
 
+void (*hc_shm_test_hook)(const char *point);
+
+/* 1 when the segment behind fd (a name under /dev/shm) is a leftover: this
+ * user's, hcoll's header with a creator that is gone from our pid
+ * namespace, or still no header a minute after it was made (its creator
+ * died between shm_open and writing it). The name can only still exist
+ * before every local rank attached, so nobody can attach to it any more
+ * once the creator is gone: removing the name takes nothing from anyone. */
+static int hc_shm_stale(int fd, uint64_t my_ns)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0 || st.st_uid != geteuid() ||
+        (size_t)st.st_size < sizeof(hc_shm_hdr_t))
+        return 0;
+    hc_shm_hdr_t *h = mmap(NULL, sizeof *h, PROT_READ, MAP_SHARED, fd, 0);
+    if (h == MAP_FAILED)
+        return 0;
+    int stale = 0;
+    if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) == HC_SHM_MAGIC)
+        stale = h->creator_pid > 0 && h->creator_ns == my_ns &&
+                kill((pid_t)h->creator_pid, 0) != 0 && errno == ESRCH;
+    else if (h->magic == 0)
+        stale = time(NULL) - st.st_mtime > 60;
+    munmap(h, sizeof *h);
+    return stale;
+}
+
+/* Unlink the leftovers of creates whose every rank died before the name
+ * went (see the top of this file). Best effort, never an error. */
+static void hc_shm_reap(const hc_shm_t *s, uint64_t my_ns)
+{
+    DIR *d = opendir("/dev/shm");
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, "hcoll-", 6) != 0)
+            continue;
+        char name[NAME_MAX + 2];
+        snprintf(name, sizeof name, "/%s", e->d_name);
+        int fd = shm_open(name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC, 0);
+        if (fd < 0)
+            continue;
+        if (hc_shm_stale(fd, my_ns) && shm_unlink(name) == 0)
+            HC_INFO(HC_SHM, s->rank, "intra-node shm: removed %s, left by a job whose ranks "
+                    "all died while creating it", name);
+        close(fd);
+    }
+    closedir(d);
+}
+
 static hcoll_status_t hc_shm_segment_create(hc_shm_t *s, size_t seg_bytes, uint64_t nonce)
 {
+    hc_shm_reap(s, hc_shm_pidns());
     int fd = shm_open(s->name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
     if (fd < 0)
         return hc_err_set(s->eb, HC_SHM, s->rank, HCOLL_ERR_SYSTEM,
@@ -116,8 +174,12 @@ static hcoll_status_t hc_shm_segment_create(hc_shm_t *s, size_t seg_bytes, uint6
     hdr->slot_bytes = s->slot_bytes;
     hdr->seg_bytes = seg_bytes;
     hdr->data_offset = s->data_offset;
+    hdr->creator_pid = (int32_t)getpid();
+    hdr->creator_ns = hc_shm_pidns();
     __atomic_store_n(&hdr->magic, HC_SHM_MAGIC, __ATOMIC_RELEASE);
     s->hdr = hdr;
+    if (hc_shm_test_hook)
+        hc_shm_test_hook("created");
     return HCOLL_SUCCESS;
 
 clean_segment:
@@ -259,12 +321,16 @@ static hcoll_status_t shm_join(hc_shm_t *s, const hc_intra_params_t *prm)
         return hc_err_set(eb, HC_SHM, rank, HCOLL_ERR_NO_MEMORY, "intra-node shm: calloc");
     hc_shm_hello_t mine = { .pid = (int32_t)getpid(), .pidns = hc_shm_pidns() };
     if (s->lrank == 0) {
-        uint64_t nonce;
-        if (getrandom(&nonce, sizeof nonce, GRND_NONBLOCK) != (ssize_t)sizeof nonce)
-            nonce = (uint64_t)hc_now_ms() * 1000003u ^ (uint64_t)getpid() << 32;
+        uint64_t nonce = 0;
         mine.nonce = nonce;
         mine.seg_bytes = s->seg_bytes;
-        mine.status = hc_shm_segment_create(s, s->seg_bytes, nonce);
+        /* No guessable fallback: the nonce tells our segment from a planted one. */
+        if (getrandom(&nonce, sizeof nonce, 0) != (ssize_t)sizeof nonce)
+            mine.status = hc_err_set(eb, HC_SHM, rank, HCOLL_ERR_SYSTEM,
+                                     "intra-node shm: getrandom: %s", strerror(errno));
+        else
+            mine.status = hc_shm_segment_create(s, s->seg_bytes, nonce);
+        mine.nonce = nonce;
     }
     /* Rank 0 takes part even after a failure, so nobody waits for it. */
     st = prm->allgather(prm->allgather_ctx, &mine, all, sizeof mine);

@@ -50,11 +50,18 @@ typedef struct hc_shm_rank {
     _Alignas(HC_SHM_LINE) uint64_t beat;
 } hc_shm_rank_t;
 
+/* Test-only: called with a point's name ("created": local rank 0 holds a
+ * named, not yet announced segment) so that a test can kill the process
+ * exactly there. NULL in the library. */
+extern void (*hc_shm_test_hook)(const char *point);
+
 typedef struct hc_shm_hdr {
     uint64_t magic;
     uint64_t nonce;
-    uint32_t version, L, nslots, pad;
+    uint32_t version, L, nslots;
+    int32_t creator_pid;  /* written before magic: the reaper's test (shm.c) */
     uint64_t slot_bytes, data_offset, seg_bytes;
+    uint64_t creator_ns;  /* creator's pid namespace (inode), as hello.pidns */
     _Alignas(HC_SHM_LINE) uint32_t ev; /* futex word: bumped on every event */
     uint32_t nwaiters;
     /* First failure: 0, or HC_SHM_FAIL(status, culprit, reporter). */
