@@ -66,7 +66,22 @@
 #include "sys/ifaces.h"
 
 #define HC_BOOT_KEY_BYTES 32
+/* The root's table of connections not yet registered: at most
+ * HC_BOOT_PENDING_MAX that have sent nothing valid yet (the oldest of them
+ * is evicted for a newcomer) and HC_BOOT_HANDSHAKE_MAX that hold their
+ * challenge or are authenticated (never evicted; a HELLO beyond them is
+ * dropped, and its client retries). */
 #define HC_BOOT_PENDING_MAX 32
+#define HC_BOOT_HANDSHAKE_MAX 64
+/* Connections accepted per turn of the root's loop before it serves the
+ * ones it has (fair accepting under a flood). */
+#define HC_BOOT_ACCEPT_BATCH 8
+/* The listener's backlog at the root: a burst of strangers waits there
+ * instead of having its SYNs dropped (the kernel caps it at somaxconn). */
+#define HC_BOOT_BACKLOG 4096
+/* A client retries a refusal it cannot verify (ERROR, or a REFUSE whose
+ * MAC is wrong) this many times before it gives up. */
+#define HC_BOOT_UNVERIFIED_MAX 3
 #define HC_BOOT_VERDICT_GRACE_MS 500
 #define HC_BOOT_REC_MAX (64u * 1024)
 /* Largest nranks * len one collective may move (a sanity bound, not a
@@ -86,6 +101,12 @@ typedef struct hc_boot_args {
     int listen_fd;
     unsigned char key[HC_BOOT_KEY_BYTES];
     int authenticated;   /* 0: the key is public, logged as such */
+    /* 0: key is used as it is (a full-entropy key: the unique id's secret,
+     * a split's derived key). > 0: key is a human-chosen secret's pre-key
+     * (hc_boot_key_from_string), stretched with PBKDF2-HMAC-SHA256 and this
+     * many iterations over a salt the root draws for the job; every rank
+     * must pass the same count (a different one is HCOLL_ERR_MISMATCH). */
+    uint32_t kdf_iters;
     int64_t timeout_ms;      /* each set-up step once its peers are there */
     int64_t init_timeout_ms; /* the rendezvous: every rank's arrival; 0: timeout_ms */
     int64_t liveness_ms;     /* a joined rank (or the root) silent this long while
@@ -127,12 +148,19 @@ void hc_boot_abort(hc_boot_t *b);
  * to return (call hc_boot_abort first to make that prompt). NULL: no-op. */
 void hc_boot_destroy(hc_boot_t *b);
 
+/* The session key every rank of this boot shares: args->key, or with
+ * kdf_iters > 0 the stretched key. Keys derived later (a split's, a data
+ * connection's) should come from this one, never from the unstretched
+ * pre-key, so that what they expose does not allow cheap guessing. */
+void hc_boot_key(const hc_boot_t *b, unsigned char key_out[HC_BOOT_KEY_BYTES]);
+
 /* The status that broke this boot, or HCOLL_SUCCESS while it is healthy. */
 hcoll_status_t hc_boot_status(const hc_boot_t *b);
 
 /* Shared secrets: the unique id's secret is used as the key directly; a
- * launcher's HCOLL_SECRET string is hashed into one. The unauthenticated
- * mode uses a fixed public key so that it runs the same protocol. */
+ * launcher's HCOLL_SECRET string is hashed into a pre-key, which the
+ * rendezvous stretches (kdf_iters). The unauthenticated mode uses a fixed
+ * public key so that it runs the same protocol. */
 void hc_boot_key_from_string(const char *secret, unsigned char key_out[HC_BOOT_KEY_BYTES]);
 void hc_boot_key_public(unsigned char key_out[HC_BOOT_KEY_BYTES]);
 
