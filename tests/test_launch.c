@@ -3,7 +3,9 @@
  * malformed value rejected with a message naming the variable. The
  * process environment is never read or written. */
 #include <check.h>
+#include <dlfcn.h>
 #include <errno.h>
+#include <netdb.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -393,6 +395,50 @@ START_TEST(unauthenticated_refused)
 }
 END_TEST
 
+/* A name service that hangs: this executable's getaddrinfo wins over
+ * libc's for the library linked into it; names ending in ".hang.test"
+ * take 3 s, as a dead DNS server would, everything else is libc's. */
+static volatile int hang_calls;
+
+int getaddrinfo(const char *node, const char *service, const struct addrinfo *hints,
+                struct addrinfo **res)
+{
+    typedef int (*gai_fn)(const char *, const char *, const struct addrinfo *,
+                          struct addrinfo **);
+    static gai_fn real;
+    if (!real)
+        real = (gai_fn)dlsym(RTLD_NEXT, "getaddrinfo");
+    size_t n = node ? strlen(node) : 0;
+    if (n > 10 && strcmp(node + n - 10, ".hang.test") == 0 &&
+        !(hints && (hints->ai_flags & AI_NUMERICHOST))) {
+        __atomic_add_fetch(&hang_calls, 1, __ATOMIC_ACQ_REL);
+        sleep(3);
+        return EAI_AGAIN;
+    }
+    return real(node, service, hints, res);
+}
+
+START_TEST(resolve_bounded)
+{
+    hc_launch_t l;
+    /* A numeric address never reaches the name service. */
+    fake_env_t num = { { "RANK=1", "WORLD_SIZE=2", "HCOLL_ROOT=127.0.0.1:29500" } };
+    ck_assert_int_eq(read_env(&num, &l), HCOLL_SUCCESS);
+    ck_assert_int_eq(hang_calls, 0);
+    /* A name that hangs: an error naming the timeout, well before 3 s. */
+    const char *roots[] = { "HCOLL_ROOT=root.hang.test:29500", "MASTER_ADDR=root.hang.test" };
+    for (int i = 0; i < 2; i++) {
+        fake_env_t e = { { "RANK=1", "WORLD_SIZE=2", roots[i], "MASTER_PORT=29500",
+                           "HCOLL_TIMEOUT_MS=300", "HCOLL_SECRET=resolve_bounded: secret" } };
+        double t0 = hct_now_ms();
+        expect_error(&e, "cannot resolve 'root.hang.test' within 300 ms", "HCOLL_TIMEOUT_MS");
+        double dt = hct_now_ms() - t0;
+        ck_assert_msg(dt >= 250 && dt < 1500, "took %.0f ms", dt);
+        ck_assert_int_eq(hang_calls, i + 1);
+    }
+}
+END_TEST
+
 START_TEST(weak_secrets)
 {
     ck_assert(hc_launch_secret_weak(""));
@@ -712,6 +758,7 @@ int main(void)
     tcase_add_test(tc, secret_and_key);
     tcase_add_test(tc, unauthenticated_refused);
     tcase_add_test(tc, weak_secrets);
+    tcase_add_test(tc, resolve_bounded);
     tcase_add_test(tc, hostlist_expansion);
     tcase_add_test(tc, hostlist_errors);
     suite_add_tcase(s, tc);
