@@ -16,24 +16,33 @@
  * before reading or allocating anything.
  *
  * Rendezvous (hc_boot_create):
- *   root → rank   CHALLENGE  nonce_s (32 random bytes)
+ *   rank → root   HELLO      (empty: the client speaks first)
+ *   root → rank   CHALLENGE  nonce_s (32 random bytes), salt, kdf_iters
  *   rank → root   AUTH       rank, nranks, rec_len, nonce_c,
  *                            HMAC(key, "C" nonce_s nonce_c rank nranks rec_len)
  *   root → rank   AUTH_OK    HMAC(key, "S" nonce_s nonce_c rank nranks rec_len)
- *                 (or ERROR with the reason, then close)
+ *                 (or REFUSE with its own MAC and the reason; ERROR when the
+ *                 AUTH MAC was wrong; then close)
  *   rank → root   RECORD     rec_len bytes (opaque to boot)
  *   root → rank   TABLE      nranks * rec_len bytes, rank order
+ * key is the session key: args.key, or with kdf_iters > 0 args.key
+ * stretched with PBKDF2 over the salt rank 0 drew (wire.h).
  * Both sides prove they hold the key, the secret never crosses the wire,
  * and a MAC made for one rank, job size or nonce is useless for any other.
+ * A client honours a refusal only when the root proved it holds the key;
+ * one it cannot verify is retried (HC_BOOT_UNVERIFIED_MAX times).
  * What this does not give: confidentiality or integrity of later messages
  * against an active man in the middle (that would need TLS).
  *
  * Stray connections (port scanners, HTTP requests, garbage, a wrong secret,
- * a duplicate rank) are dropped with a WARN and do not disturb the job: the
- * root serves all unauthenticated connections from one non-blocking loop,
- * keeps at most HC_BOOT_PENDING_MAX of them (the oldest goes when a new one
- * arrives) and gives each HC_BOOT_AUTH_MS-style time cap (a quarter of the
- * timeout, clamped to 1..10 s) to finish the handshake.
+ * a duplicate rank, floods) are dropped with a WARN (the first 32; then at
+ * TRACE, counted at the end) and do not disturb the job: the root serves
+ * every connection from one non-blocking loop, evicts only connections
+ * that have sent nothing valid (HC_BOOT_PENDING_MAX), never one that holds
+ * its challenge or is authenticated, accepts in batches between turns of
+ * service, and gives each connection a time cap (a quarter of the timeout,
+ * clamped to 1..10 s) to finish the handshake. A client dropped before
+ * AUTH_OK starts over, with a fresh nonce, until its deadline.
  *
  * Deadlines: each call's deadline is timeout_ms from its start, except the
  * rendezvous's wait for every rank to arrive, which is init_timeout_ms
