@@ -329,9 +329,12 @@ HCOLL_API hcoll_status_t hcoll_comm_init(hcoll_comm_t *comm_out, int nranks, int
  * first host of SLURM_STEP_NODELIST with the port 12000 + (SLURM_JOB_ID *
  * 7919 + SLURM_STEP_ID) mod 20000. Rank 0 listens on exactly that address,
  * which must be one of its own. The shared secret is HCOLL_SECRET (any
- * string; use at least 128 bits of randomness). Without it the rendezvous
- * is not authenticated: any process that reaches the root and speaks the
- * protocol may join, and a WARN says so. Malformed or missing variables:
+ * string; use at least 128 bits of randomness: shorter gets a WARN),
+ * stretched with HCOLL_KDF_ITERS PBKDF2 iterations. Without it init fails
+ * with HCOLL_ERR_INVALID_ARG unless the root address is loopback or
+ * HCOLL_ALLOW_UNAUTHENTICATED=1; the rendezvous is then not authenticated
+ * (any process that reaches the root may join; a WARN says so). Malformed
+ * or missing variables:
  * HCOLL_ERR_INVALID_ARG naming them. Blocking and collective, as
  * hcoll_comm_init.
  */

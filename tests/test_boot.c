@@ -101,22 +101,30 @@ static void put32(unsigned char *p, uint32_t v)
 static void hdr(unsigned char *p, unsigned type, uint32_t len)
 {
     put32(p, 0x48434254u);
-    p[4] = 0, p[5] = 1;
+    p[4] = 0, p[5] = 2;
     p[6] = 0, p[7] = (unsigned char)type;
     put32(p + 8, len);
     put32(p + 12, 0);
 }
 
-/* Read the challenge, answer as `rank` with `key`; return what the root
- * sent back before closing (expected: an ERROR), in text (NUL-ended), or
- * -1 when the root did not close. */
+/* Say HELLO, read the challenge, answer as `rank` with `key` (a unique
+ * id's key: the challenge must not ask for stretching), the MAC's bit
+ * flip_bit flipped (-1: none); return the type of what the root sent back
+ * before closing (expected: ERROR 6 or REFUSE 11) with its text in text
+ * (NUL-ended), or -1 when the root did not close. */
 static int fake_auth(const hc_sockaddr_t *root, const unsigned char *key, uint32_t rank,
-                     uint32_t nranks, char *text, size_t textlen)
+                     uint32_t nranks, int flip_bit, char *text, size_t textlen)
 {
     int fd = dial(root);
     if (fd < 0)
         return -1;
-    unsigned char ch[48];
+    unsigned char hello[16];
+    hdr(hello, 10, 0);
+    if (send(fd, hello, sizeof hello, MSG_NOSIGNAL) != (ssize_t)sizeof hello) {
+        close(fd);
+        return -1;
+    }
+    unsigned char ch[16 + 52];
     size_t got = 0;
     while (got < sizeof ch) {
         ssize_t n = recv(fd, ch + got, sizeof ch - got, 0);
@@ -141,19 +149,21 @@ static int fake_auth(const hc_sockaddr_t *root, const unsigned char *key, uint32
     hc_hmac_update(&h, m + 28, 32);
     hc_hmac_update(&h, nums, sizeof nums);
     hc_hmac_final(&h, m + 60);
+    if (flip_bit >= 0)
+        m[60 + flip_bit / 8] ^= (unsigned char)(1u << (flip_bit % 8));
     if (send(fd, m, sizeof m, MSG_NOSIGNAL) != (ssize_t)sizeof m) {
         close(fd);
         return -1;
     }
-    unsigned char back[300];
+    unsigned char back[400];
     size_t n = 0;
     int closed = until_closed(fd, 5000, back, sizeof back - 1, &n);
     close(fd);
-    if (!closed || n < 16 || back[7] != 6 /* ERROR */)
+    if (!closed || n < 16 || (back[7] != 6 && back[7] != 11))
         return -1;
     back[n] = '\0';
-    snprintf(text, textlen, "%s", (char *)back + 16);
-    return 0;
+    snprintf(text, textlen, "%s", (char *)back + 16 + (back[7] == 11 ? 32 : 0));
+    return back[7];
 }
 
 typedef struct stray_arg {
@@ -234,17 +244,26 @@ static int attacker(stray_arg_t *a)
     /* A wrong secret. */
     unsigned char wrong[32];
     hc_random_bytes(wrong, sizeof wrong);
-    ATTACK_REQUIRE(fake_auth(&u.root, wrong, 2, 3, text, sizeof text) == 0,
+    ATTACK_REQUIRE(fake_auth(&u.root, wrong, 2, 3, -1, text, sizeof text) == 6,
                    "wrong secret not refused with an error");
     ATTACK_REQUIRE(strstr(text, "authentication failed"), "wrong secret: '%s'", text);
+    /* The right secret, but a MAC one bit off: the first bit and the last
+     * (a comparison that stops short of the last byte accepts it). */
+    ATTACK_REQUIRE(fake_auth(&u.root, u.secret, 2, 3, 0, text, sizeof text) == 6 &&
+                       strstr(text, "authentication failed"),
+                   "AUTH MAC with bit 0 flipped: not refused ('%s')", text);
+    ATTACK_REQUIRE(fake_auth(&u.root, u.secret, 2, 3, 255, text, sizeof text) == 6 &&
+                       strstr(text, "authentication failed"),
+                   "AUTH MAC with bit 255 flipped: not refused ('%s')", text);
 
-    /* The right secret, but rank 1 is taken, and rank 9 does not exist. */
-    ATTACK_REQUIRE(fake_auth(&u.root, u.secret, 1, 3, text, sizeof text) == 0,
+    /* The right secret, but rank 1 is taken, and rank 9 does not exist:
+     * refusals with the root's MAC (REFUSE), which the client honours. */
+    ATTACK_REQUIRE(fake_auth(&u.root, u.secret, 1, 3, -1, text, sizeof text) == 11,
                    "duplicate rank not refused");
     ATTACK_REQUIRE(strstr(text, "duplicate rank 1"), "duplicate: '%s'", text);
-    ATTACK_REQUIRE(fake_auth(&u.root, u.secret, 9, 3, text, sizeof text) == 0,
+    ATTACK_REQUIRE(fake_auth(&u.root, u.secret, 9, 3, -1, text, sizeof text) == 11,
                    "rank 9 of 3 not refused");
-    ATTACK_REQUIRE(fake_auth(&u.root, u.secret, 2, 4, text, sizeof text) == 0,
+    ATTACK_REQUIRE(fake_auth(&u.root, u.secret, 2, 4, -1, text, sizeof text) == 11,
                    "nranks mismatch not refused");
 
     /* A flood of idle connections beyond the cap, held while rank 2 joins. */
@@ -298,11 +317,11 @@ static int rank_stray(int rank, int nranks, void *argp)
             http += strstr(line, "an HTTP request") != NULL;
             auth += strstr(line, "authentication failed") != NULL;
             dup += strstr(line, "duplicate rank 1") != NULL;
-            cap += strstr(line, "too many unauthenticated") != NULL;
+            cap += strstr(line, "sent nothing valid; dropping") != NULL || strstr(line, "sent nothing valid (at most") != NULL;
             trunc += strstr(line, "did not complete the handshake") != NULL;
         }
         fclose(f);
-        HCT_REQUIRE(http == 1 && auth == 1 && dup == 1 && cap >= 8 && trunc == 1 && drops >= 16,
+        HCT_REQUIRE(http == 1 && auth == 3 && dup == 1 && cap >= 8 && trunc == 1 && drops >= 16,
                     "root log: %d drops, http %d auth %d dup %d cap %d trunc %d", drops, http,
                     auth, dup, cap, trunc);
     }

@@ -448,6 +448,11 @@ START_TEST(env_errors)
     /* Rank 0 must own the root address. */
     setenv("HCOLL_RANK", "0", 1);
     setenv("HCOLL_ROOT", "192.0.2.200:5000", 1);
+    /* Off loopback, not without a secret (test_launch has the rest). */
+    unsetenv("HCOLL_SECRET");
+    ck_assert_int_eq(hcoll_comm_init_env(&comm, &cfg), HCOLL_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(hcoll_comm_last_error(NULL), "HCOLL_SECRET is not set"));
+    setenv("HCOLL_SECRET", "env_errors: a test secret", 1);
     ck_assert_int_eq(hcoll_comm_init_env(&comm, &cfg), HCOLL_ERR_NETWORK);
     ck_assert_ptr_nonnull(strstr(hcoll_comm_last_error(NULL), "bind"));
     ck_assert_ptr_null(comm);

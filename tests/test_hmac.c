@@ -1,10 +1,14 @@
-/* SHA-256 and HMAC-SHA-256: FIPS 180-4 examples and RFC 4231's vectors. */
+/* SHA-256 and HMAC-SHA-256: FIPS 180-4 examples and RFC 4231's vectors;
+ * PBKDF2-HMAC-SHA256 against RFC 7914 section 11 and vectors computed with
+ * Python's hashlib.pbkdf2_hmac (an independent implementation); the
+ * bootstrap's key stretching and refusal MAC. */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "boot/hmac.h"
+#include "boot/wire.h"
 
 static void hex(const unsigned char *p, size_t n, char *out)
 {
@@ -140,6 +144,75 @@ START_TEST(hmac_rfc4231)
 }
 END_TEST
 
+static void check_pbkdf2(const char *pass, size_t passlen, const char *salt, uint32_t iters,
+                         size_t outlen, const char *want)
+{
+    unsigned char out[64];
+    char h[129];
+    hc_pbkdf2_sha256(pass, passlen, salt, strlen(salt), iters, out, outlen);
+    hex(out, outlen, h);
+    ck_assert_msg(strcmp(h, want) == 0, "pbkdf2(%.12s, %s, %u, %zu): got %s want %s", pass, salt,
+                  iters, outlen, h, want);
+}
+
+START_TEST(pbkdf2_vectors)
+{
+    check_pbkdf2("password", 8, "salt", 1, 32,
+                 "120fb6cffcf8b32c43e7225256c4f837a86548c92ccc35480805987cb70be17b");
+    check_pbkdf2("password", 8, "salt", 4096, 32,
+                 "c5e478d59288c841aa530db6845c4c8d962893a001ce4e11a4963873aa98134a");
+    /* Output longer than one block (40 bytes: blocks 1 and 2). */
+    check_pbkdf2("passwordPASSWORDpassword", 24, "saltSALTsaltSALTsaltSALTsaltSALTsalt", 4096, 40,
+                 "348c89dbcbd32b2f32d814b8116e84cf2b17347ebc1800181c4e2a1fb8dd53e1c635518c7dac47e9");
+    /* RFC 7914 section 11, 64 bytes. */
+    check_pbkdf2("passwd", 6, "salt", 1, 64,
+                 "55ac046e56e3089fec1691c22544b605f94185216dde0465e68b9d57c20dacbc49ca9cccf179b645"
+                 "991664b39d77ef317c71b845b1e30bd509112041d3a19783");
+    /* A password longer than a block (hashed first), an empty salt. */
+    char k[100];
+    memset(k, 'k', sizeof k);
+    check_pbkdf2(k, sizeof k, "", 2, 33,
+                 "c6240d6034800799638db95e360a5c988b1c16459b6ba73e6e7bcae79870d44d32");
+}
+END_TEST
+
+/* The bootstrap's stretching depends on every input: the secret's pre-key,
+ * the root's salt and the cost; and a refusal's MAC on every field. */
+START_TEST(boot_kdf_and_refusal)
+{
+    unsigned char pre[32], pre2[32], salt[HC_BWIRE_SALT_BYTES] = { 1, 2, 3 }, a[32], b[32];
+    hc_boot_key_from_string("correct horse battery staple", pre);
+    hc_boot_key_from_string("correct horse battery stapler", pre2);
+    hc_bwire_kdf(pre, salt, 1000, a);
+    hc_bwire_kdf(pre, salt, 1000, b);
+    ck_assert(memcmp(a, b, 32) == 0);
+    ck_assert(memcmp(a, pre, 32) != 0);
+    hc_bwire_kdf(pre2, salt, 1000, b);
+    ck_assert(memcmp(a, b, 32) != 0);
+    hc_bwire_kdf(pre, salt, 1001, b);
+    ck_assert(memcmp(a, b, 32) != 0);
+    salt[15] ^= 1;
+    hc_bwire_kdf(pre, salt, 1000, b);
+    ck_assert(memcmp(a, b, 32) != 0);
+    /* It is PBKDF2 over the documented salt ("hcoll-kdf-v1" || salt). */
+    unsigned char s2[12 + HC_BWIRE_SALT_BYTES];
+    memcpy(s2, "hcoll-kdf-v1", 12);
+    memcpy(s2 + 12, salt, HC_BWIRE_SALT_BYTES);
+    hc_pbkdf2_sha256(pre, 32, s2, sizeof s2, 1000, a, 32);
+    ck_assert(memcmp(a, b, 32) == 0);
+
+    unsigned char ns[32] = { 9 }, nc[32] = { 7 }, m1[32], m2[32];
+    hc_bwire_refuse_mac(a, ns, nc, 5, "text", 4, m1);
+    hc_bwire_refuse_mac(a, ns, nc, 6, "text", 4, m2);
+    ck_assert(memcmp(m1, m2, 32) != 0);
+    hc_bwire_refuse_mac(a, ns, nc, 5, "texT", 4, m2);
+    ck_assert(memcmp(m1, m2, 32) != 0);
+    nc[31] ^= 1;
+    hc_bwire_refuse_mac(a, ns, nc, 5, "text", 4, m2);
+    ck_assert(memcmp(m1, m2, 32) != 0);
+}
+END_TEST
+
 START_TEST(ct_equal_and_random)
 {
     unsigned char a[32] = { 1, 2, 3 }, b[32] = { 1, 2, 3 };
@@ -166,6 +239,8 @@ int main(void)
     tcase_add_test(tc, sha256_incremental);
     tcase_add_test(tc, hmac_rfc4231);
     tcase_add_test(tc, ct_equal_and_random);
+    tcase_add_test(tc, pbkdf2_vectors);
+    tcase_add_test(tc, boot_kdf_and_refusal);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -3,7 +3,9 @@
  * malformed value rejected with a message naming the variable. The
  * process environment is never read or written. */
 #include <check.h>
+#include <dlfcn.h>
 #include <errno.h>
+#include <netdb.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -341,6 +343,112 @@ START_TEST(secret_and_key)
     fake_env_t lng = { { "RANK=0", "WORLD_SIZE=1", ROOT_OK, longsecret } };
     expect_error(&lng, "HCOLL_SECRET", NULL);
     ck_assert_ptr_null(strstr(last_error(), "zzzz"));
+
+    /* The stretching's cost travels with the key; the public key has none. */
+    ck_assert_int_eq(read_env(&with, &l), HCOLL_SUCCESS);
+    ck_assert_uint_eq(l.kdf_iters, 20000);
+    fake_env_t cost = { { "RANK=0", "WORLD_SIZE=1", ROOT_OK, "HCOLL_SECRET=s3cret",
+                          "HCOLL_KDF_ITERS=5000" } };
+    ck_assert_int_eq(read_env(&cost, &l), HCOLL_SUCCESS);
+    ck_assert_uint_eq(l.kdf_iters, 5000);
+    fake_env_t cheap = { { "RANK=0", "WORLD_SIZE=1", ROOT_OK, "HCOLL_SECRET=s3cret",
+                           "HCOLL_KDF_ITERS=10" } };
+    expect_error(&cheap, "HCOLL_KDF_ITERS='10'", "out of range");
+    ck_assert_int_eq(read_env(&without, &l), HCOLL_SUCCESS);
+    ck_assert_uint_eq(l.kdf_iters, 0);
+}
+END_TEST
+
+/* Without a secret, only a loopback root (every rank on this host) or an
+ * explicit HCOLL_ALLOW_UNAUTHENTICATED=1 runs. */
+START_TEST(unauthenticated_refused)
+{
+    hc_launch_t l;
+    fake_env_t far = { { "RANK=1", "WORLD_SIZE=2", "HCOLL_ROOT=192.0.2.7:29500" } };
+    expect_error(&far, "HCOLL_SECRET is not set", "HCOLL_ALLOW_UNAUTHENTICATED=1");
+    ck_assert_ptr_nonnull(strstr(last_error(), "192.0.2.7:29500"));
+    fake_env_t far6 = { { "RANK=1", "WORLD_SIZE=2", "HCOLL_ROOT=[2001:db8::1]:29500" } };
+    expect_error(&far6, "HCOLL_SECRET is not set", NULL);
+    fake_env_t allowed = { { "RANK=1", "WORLD_SIZE=2", "HCOLL_ROOT=192.0.2.7:29500",
+                             "HCOLL_ALLOW_UNAUTHENTICATED=1" } };
+    ck_assert_int_eq(read_env(&allowed, &l), HCOLL_SUCCESS);
+    ck_assert_int_eq(l.authenticated, 0);
+    fake_env_t zero = { { "RANK=1", "WORLD_SIZE=2", "HCOLL_ROOT=192.0.2.7:29500",
+                          "HCOLL_ALLOW_UNAUTHENTICATED=0" } };
+    expect_error(&zero, "HCOLL_SECRET is not set", NULL);
+    fake_env_t bad = { { "RANK=1", "WORLD_SIZE=2", "HCOLL_ROOT=192.0.2.7:29500",
+                         "HCOLL_ALLOW_UNAUTHENTICATED=yes" } };
+    expect_error(&bad, "HCOLL_ALLOW_UNAUTHENTICATED='yes'", NULL);
+    fake_env_t secret = { { "RANK=1", "WORLD_SIZE=2", "HCOLL_ROOT=192.0.2.7:29500",
+                            "HCOLL_SECRET=0123456789abcdef0123456789abcdef" } };
+    ck_assert_int_eq(read_env(&secret, &l), HCOLL_SUCCESS);
+    ck_assert_int_eq(l.authenticated, 1);
+    const char *loop[] = { "HCOLL_ROOT=127.0.0.1:29500", "HCOLL_ROOT=127.3.2.1:29500",
+                           "HCOLL_ROOT=[::1]:29500", "HCOLL_ROOT=[::ffff:127.0.0.1]:29500" };
+    for (size_t i = 0; i < sizeof loop / sizeof loop[0]; i++) {
+        fake_env_t e = { { "RANK=1", "WORLD_SIZE=2", loop[i] } };
+        ck_assert_msg(read_env(&e, &l) == HCOLL_SUCCESS, "%s: %s", loop[i], last_error());
+        ck_assert_int_eq(l.authenticated, 0);
+    }
+    fake_env_t mapped = { { "RANK=1", "WORLD_SIZE=2", "HCOLL_ROOT=[::ffff:10.0.0.1]:29500" } };
+    expect_error(&mapped, "HCOLL_SECRET is not set", NULL);
+}
+END_TEST
+
+/* A name service that hangs: this executable's getaddrinfo wins over
+ * libc's for the library linked into it; names ending in ".hang.test"
+ * take 3 s, as a dead DNS server would, everything else is libc's. */
+static volatile int hang_calls;
+
+int getaddrinfo(const char *node, const char *service, const struct addrinfo *hints,
+                struct addrinfo **res)
+{
+    typedef int (*gai_fn)(const char *, const char *, const struct addrinfo *,
+                          struct addrinfo **);
+    static gai_fn real;
+    if (!real)
+        real = (gai_fn)dlsym(RTLD_NEXT, "getaddrinfo");
+    size_t n = node ? strlen(node) : 0;
+    if (n > 10 && strcmp(node + n - 10, ".hang.test") == 0 &&
+        !(hints && (hints->ai_flags & AI_NUMERICHOST))) {
+        __atomic_add_fetch(&hang_calls, 1, __ATOMIC_ACQ_REL);
+        sleep(3);
+        return EAI_AGAIN;
+    }
+    return real(node, service, hints, res);
+}
+
+START_TEST(resolve_bounded)
+{
+    hc_launch_t l;
+    /* A numeric address never reaches the name service. */
+    fake_env_t num = { { "RANK=1", "WORLD_SIZE=2", "HCOLL_ROOT=127.0.0.1:29500" } };
+    ck_assert_int_eq(read_env(&num, &l), HCOLL_SUCCESS);
+    ck_assert_int_eq(hang_calls, 0);
+    /* A name that hangs: an error naming the timeout, well before 3 s. */
+    const char *roots[] = { "HCOLL_ROOT=root.hang.test:29500", "MASTER_ADDR=root.hang.test" };
+    for (int i = 0; i < 2; i++) {
+        fake_env_t e = { { "RANK=1", "WORLD_SIZE=2", roots[i], "MASTER_PORT=29500",
+                           "HCOLL_TIMEOUT_MS=300", "HCOLL_SECRET=resolve_bounded: secret" } };
+        double t0 = hct_now_ms();
+        expect_error(&e, "cannot resolve 'root.hang.test' within 300 ms", "HCOLL_TIMEOUT_MS");
+        double dt = hct_now_ms() - t0;
+        ck_assert_msg(dt >= 250 && dt < 1500, "took %.0f ms", dt);
+        ck_assert_int_eq(hang_calls, i + 1);
+    }
+}
+END_TEST
+
+START_TEST(weak_secrets)
+{
+    ck_assert(hc_launch_secret_weak(""));
+    ck_assert(hc_launch_secret_weak("x"));
+    ck_assert(hc_launch_secret_weak("fifteen chars!!"));       /* 15 */
+    ck_assert(!hc_launch_secret_weak("sixteen chars!!!"));     /* 16 */
+    ck_assert(hc_launch_secret_weak("0123456789abcdef"));      /* 16 hex digits: 64 bits */
+    ck_assert(hc_launch_secret_weak("0123456789abcdef0123456789ABCDE")); /* 31 */
+    ck_assert(!hc_launch_secret_weak("0123456789abcdef0123456789ABCDEF"));
+    ck_assert(!hc_launch_secret_weak("0123456789abcdeg")); /* not all hex: 16 chars */
 }
 END_TEST
 
@@ -648,6 +756,9 @@ int main(void)
     tcase_add_test(tc, rank_size_errors);
     tcase_add_test(tc, root_address);
     tcase_add_test(tc, secret_and_key);
+    tcase_add_test(tc, unauthenticated_refused);
+    tcase_add_test(tc, weak_secrets);
+    tcase_add_test(tc, resolve_bounded);
     tcase_add_test(tc, hostlist_expansion);
     tcase_add_test(tc, hostlist_errors);
     suite_add_tcase(s, tc);

@@ -48,14 +48,23 @@ static const hc_knob_t knobs[] = {
       "host:port where rank 0 listens for the rendezvous, for hcoll_comm_init_env (else "
       "MASTER_ADDR:MASTER_PORT+HCOLL_ROOT_PORT_OFFSET, else under srun the step's first node)." },
     { "HCOLL_SECRET", HC_KNOB_STR, "", 0, 0, NULL, 0, 1, NS,
-      "Shared secret that authenticates ranks in hcoll_comm_init_env; unset means peers are "
-      "not authenticated (a WARN says so)." },
+      "Shared secret that authenticates ranks in hcoll_comm_init_env (at least 16 characters, "
+      "or 32 hex digits; shorter ones get a WARN). Unset, init refuses to run unless the root "
+      "is on loopback or HCOLL_ALLOW_UNAUTHENTICATED=1." },
     { "HCOLL_HOSTID", HC_KNOB_STR, "", 0, 0, NULL, 0, 0, OFF(hostid),
       "Overrides the host id (hash of host name and boot id) that groups ranks into nodes; "
       "lets one host emulate several nodes." },
     { "HCOLL_ROOT_PORT_OFFSET", HC_KNOB_INT, "1", 1, 1000, NULL, 0, 0, NS,
       "Under torchrun (root from MASTER_ADDR/MASTER_PORT), rank 0 listens on MASTER_PORT plus "
       "this, never on MASTER_PORT itself, which torch's TCPStore owns." },
+    /* Bootstrap authentication (boot/launch.c, boot/wire.h). */
+    { "HCOLL_ALLOW_UNAUTHENTICATED", HC_KNOB_INT, "0", 0, 1, NULL, 0, 0, NS,
+      "1: let hcoll_comm_init_env run without HCOLL_SECRET on a root address that is not "
+      "loopback (any process that reaches the root can then join the job)." },
+    { "HCOLL_KDF_ITERS", HC_KNOB_INT, "20000", 1000, 10000000, NULL, 0, 0, NS,
+      "PBKDF2-HMAC-SHA256 iterations that stretch HCOLL_SECRET over a salt rank 0 draws per "
+      "job, so that a captured handshake does not allow cheap guessing; the same on every "
+      "rank. Costs about this many x 2 SHA-256 blocks once per rank at init." },
 
     /* Network. */
     { "HCOLL_NET", HC_KNOB_ENUM, "auto", 0, 0, net_choices, 0, 0, OFF(net),

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "base/log.h"
+#include "boot/hmac.h"
 #include "boot/io.h"
 #include "boot/rendezvous.h"
 
@@ -44,6 +45,8 @@ hcoll_status_t hc_boot_create(const hc_boot_args_t *args, const void *rec, size_
     b->liveness_ms = args->liveness_ms > 0 ? args->liveness_ms : 0;
     b->eb = args->eb;
     b->root = args->root;
+    memcpy(b->prekey, args->key, sizeof b->prekey);
+    b->kdf_iters = args->kdf_iters;
     atomic_init(&b->aborted, 0);
     atomic_init(&b->broken, HCOLL_SUCCESS);
     pthread_mutex_init(&b->call_lock, NULL);
@@ -78,11 +81,13 @@ hcoll_status_t hc_boot_create(const hc_boot_args_t *args, const void *rec, size_
                     args->authenticated ? "authenticated" : "NOT authenticated");
         }
         /* The root's rendezvous owns lfd from here and closes it in every case. */
-        st = hc_boot_root_rendezvous(b, lfd, args->key, rec, rec_len, all_recs_out);
+        st = hc_boot_root_rendezvous(b, lfd, rec, rec_len, all_recs_out);
         lfd = -1;
     } else {
-        st = hc_boot_client_rendezvous(b, args->key, rec, rec_len, all_recs_out);
+        st = hc_boot_client_rendezvous(b, rec, rec_len, all_recs_out);
     }
+    /* Only the session key is kept (hc_boot_key). */
+    hc_secure_zero(b->prekey, sizeof b->prekey);
     if (st != HCOLL_SUCCESS)
         goto clean_conns;
     *boot_out = b;
@@ -98,11 +103,17 @@ clean_conn_table:
     free(b->conn);
 clean_boot:
     pthread_mutex_destroy(&b->call_lock);
+    hc_secure_zero(b, sizeof *b);
     free(b);
 clean_listener:
     if (lfd >= 0)
         close(lfd);
     return st;
+}
+
+void hc_boot_key(const hc_boot_t *b, unsigned char key_out[HC_BOOT_KEY_BYTES])
+{
+    memcpy(key_out, b->key, HC_BOOT_KEY_BYTES);
 }
 
 void hc_boot_set_errbuf(hc_boot_t *b, hc_errbuf_t *eb)
@@ -143,5 +154,6 @@ void hc_boot_destroy(hc_boot_t *b)
     pthread_mutex_unlock(&b->call_lock);
     pthread_mutex_destroy(&b->call_lock);
     free(b->conn);
+    hc_secure_zero(b, sizeof *b);
     free(b);
 }

@@ -16,24 +16,33 @@
  * before reading or allocating anything.
  *
  * Rendezvous (hc_boot_create):
- *   root → rank   CHALLENGE  nonce_s (32 random bytes)
+ *   rank → root   HELLO      (empty: the client speaks first)
+ *   root → rank   CHALLENGE  nonce_s (32 random bytes), salt, kdf_iters
  *   rank → root   AUTH       rank, nranks, rec_len, nonce_c,
  *                            HMAC(key, "C" nonce_s nonce_c rank nranks rec_len)
  *   root → rank   AUTH_OK    HMAC(key, "S" nonce_s nonce_c rank nranks rec_len)
- *                 (or ERROR with the reason, then close)
+ *                 (or REFUSE with its own MAC and the reason; ERROR when the
+ *                 AUTH MAC was wrong; then close)
  *   rank → root   RECORD     rec_len bytes (opaque to boot)
  *   root → rank   TABLE      nranks * rec_len bytes, rank order
+ * key is the session key: args.key, or with kdf_iters > 0 args.key
+ * stretched with PBKDF2 over the salt rank 0 drew (wire.h).
  * Both sides prove they hold the key, the secret never crosses the wire,
  * and a MAC made for one rank, job size or nonce is useless for any other.
+ * A client honours a refusal only when the root proved it holds the key;
+ * one it cannot verify is retried (HC_BOOT_UNVERIFIED_MAX times).
  * What this does not give: confidentiality or integrity of later messages
  * against an active man in the middle (that would need TLS).
  *
  * Stray connections (port scanners, HTTP requests, garbage, a wrong secret,
- * a duplicate rank) are dropped with a WARN and do not disturb the job: the
- * root serves all unauthenticated connections from one non-blocking loop,
- * keeps at most HC_BOOT_PENDING_MAX of them (the oldest goes when a new one
- * arrives) and gives each HC_BOOT_AUTH_MS-style time cap (a quarter of the
- * timeout, clamped to 1..10 s) to finish the handshake.
+ * a duplicate rank, floods) are dropped with a WARN (the first 32; then at
+ * TRACE, counted at the end) and do not disturb the job: the root serves
+ * every connection from one non-blocking loop, evicts only connections
+ * that have sent nothing valid (HC_BOOT_PENDING_MAX), never one that holds
+ * its challenge or is authenticated, accepts in batches between turns of
+ * service, and gives each connection a time cap (a quarter of the timeout,
+ * clamped to 1..10 s) to finish the handshake. A client dropped before
+ * AUTH_OK starts over, with a fresh nonce, until its deadline.
  *
  * Deadlines: each call's deadline is timeout_ms from its start, except the
  * rendezvous's wait for every rank to arrive, which is init_timeout_ms
@@ -66,7 +75,22 @@
 #include "sys/ifaces.h"
 
 #define HC_BOOT_KEY_BYTES 32
+/* The root's table of connections not yet registered: at most
+ * HC_BOOT_PENDING_MAX that have sent nothing valid yet (the oldest of them
+ * is evicted for a newcomer) and HC_BOOT_HANDSHAKE_MAX that hold their
+ * challenge or are authenticated (never evicted; a HELLO beyond them is
+ * dropped, and its client retries). */
 #define HC_BOOT_PENDING_MAX 32
+#define HC_BOOT_HANDSHAKE_MAX 64
+/* Connections accepted per turn of the root's loop before it serves the
+ * ones it has (fair accepting under a flood). */
+#define HC_BOOT_ACCEPT_BATCH 8
+/* The listener's backlog at the root: a burst of strangers waits there
+ * instead of having its SYNs dropped (the kernel caps it at somaxconn). */
+#define HC_BOOT_BACKLOG 4096
+/* A client retries a refusal it cannot verify (ERROR, or a REFUSE whose
+ * MAC is wrong) this many times before it gives up. */
+#define HC_BOOT_UNVERIFIED_MAX 3
 #define HC_BOOT_VERDICT_GRACE_MS 500
 #define HC_BOOT_REC_MAX (64u * 1024)
 /* Largest nranks * len one collective may move (a sanity bound, not a
@@ -86,6 +110,12 @@ typedef struct hc_boot_args {
     int listen_fd;
     unsigned char key[HC_BOOT_KEY_BYTES];
     int authenticated;   /* 0: the key is public, logged as such */
+    /* 0: key is used as it is (a full-entropy key: the unique id's secret,
+     * a split's derived key). > 0: key is a human-chosen secret's pre-key
+     * (hc_boot_key_from_string), stretched with PBKDF2-HMAC-SHA256 and this
+     * many iterations over a salt the root draws for the job; every rank
+     * must pass the same count (a different one is HCOLL_ERR_MISMATCH). */
+    uint32_t kdf_iters;
     int64_t timeout_ms;      /* each set-up step once its peers are there */
     int64_t init_timeout_ms; /* the rendezvous: every rank's arrival; 0: timeout_ms */
     int64_t liveness_ms;     /* a joined rank (or the root) silent this long while
@@ -127,12 +157,19 @@ void hc_boot_abort(hc_boot_t *b);
  * to return (call hc_boot_abort first to make that prompt). NULL: no-op. */
 void hc_boot_destroy(hc_boot_t *b);
 
+/* The session key every rank of this boot shares: args->key, or with
+ * kdf_iters > 0 the stretched key. Keys derived later (a split's, a data
+ * connection's) should come from this one, never from the unstretched
+ * pre-key, so that what they expose does not allow cheap guessing. */
+void hc_boot_key(const hc_boot_t *b, unsigned char key_out[HC_BOOT_KEY_BYTES]);
+
 /* The status that broke this boot, or HCOLL_SUCCESS while it is healthy. */
 hcoll_status_t hc_boot_status(const hc_boot_t *b);
 
 /* Shared secrets: the unique id's secret is used as the key directly; a
- * launcher's HCOLL_SECRET string is hashed into one. The unauthenticated
- * mode uses a fixed public key so that it runs the same protocol. */
+ * launcher's HCOLL_SECRET string is hashed into a pre-key, which the
+ * rendezvous stretches (kdf_iters). The unauthenticated mode uses a fixed
+ * public key so that it runs the same protocol. */
 void hc_boot_key_from_string(const char *secret, unsigned char key_out[HC_BOOT_KEY_BYTES]);
 void hc_boot_key_public(unsigned char key_out[HC_BOOT_KEY_BYTES]);
 

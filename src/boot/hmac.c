@@ -162,6 +162,73 @@ void hc_hmac_sha256(const void *key, size_t keylen, const void *data, size_t len
     hc_hmac_final(&h, out);
 }
 
+/* The 32-byte digest of h's state (big-endian). */
+static void sha256_store(const uint32_t h[8], unsigned char out[HC_SHA256_BYTES])
+{
+    for (int i = 0; i < 8; i++) {
+        out[4 * i] = (unsigned char)(h[i] >> 24);
+        out[4 * i + 1] = (unsigned char)(h[i] >> 16);
+        out[4 * i + 2] = (unsigned char)(h[i] >> 8);
+        out[4 * i + 3] = (unsigned char)h[i];
+    }
+}
+
+/* HMAC of a 32-byte message from the states after the key's inner and outer
+ * pad blocks: each hash is then one block, the message and its padding
+ * (0x80, zeros, 96 bytes = 768 bits), with no buffering. */
+static void pbkdf2_step(const uint32_t ist[8], const uint32_t ost[8], unsigned char blk[64])
+{
+    uint32_t h[8];
+    memcpy(h, ist, sizeof h);
+    sha256_block(h, blk);
+    sha256_store(h, blk);
+    memcpy(h, ost, sizeof h);
+    sha256_block(h, blk);
+    sha256_store(h, blk);
+    hc_secure_zero(h, sizeof h);
+}
+
+void hc_pbkdf2_sha256(const void *pass, size_t passlen, const void *salt, size_t saltlen,
+                      uint32_t iters, unsigned char *out, size_t outlen)
+{
+    hc_hmac_t base;
+    hc_hmac_init(&base, pass, passlen);
+    uint32_t ist[8], ost[8];
+    memcpy(ist, base.inner.h, sizeof ist); /* after the ipad block */
+    hc_sha256_t o;
+    hc_sha256_init(&o);
+    hc_sha256_update(&o, base.okey, sizeof base.okey);
+    memcpy(ost, o.h, sizeof ost);
+    unsigned char blk[HC_SHA256_BLOCK], t[HC_SHA256_BYTES];
+    for (uint32_t i = 1; outlen; i++) {
+        /* U1 = HMAC(P, S || INT(i)); Uk = HMAC(P, Uk-1); T = U1 ^ ... ^ Uc */
+        unsigned char be[4] = { (unsigned char)(i >> 24), (unsigned char)(i >> 16),
+                                (unsigned char)(i >> 8), (unsigned char)i };
+        hc_hmac_t h = base;
+        hc_hmac_update(&h, salt, saltlen);
+        hc_hmac_update(&h, be, sizeof be);
+        hc_hmac_final(&h, t);
+        memset(blk, 0, sizeof blk);
+        memcpy(blk, t, sizeof t);
+        blk[32] = 0x80, blk[62] = 0x03; /* the step overwrites only blk[0..31] */
+        for (uint32_t k = 1; k < iters; k++) {
+            pbkdf2_step(ist, ost, blk);
+            for (int j = 0; j < HC_SHA256_BYTES; j++)
+                t[j] ^= blk[j];
+        }
+        size_t n = outlen < sizeof t ? outlen : sizeof t;
+        memcpy(out, t, n);
+        out += n;
+        outlen -= n;
+    }
+    hc_secure_zero(&base, sizeof base);
+    hc_secure_zero(&o, sizeof o);
+    hc_secure_zero(ist, sizeof ist);
+    hc_secure_zero(ost, sizeof ost);
+    hc_secure_zero(blk, sizeof blk);
+    hc_secure_zero(t, sizeof t);
+}
+
 int hc_ct_equal(const void *a, const void *b, size_t len)
 {
     const volatile unsigned char *x = a, *y = b;

@@ -37,6 +37,12 @@ void hc_hmac_final(hc_hmac_t *h, unsigned char out[HC_SHA256_BYTES]);
 void hc_hmac_sha256(const void *key, size_t keylen, const void *data, size_t len,
                     unsigned char out[HC_SHA256_BYTES]);
 
+/* PBKDF2-HMAC-SHA256 (RFC 8018 section 5.2): outlen bytes of key from a
+ * password, a salt and an iteration count (>= 1). Each iteration costs two
+ * SHA-256 blocks, which is what makes guessing the password expensive. */
+void hc_pbkdf2_sha256(const void *pass, size_t passlen, const void *salt, size_t saltlen,
+                      uint32_t iters, unsigned char *out, size_t outlen);
+
 /* Compare in time independent of where the first difference is, so that a
  * MAC check leaks nothing through timing. 1 when equal. */
 int hc_ct_equal(const void *a, const void *b, size_t len);

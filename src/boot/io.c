@@ -274,7 +274,7 @@ hcoll_status_t hc_boot_socket(const hc_sockaddr_t *addr, int flags, hc_errbuf_t 
                             : "");
         goto clean_socket;
     }
-    if ((flags & HC_BOOT_SOCK_LISTEN) && listen(fd, 128) != 0) {
+    if ((flags & HC_BOOT_SOCK_LISTEN) && listen(fd, HC_BOOT_BACKLOG) != 0) {
         st = hc_err_set(eb, HC_BOOT, rank, HCOLL_ERR_NETWORK, "%s: listen on %s: %s", what,
                         hc_sockaddr_str(addr, as, sizeof as), strerror(errno));
         goto clean_socket;

@@ -35,6 +35,15 @@ struct hc_boot {
     hc_sockaddr_t root;
     pthread_mutex_t call_lock;
     int saved_errno;
+    /* Keys: prekey is the one given (hc_boot_args_t.key); key is the
+     * session key, prekey itself when kdf_iters is 0, else stretched with
+     * the root's salt (the root draws salt; a client caches the salt it
+     * derived key for, so that a retry does not pay again). */
+    unsigned char prekey[HC_BOOT_KEY_BYTES];
+    unsigned char key[HC_BOOT_KEY_BYTES];
+    uint32_t kdf_iters;
+    int have_key;
+    unsigned char salt[HC_BWIRE_SALT_BYTES];
 };
 
 static inline int hc_bio_is_aborted(hc_boot_t *b)

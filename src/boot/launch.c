@@ -7,9 +7,12 @@
  */
 #include "boot/launch.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <netdb.h>
+#include <pthread.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -124,18 +127,121 @@ static int env_rank_size(hc_getenv_fn getenv_fn, void *ctx, hc_launch_t *l, int 
     return -1;
 }
 
-/* host (a name or an address) and port into *out, IPv4 first. */
-static int resolve(const char *host, int port, hc_sockaddr_t *out, char *err, size_t errlen)
+/* A lookup on a helper thread: shared by the caller and the thread, freed
+ * by whichever lets go last (the caller may stop waiting first). */
+typedef struct gai_job {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int refs, done, rc;
+    struct addrinfo *res;
+    char host[256];
+} gai_job_t;
+
+static void gai_job_put(gai_job_t *j)
 {
-    struct addrinfo hints, *res;
+    pthread_mutex_lock(&j->lock);
+    const int last = --j->refs == 0;
+    pthread_mutex_unlock(&j->lock);
+    if (!last)
+        return;
+    if (j->res)
+        freeaddrinfo(j->res);
+    pthread_cond_destroy(&j->cond);
+    pthread_mutex_destroy(&j->lock);
+    free(j);
+}
+
+static void *gai_thread(void *arg)
+{
+    gai_job_t *j = arg;
+    struct addrinfo hints, *res = NULL;
     memset(&hints, 0, sizeof hints);
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
-    int rc = getaddrinfo(host, NULL, &hints, &res);
-    if (rc != 0) {
-        snprintf(err, errlen, "cannot resolve '%s': %s", host, gai_strerror(rc));
+    int rc = getaddrinfo(j->host, NULL, &hints, &res);
+    pthread_mutex_lock(&j->lock);
+    j->rc = rc;
+    j->res = rc == 0 ? res : NULL;
+    j->done = 1;
+    pthread_cond_signal(&j->cond);
+    pthread_mutex_unlock(&j->lock);
+    gai_job_put(j);
+    return NULL;
+}
+
+/* getaddrinfo(host) within timeout_ms: 0 with *res_out, else -1 with err. */
+static int resolve_bounded(const char *host, int64_t timeout_ms, struct addrinfo **res_out,
+                           char *err, size_t errlen)
+{
+    struct addrinfo hints;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICHOST;
+    int rc = getaddrinfo(host, NULL, &hints, res_out);
+    if (rc == 0)
+        return 0;
+    gai_job_t *j = calloc(1, sizeof *j);
+    if (!j || strlen(host) >= sizeof j->host) {
+        free(j);
+        snprintf(err, errlen, "cannot resolve '%.64s': %s", host, j ? "out of memory" : "too long");
         return -1;
     }
+    pthread_mutex_init(&j->lock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&j->cond, &ca);
+    pthread_condattr_destroy(&ca);
+    strcpy(j->host, host);
+    j->refs = 2;
+    pthread_t t;
+    pthread_attr_t ta;
+    pthread_attr_init(&ta);
+    pthread_attr_setdetachstate(&ta, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &ta, gai_thread, j) != 0) {
+        pthread_attr_destroy(&ta);
+        j->refs = 1;
+        gai_job_put(j);
+        hints.ai_flags = 0; /* no thread to spare: look up here, unbounded */
+        rc = getaddrinfo(host, NULL, &hints, res_out);
+        if (rc != 0)
+            snprintf(err, errlen, "cannot resolve '%.64s': %s", host, gai_strerror(rc));
+        return rc == 0 ? 0 : -1;
+    }
+    pthread_attr_destroy(&ta);
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += (time_t)(timeout_ms / 1000);
+    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L)
+        until.tv_sec++, until.tv_nsec -= 1000000000L;
+    pthread_mutex_lock(&j->lock);
+    while (!j->done && pthread_cond_timedwait(&j->cond, &j->lock, &until) != ETIMEDOUT)
+        ;
+    const int done = j->done;
+    rc = j->rc;
+    *res_out = j->res;
+    j->res = NULL;
+    pthread_mutex_unlock(&j->lock);
+    gai_job_put(j);
+    if (!done)
+        snprintf(err, errlen, "cannot resolve '%.64s' within %lld ms (HCOLL_TIMEOUT_MS): the "
+                 "name service does not answer; give an address instead", host,
+                 (long long)timeout_ms);
+    else if (rc != 0)
+        snprintf(err, errlen, "cannot resolve '%.64s': %s", host, gai_strerror(rc));
+    return done && rc == 0 ? 0 : -1;
+}
+
+/* host (a name or an address) and port into *out, IPv4 first, within
+ * timeout_ms. */
+static int resolve(const char *host, int port, int64_t timeout_ms, hc_sockaddr_t *out, char *err,
+                   size_t errlen)
+{
+    struct addrinfo *res;
+    if (resolve_bounded(host, timeout_ms, &res, err, errlen) != 0)
+        return -1;
     /* IPv4 first, as for interfaces. */
     const struct addrinfo *pick = NULL;
     for (const struct addrinfo *a = res; a && !pick; a = a->ai_next)
@@ -192,7 +298,7 @@ int hc_launch_slurm_port(unsigned long long job, unsigned long long step)
            (int)((job * HC_LAUNCH_SLURM_PORT_MULT + step) % HC_LAUNCH_SLURM_PORT_SPAN);
 }
 
-static int root_from_hcoll(const char *v, hc_launch_t *l, char *err, size_t errlen)
+static int root_from_hcoll(const char *v, int64_t ms, hc_launch_t *l, char *err, size_t errlen)
 {
     char host[256], detail[300];
     const char *port;
@@ -206,7 +312,7 @@ static int root_from_hcoll(const char *v, hc_launch_t *l, char *err, size_t errl
         snprintf(err, errlen, "HCOLL_ROOT: port '%s' is not a number in 1..65535", port);
         return -1;
     }
-    if (resolve(host, (int)p, &l->root, detail, sizeof detail) != 0) {
+    if (resolve(host, (int)p, ms, &l->root, detail, sizeof detail) != 0) {
         snprintf(err, errlen, "HCOLL_ROOT: %s", detail);
         return -1;
     }
@@ -215,8 +321,8 @@ static int root_from_hcoll(const char *v, hc_launch_t *l, char *err, size_t errl
 }
 
 /* MASTER_ADDR : MASTER_PORT + HCOLL_ROOT_PORT_OFFSET. */
-static int root_from_master(hc_getenv_fn getenv_fn, void *ctx, const char *ma, hc_launch_t *l,
-                            char *err, size_t errlen)
+static int root_from_master(hc_getenv_fn getenv_fn, void *ctx, const char *ma, int64_t ms,
+                            hc_launch_t *l, char *err, size_t errlen)
 {
     char detail[300];
     long port, off;
@@ -234,7 +340,7 @@ static int root_from_master(hc_getenv_fn getenv_fn, void *ctx, const char *ma, h
                  port, off, port + off);
         return -1;
     }
-    if (resolve(ma, (int)(port + off), &l->root, detail, sizeof detail) != 0) {
+    if (resolve(ma, (int)(port + off), ms, &l->root, detail, sizeof detail) != 0) {
         snprintf(err, errlen, "MASTER_ADDR: %s", detail);
         return -1;
     }
@@ -272,8 +378,8 @@ static int slurm_id(hc_getenv_fn getenv_fn, void *ctx, const char *name, const c
 }
 
 /* srun alone: the step's first node, the step's port. */
-static int root_from_slurm(hc_getenv_fn getenv_fn, void *ctx, hc_launch_t *l, char *err,
-                           size_t errlen)
+static int root_from_slurm(hc_getenv_fn getenv_fn, void *ctx, int64_t ms, hc_launch_t *l,
+                           char *err, size_t errlen)
 {
     char host[HC_HOSTLIST_NAME_MAX], detail[300];
     const char *list, *var;
@@ -300,7 +406,7 @@ static int root_from_slurm(hc_getenv_fn getenv_fn, void *ctx, hc_launch_t *l, ch
         return -1;
     }
     int port = hc_launch_slurm_port((unsigned long long)job, (unsigned long long)step);
-    if (resolve(host, port, &l->root, detail, sizeof detail) != 0) {
+    if (resolve(host, port, ms, &l->root, detail, sizeof detail) != 0) {
         snprintf(err, errlen, "%s: first host '%.64s': %.200s", var, host, detail);
         return -1;
     }
@@ -312,23 +418,93 @@ static int root_from_slurm(hc_getenv_fn getenv_fn, void *ctx, hc_launch_t *l, ch
 static int env_root(hc_getenv_fn getenv_fn, void *ctx, int which, hc_launch_t *l, char *err,
                     size_t errlen)
 {
+    /* Name look-ups are a set-up step: HCOLL_TIMEOUT_MS bounds them. */
+    long ms;
+    const hc_knob_t *k = hc_knob_find("HCOLL_TIMEOUT_MS");
+    int h = env_long(getenv_fn, ctx, k->name, (long)k->min, (long)k->max, &ms, err, errlen);
+    if (h < 0)
+        return -1;
+    if (h == 0)
+        ms = strtol(k->defval, NULL, 10);
     const char *v = env_get(getenv_fn, ctx, "HCOLL_ROOT");
     if (v)
-        return root_from_hcoll(v, l, err, errlen);
+        return root_from_hcoll(v, ms, l, err, errlen);
     const char *ma = env_get(getenv_fn, ctx, "MASTER_ADDR");
     const char *mp = env_get(getenv_fn, ctx, "MASTER_PORT");
     if (ma && mp)
-        return root_from_master(getenv_fn, ctx, ma, l, err, errlen);
+        return root_from_master(getenv_fn, ctx, ma, ms, l, err, errlen);
     if (ma || mp) {
         snprintf(err, errlen, "%s is set but %s is not (set both, or HCOLL_ROOT=host:port)",
                  ma ? "MASTER_ADDR" : "MASTER_PORT", ma ? "MASTER_PORT" : "MASTER_ADDR");
         return -1;
     }
     if (which == L_SLURM)
-        return root_from_slurm(getenv_fn, ctx, l, err, errlen);
+        return root_from_slurm(getenv_fn, ctx, ms, l, err, errlen);
     snprintf(err, errlen, "no rendezvous address: set HCOLL_ROOT=host:port (torchrun sets "
                           "MASTER_ADDR and MASTER_PORT; srun alone derives it from its node list)");
     return -1;
+}
+
+int hc_launch_is_loopback(const hc_sockaddr_t *a)
+{
+    if (a->sa.sa_family == AF_INET)
+        return (ntohl(a->sin.sin_addr.s_addr) >> 24) == 127;
+    if (a->sa.sa_family != AF_INET6)
+        return 0;
+    const struct in6_addr *x = &a->sin6.sin6_addr;
+    return IN6_IS_ADDR_LOOPBACK(x) || (IN6_IS_ADDR_V4MAPPED(x) && x->s6_addr[12] == 127);
+}
+
+int hc_launch_secret_weak(const char *secret)
+{
+    size_t n = strlen(secret), hex = 0;
+    while (hex < n && isxdigit((unsigned char)secret[hex]))
+        hex++;
+    return n < 16 || (hex == n && n < 32);
+}
+
+/* The secret, the key stretching's cost, and the rule that a job without
+ * a secret runs only where no stranger can reach its root. */
+static int launch_secret(hc_getenv_fn getenv_fn, void *ctx, hc_launch_t *l, char *err,
+                         size_t errlen)
+{
+    char as[80];
+    long iters, allow = 0;
+    const char *secret = env_get(getenv_fn, ctx, "HCOLL_SECRET");
+    if (!secret) {
+        const hc_knob_t *k = hc_knob_find("HCOLL_ALLOW_UNAUTHENTICATED");
+        if (env_long(getenv_fn, ctx, k->name, (long)k->min, (long)k->max, &allow, err, errlen) < 0)
+            return -1;
+        if (!allow && !hc_launch_is_loopback(&l->root)) {
+            snprintf(err, errlen,
+                     "HCOLL_SECRET is not set and the root address %s (from %s) is not "
+                     "loopback, so any process that reaches it could join this job: set the "
+                     "same HCOLL_SECRET on every rank (e.g. HCOLL_SECRET=$(od -An -tx1 -N32 "
+                     "/dev/urandom | tr -d ' \\n') exported before mpirun, srun or torchrun), "
+                     "or HCOLL_ALLOW_UNAUTHENTICATED=1 to run without",
+                     hc_sockaddr_str(&l->root, as, sizeof as), l->root_from);
+            return -1;
+        }
+        hc_boot_key_public(l->key);
+        return 0;
+    }
+    if (hc_knob_parse(hc_knob_find("HCOLL_SECRET"), secret, NULL, err, errlen) != HCOLL_SUCCESS)
+        return -1;
+    const hc_knob_t *k = hc_knob_find("HCOLL_KDF_ITERS");
+    int h = env_long(getenv_fn, ctx, k->name, (long)k->min, (long)k->max, &iters, err, errlen);
+    if (h < 0)
+        return -1;
+    if (h == 0)
+        iters = strtol(k->defval, NULL, 10);
+    if (hc_launch_secret_weak(secret))
+        HC_WARN(HC_INIT, l->rank,
+                "HCOLL_SECRET is weak (%zu characters): use at least 16 characters, or 32 hex "
+                "digits (128 bits), e.g. $(od -An -tx1 -N32 /dev/urandom | tr -d ' \\n')",
+                strlen(secret));
+    hc_boot_key_from_string(secret, l->key);
+    l->authenticated = 1;
+    l->kdf_iters = (uint32_t)iters;
+    return 0;
 }
 
 hcoll_status_t hc_launch_read(hc_getenv_fn getenv_fn, void *ctx, hc_errbuf_t *eb,
@@ -342,14 +518,10 @@ hcoll_status_t hc_launch_read(hc_getenv_fn getenv_fn, void *ctx, hc_errbuf_t *eb
         return hc_err_set(eb, HC_INIT, -1, HCOLL_ERR_INVALID_ARG, "init_env: %s", err);
     if (env_root(getenv_fn, ctx, which, &l, err, sizeof err) != 0)
         return hc_err_set(eb, HC_INIT, l.rank, HCOLL_ERR_INVALID_ARG, "init_env: %s", err);
-    const char *secret = env_get(getenv_fn, ctx, "HCOLL_SECRET");
-    if (secret) {
-        if (hc_knob_parse(hc_knob_find("HCOLL_SECRET"), secret, NULL, err, sizeof err) != HCOLL_SUCCESS)
-            return hc_err_set(eb, HC_INIT, l.rank, HCOLL_ERR_INVALID_ARG, "init_env: %s", err);
-        hc_boot_key_from_string(secret, l.key);
-        l.authenticated = 1;
-    } else {
-        hc_boot_key_public(l.key);
+    if (launch_secret(getenv_fn, ctx, &l, err, sizeof err) != 0) {
+        const int rank = l.rank;
+        hc_secure_zero(&l, sizeof l);
+        return hc_err_set(eb, HC_INIT, rank, HCOLL_ERR_INVALID_ARG, "init_env: %s", err);
     }
     *out = l;
     hc_secure_zero(&l, sizeof l);

@@ -34,8 +34,20 @@
  *     distributions put it there; a rank 0 whose SLURM_NODEID is not 0 is
  *     refused, naming HCOLL_ROOT);
  *   4 else an error that says what to set.
- * Secret: HCOLL_SECRET, hashed into the bootstrap key; unset, the public
- * key (peers are not authenticated).
+ * Secret: HCOLL_SECRET, hashed into the bootstrap's pre-key, which the
+ * rendezvous stretches with HCOLL_KDF_ITERS PBKDF2 iterations over a salt
+ * rank 0 draws (boot.h); one shorter than 16 characters, or than 32 hex
+ * digits when it is all hex (128 bits), gets a WARN. Unset, init refuses
+ * to run (HCOLL_ERR_INVALID_ARG saying what to set) unless the root
+ * address is loopback (every rank is then on this host) or
+ * HCOLL_ALLOW_UNAUTHENTICATED=1; it then runs with the public key.
+ *
+ * Host names (HCOLL_ROOT, MASTER_ADDR, a Slurm node) resolve within
+ * HCOLL_TIMEOUT_MS: a numeric address is parsed at once (AI_NUMERICHOST,
+ * never blocks); a name is looked up on a detached helper thread that the
+ * caller waits for up to the timeout, since getaddrinfo itself cannot be
+ * cancelled or bounded (glibc's getaddrinfo_a runs the same kind of
+ * thread, and its gai_cancel cannot stop a lookup in progress either).
  *
  * A variable that is empty counts as unset. The HCOLL_* ones are parsed
  * by the configuration table (base/config.h), so a malformed value is
@@ -69,17 +81,26 @@ typedef struct hc_launch {
     const char *root_from;
     int authenticated;      /* 1: key is from HCOLL_SECRET; 0: the public key */
     unsigned char key[HC_BOOT_KEY_BYTES];
+    uint32_t kdf_iters;     /* for hc_boot_args_t.kdf_iters: 0 with the public key */
 } hc_launch_t;
 
 /*
  * Read the launch variables through getenv_fn(name, ctx). HCOLL_SUCCESS
  * with *out filled, or HCOLL_ERR_INVALID_ARG recorded in eb (NULL: the
  * thread's buffer) with a message that names the variable. Resolves the
- * rendezvous host name (getaddrinfo), so it may block on DNS. Logs nothing
- * else; the caller wipes out->key when done with it.
+ * rendezvous host name (getaddrinfo), so it may block on DNS up to
+ * HCOLL_TIMEOUT_MS. Logs only the weak-secret WARN; the caller wipes
+ * out->key when done with it.
  */
 hcoll_status_t hc_launch_read(hc_getenv_fn getenv_fn, void *ctx, hc_errbuf_t *eb,
                               hc_launch_t *out);
+
+/* 1 when a is a loopback address (127.0.0.0/8, ::1, ::ffff:127.0.0.0/104). */
+int hc_launch_is_loopback(const hc_sockaddr_t *a);
+
+/* 1 when secret is weak: fewer than 16 characters, or all hex digits and
+ * fewer than 32 of them (under 128 bits). */
+int hc_launch_secret_weak(const char *secret);
 
 #define HC_LAUNCH_SLURM_PORT_BASE 12000
 #define HC_LAUNCH_SLURM_PORT_SPAN 20000

@@ -13,14 +13,15 @@
 
 /* Rank 0: serve the listener lfd (owned from here: closed in every case)
  * until every rank has joined; recs (nranks*rec_len) gets the table, this
- * rank's rec first. On failure every connected rank is told why. */
-hcoll_status_t hc_boot_root_rendezvous(hc_boot_t *b, int lfd, const unsigned char *key,
-                                       const void *rec, size_t rec_len, unsigned char *recs);
+ * rank's rec first. On failure every connected rank is told why. Keys:
+ * b->prekey and b->kdf_iters in; b->key (the session key) out. */
+hcoll_status_t hc_boot_root_rendezvous(hc_boot_t *b, int lfd, const void *rec, size_t rec_len,
+                                       unsigned char *recs);
 
 /* Any other rank: connect to b->root (retrying until the deadline),
  * authenticate, send rec and receive the table into recs. On success
- * b->conn[0] is the connection to the root. */
-hcoll_status_t hc_boot_client_rendezvous(hc_boot_t *b, const unsigned char *key, const void *rec,
-                                         size_t rec_len, unsigned char *recs);
+ * b->conn[0] is the connection to the root and b->key the session key. */
+hcoll_status_t hc_boot_client_rendezvous(hc_boot_t *b, const void *rec, size_t rec_len,
+                                         unsigned char *recs);
 
 #endif

@@ -1,22 +1,30 @@
 /*
  * The root's side of the rendezvous (rank 0): one poll loop over the
- * listener, the not-yet-authenticated connections and the registered
- * ranks, so that a slow or hostile connection never stalls the others.
+ * listener, the not-yet-registered connections and the registered ranks,
+ * so that a slow or hostile connection never stalls the others.
  *
- *   rank k ──connect──────────► root   accept: a pending entry, P_AUTH_HDR
- *          ◄── CHALLENGE nonce_s ──     (sent at once, never blocks)
+ *   rank k ──connect──────────► root   accept: a pending entry, P_HELLO
+ *          ── HELLO ─────────────►     ("fresh": evictable until then)
+ *          ◄── CHALLENGE ──────────     nonce_s, salt, kdf_iters: P_AUTH_HDR
  *          ── AUTH rank nranks  ──►     P_AUTH_HDR ─► P_AUTH_BODY
  *             rec_len nonce_c MAC       MAC checked first, then the claims
- *          ◄── AUTH_OK MAC ─────────    (or ERROR with the reason, dropped)
+ *          ◄── AUTH_OK MAC ─────────    (or REFUSE with its MAC and the reason,
+ *                                        or ERROR when the MAC was wrong)
  *          ── RECORD ────────────►     P_REC_HDR ─► P_REC_BODY: the record
  *                                       lands in its slot; k is registered
  *          ◄── TABLE ──────────────     once all nranks-1 ranks are in
  *
  * Each pending connection is a small state machine fed by non-blocking
- * reads (root_pend_progress). At most HC_BOOT_PENDING_MAX are kept (the
- * oldest goes when a new one arrives) and each has auth_ms (a quarter of
- * the timeout, clamped to 1..10 s) to finish the handshake. A registered
- * rank must stay silent until the table: readable means it died.
+ * reads (root_pend_progress). Under a flood (boot.h, HC_BOOT_PENDING_MAX):
+ * at most HC_BOOT_PENDING_MAX fresh connections, the oldest evicted for a
+ * newcomer, and at most HC_BOOT_HANDSHAKE_MAX past their HELLO, never
+ * evicted; each turn of the loop serves what is readable, then accepts at
+ * most HC_BOOT_ACCEPT_BATCH, so a burst cannot starve the handshakes in
+ * flight. Each connection has auth_ms (a quarter of the timeout, clamped to
+ * 1..10 s) to finish the handshake. Out of file descriptors, the root
+ * evicts a fresh connection, or else stops polling the listener for a
+ * growing pause. A registered rank must stay silent until the table
+ * (heartbeats aside): readable otherwise means it died.
  */
 #include "boot/rendezvous.h"
 
@@ -34,14 +42,22 @@
 #include "boot/hmac.h"
 #include "boot/io.h"
 
-enum pend_state { P_AUTH_HDR, P_AUTH_BODY, P_REC_HDR, P_REC_BODY };
+enum pend_state { P_HELLO, P_AUTH_HDR, P_AUTH_BODY, P_REC_HDR, P_REC_BODY };
+
+#define ROOT_PEND_CAP (HC_BOOT_PENDING_MAX + HC_BOOT_HANDSHAKE_MAX)
+/* Drops logged as WARN per rendezvous; the rest at TRACE, counted in one
+ * WARN at the end, so that a flood of strangers does not flood the log. */
+#define ROOT_DROP_WARN_MAX 32
+/* The listener's pause when accept runs out of file descriptors. */
+#define ROOT_EMFILE_PAUSE_MIN_MS 10
+#define ROOT_EMFILE_PAUSE_MAX_MS 250
 
 typedef struct pend {
     int fd;
     int state;
     int rank;       /* claimed, once authenticated */
     double deadline;
-    uint64_t born;  /* arrival order, for evicting the oldest */
+    uint64_t born;  /* arrival order, for evicting the oldest fresh one */
     size_t got;
     unsigned char buf[HC_BWIRE_HDR_BYTES + HC_BWIRE_AUTH_BYTES];
     unsigned char nonce_s[HC_BWIRE_NONCE_BYTES];
@@ -50,17 +66,19 @@ typedef struct pend {
 
 typedef struct root_ctx {
     hc_boot_t *b;
-    const unsigned char *key;
     size_t rec_len;
     unsigned char *recs;
-    pend_t pend[HC_BOOT_PENDING_MAX];
-    int npend;
+    pend_t pend[ROOT_PEND_CAP];
+    int npend, nfresh;
     uint64_t born_seq;
     char *claimed; /* nranks: authenticated (pending or registered) */
     int nreg;
     double auth_ms;
     int lfd;
+    double lfd_paused_until; /* out of fds: the listener rests until then */
+    double emfile_pause_ms;
     double deadline;
+    int ndrops;
     struct pollfd *pf; /* abort_fd, lfd, pending, registered */
     double *heard;     /* nranks: last sign of life of a registered rank */
     double next_beat;  /* when the root beats to the registered ranks next */
@@ -77,10 +95,17 @@ static void pend_drop(root_ctx_t *rc, int i, const char *fmt, ...)
         va_start(ap, fmt);
         vsnprintf(why, sizeof why, fmt, ap);
         va_end(ap);
-        HC_WARN(HC_BOOT, 0, "bootstrap: dropped connection from %s: %s", p->peer, why);
+        if (++rc->ndrops <= ROOT_DROP_WARN_MAX)
+            HC_WARN(HC_BOOT, 0, "bootstrap: dropped connection from %s: %s%s", p->peer, why,
+                    rc->ndrops == ROOT_DROP_WARN_MAX ? " (further drops are logged at TRACE)"
+                                                     : "");
+        else
+            HC_TRACE(HC_BOOT, 0, "bootstrap: dropped connection from %s: %s", p->peer, why);
     }
     if (p->state >= P_REC_HDR)
         rc->claimed[p->rank] = 0;
+    if (p->state == P_HELLO)
+        rc->nfresh--;
     close(p->fd);
     rc->pend[i] = rc->pend[--rc->npend];
 }
@@ -91,50 +116,116 @@ static void pend_reject(root_ctx_t *rc, int i, hcoll_status_t st, const char *te
     pend_drop(rc, i, "%s", text);
 }
 
-static void root_accept(root_ctx_t *rc, int lfd)
+/* Refuse an AUTH whose MAC was right: the refusal carries a MAC of its
+ * own, so the client can tell it from a stranger's ERROR and honour it. */
+static void pend_refuse(root_ctx_t *rc, int i, hcoll_status_t st, const char *text)
 {
-    for (;;) {
-        int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    pend_t *p = &rc->pend[i];
+    const unsigned char *nonce_c = p->buf + HC_BWIRE_HDR_BYTES + 12;
+    unsigned char m[HC_BWIRE_HDR_BYTES + HC_BWIRE_MAC_BYTES + HC_BWIRE_ERRTEXT_MAX];
+    size_t n = strlen(text);
+    if (n > HC_BWIRE_ERRTEXT_MAX)
+        n = HC_BWIRE_ERRTEXT_MAX;
+    hc_bwire_pack(m, HC_BMSG_REFUSE, (uint32_t)(HC_BWIRE_MAC_BYTES + n), (uint32_t)st);
+    hc_bwire_refuse_mac(rc->b->key, p->nonce_s, nonce_c, (uint32_t)st, text, n,
+                        m + HC_BWIRE_HDR_BYTES);
+    memcpy(m + HC_BWIRE_HDR_BYTES + HC_BWIRE_MAC_BYTES, text, n);
+    ssize_t w = send(p->fd, m, HC_BWIRE_HDR_BYTES + HC_BWIRE_MAC_BYTES + n,
+                     MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)w;
+    pend_drop(rc, i, "%s", text);
+}
+
+/* The oldest connection that has sent nothing valid, or -1. */
+static int pend_oldest_fresh(const root_ctx_t *rc)
+{
+    int old = -1;
+    for (int i = 0; i < rc->npend; i++)
+        if (rc->pend[i].state == P_HELLO && (old < 0 || rc->pend[i].born < rc->pend[old].born))
+            old = i;
+    return old;
+}
+
+static int root_pend_progress(root_ctx_t *rc, int i);
+
+/* Accept at most HC_BOOT_ACCEPT_BATCH connections, and read each one's
+ * HELLO at once when it is already there (a rank that waited in the
+ * backlog). */
+static void root_accept(root_ctx_t *rc, double now)
+{
+    for (int k = 0; k < HC_BOOT_ACCEPT_BATCH; k++) {
+        int fd = accept4(rc->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
-            /* Out of fds: the listener stays readable, so pause rather than
-             * spin until the deadline. Anything else is EAGAIN or transient. */
-            if (errno == EMFILE || errno == ENFILE)
-                usleep(10 * 1000);
+            if (errno != EMFILE && errno != ENFILE)
+                return; /* EAGAIN, or a connection that died in the backlog */
+            /* Out of fds: make room by evicting a stranger that has sent
+             * nothing valid; with none, rest the listener instead of
+             * spinning on it (it stays readable) until the deadline. */
+            int old = pend_oldest_fresh(rc);
+            if (old >= 0) {
+                pend_drop(rc, old, "out of file descriptors (%s): dropping the oldest "
+                                   "connection that sent nothing valid", strerror(errno));
+                continue;
+            }
+            if (rc->emfile_pause_ms == ROOT_EMFILE_PAUSE_MIN_MS)
+                HC_WARN(HC_BOOT, 0, "bootstrap: cannot accept: %s; pausing the listener",
+                        strerror(errno));
+            rc->lfd_paused_until = now + rc->emfile_pause_ms;
+            rc->emfile_pause_ms *= 2;
+            if (rc->emfile_pause_ms > ROOT_EMFILE_PAUSE_MAX_MS)
+                rc->emfile_pause_ms = ROOT_EMFILE_PAUSE_MAX_MS;
             return;
         }
-        if (rc->npend == HC_BOOT_PENDING_MAX) {
-            /* Evict the oldest: a flood of idle connections then delays a
-             * real rank by at most one retry instead of locking it out. */
-            int old = 0;
-            for (int i = 1; i < rc->npend; i++)
-                if (rc->pend[i].born < rc->pend[old].born)
-                    old = i;
-            pend_drop(rc, old, "too many unauthenticated connections (at most %d); "
-                               "dropping the oldest", HC_BOOT_PENDING_MAX);
-        }
+        rc->emfile_pause_ms = ROOT_EMFILE_PAUSE_MIN_MS;
+        if (rc->nfresh == HC_BOOT_PENDING_MAX)
+            pend_drop(rc, pend_oldest_fresh(rc),
+                      "too many connections that sent nothing valid (at most %d); dropping "
+                      "the oldest", HC_BOOT_PENDING_MAX);
         pend_t *p = &rc->pend[rc->npend++];
         memset(p, 0, sizeof *p);
         p->fd = fd;
-        p->state = P_AUTH_HDR;
+        p->state = P_HELLO;
         p->rank = -1;
         p->born = rc->born_seq++;
-        p->deadline = hc_now_ms() + rc->auth_ms;
+        p->deadline = now + rc->auth_ms;
+        rc->nfresh++;
         hc_bio_peer_str(fd, p->peer, sizeof p->peer);
         hc_bio_nodelay(fd);
-        unsigned char m[HC_BWIRE_HDR_BYTES + HC_BWIRE_NONCE_BYTES];
-        if (hc_random_bytes(p->nonce_s, HC_BWIRE_NONCE_BYTES) != 0) {
-            pend_drop(rc, rc->npend - 1, "getrandom: %s", strerror(errno));
-            continue;
-        }
-        hc_bwire_pack(m, HC_BMSG_CHALLENGE, HC_BWIRE_NONCE_BYTES, 0);
-        memcpy(m + HC_BWIRE_HDR_BYTES, p->nonce_s, HC_BWIRE_NONCE_BYTES);
-        /* A fresh socket's send buffer is empty, so this never blocks; a
-         * short write means the peer is already gone. */
-        if (send(fd, m, sizeof m, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof m)
-            pend_drop(rc, rc->npend - 1, "could not send the challenge");
-        else
-            HC_TRACE(HC_BOOT, 0, "bootstrap: connection from %s, challenge sent", p->peer);
+        HC_TRACE(HC_BOOT, 0, "bootstrap: connection from %s", p->peer);
+        root_pend_progress(rc, rc->npend - 1);
     }
+}
+
+/* A HELLO came: challenge the connection, which may then not be evicted. */
+static int root_challenge(root_ctx_t *rc, int i)
+{
+    pend_t *p = &rc->pend[i];
+    if (rc->npend - rc->nfresh >= HC_BOOT_HANDSHAKE_MAX) {
+        pend_drop(rc, i, "too many connections in the handshake (at most %d)",
+                  HC_BOOT_HANDSHAKE_MAX);
+        return 0;
+    }
+    unsigned char m[HC_BWIRE_HDR_BYTES + HC_BWIRE_CHALLENGE_BYTES];
+    unsigned char *c = m + HC_BWIRE_HDR_BYTES;
+    if (hc_random_bytes(p->nonce_s, HC_BWIRE_NONCE_BYTES) != 0) {
+        pend_drop(rc, i, "getrandom: %s", strerror(errno));
+        return 0;
+    }
+    hc_bwire_pack(m, HC_BMSG_CHALLENGE, HC_BWIRE_CHALLENGE_BYTES, 0);
+    memcpy(c, p->nonce_s, HC_BWIRE_NONCE_BYTES);
+    memcpy(c + HC_BWIRE_NONCE_BYTES, rc->b->salt, HC_BWIRE_SALT_BYTES);
+    hc_bwire_put32(c + HC_BWIRE_NONCE_BYTES + HC_BWIRE_SALT_BYTES, rc->b->kdf_iters);
+    /* The connection has sent nothing but its HELLO, so its send buffer is
+     * empty and this never blocks; a short write means the peer is gone. */
+    if (send(p->fd, m, sizeof m, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof m) {
+        pend_drop(rc, i, "could not send the challenge");
+        return 0;
+    }
+    p->state = P_AUTH_HDR;
+    p->got = 0;
+    rc->nfresh--;
+    HC_TRACE(HC_BOOT, 0, "bootstrap: challenge sent to %s", p->peer);
+    return 1;
 }
 
 static int looks_like_http(const unsigned char *b)
@@ -161,7 +252,7 @@ static int root_auth(root_ctx_t *rc, int i)
     char text[160];
 
     /* The MAC first: nothing an unauthenticated peer claims is looked at. */
-    hc_bwire_mac(rc->key, 'C', p->nonce_s, nonce_c, rank, nranks, rec_len, want);
+    hc_bwire_mac(b->key, 'C', p->nonce_s, nonce_c, rank, nranks, rec_len, want);
     if (!hc_ct_equal(want, mac, HC_BWIRE_MAC_BYTES)) {
         pend_reject(rc, i, HCOLL_ERR_MISMATCH,
                     "authentication failed: the peer does not hold this job's secret "
@@ -173,23 +264,23 @@ static int root_auth(root_ctx_t *rc, int i)
                  "rank %u was started with nranks %u (record %u bytes) but the root has "
                  "nranks %d (record %zu bytes)",
                  rank, nranks, rec_len, b->nranks, rc->rec_len);
-        pend_reject(rc, i, HCOLL_ERR_MISMATCH, text);
+        pend_refuse(rc, i, HCOLL_ERR_MISMATCH, text);
         return 0;
     }
     if (rank == 0 || rank >= nranks) {
         snprintf(text, sizeof text, "rank %u is not a valid non-root rank of %u", rank, nranks);
-        pend_reject(rc, i, HCOLL_ERR_INVALID_ARG, text);
+        pend_refuse(rc, i, HCOLL_ERR_INVALID_ARG, text);
         return 0;
     }
     if (rc->claimed[rank]) {
         snprintf(text, sizeof text, "duplicate rank %u: another process already joined as rank %u",
                  rank, rank);
-        pend_reject(rc, i, HCOLL_ERR_INVALID_ARG, text);
+        pend_refuse(rc, i, HCOLL_ERR_INVALID_ARG, text);
         return 0;
     }
     unsigned char m[HC_BWIRE_HDR_BYTES + HC_BWIRE_MAC_BYTES];
     hc_bwire_pack(m, HC_BMSG_AUTH_OK, HC_BWIRE_MAC_BYTES, 0);
-    hc_bwire_mac(rc->key, 'S', p->nonce_s, nonce_c, rank, nranks, rec_len,
+    hc_bwire_mac(b->key, 'S', p->nonce_s, nonce_c, rank, nranks, rec_len,
                  m + HC_BWIRE_HDR_BYTES);
     if (send(p->fd, m, sizeof m, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof m) {
         pend_drop(rc, i, "rank %u: could not send the authentication answer", rank);
@@ -203,6 +294,34 @@ static int root_auth(root_ctx_t *rc, int i)
     return 1;
 }
 
+/* A complete header in state P_HELLO or P_AUTH_HDR: 1 when it is the one
+ * expected (and the connection moved on), 0 when it was dropped. */
+static int root_first_hdr(root_ctx_t *rc, int i, unsigned type, uint32_t len)
+{
+    pend_t *p = &rc->pend[i];
+    hc_bwire_hdr_t h;
+    char why[96];
+    hc_bwire_unpack(p->buf, &h);
+    if (h.magic != HC_BWIRE_MAGIC) {
+        pend_drop(rc, i, "not an hcoll bootstrap client (%s)",
+                  looks_like_http(p->buf) ? "an HTTP request" : "bad magic");
+        return 0;
+    }
+    if (!hc_bwire_sane(&h, why, sizeof why)) {
+        pend_drop(rc, i, "%s", why);
+        return 0;
+    }
+    if (h.type != type || h.len != len) {
+        pend_drop(rc, i, "expected %s (%u bytes), got type %u with length %u",
+                  type == HC_BMSG_HELLO ? "a HELLO" : "an AUTH message", len, h.type, h.len);
+        return 0;
+    }
+    if (type == HC_BMSG_HELLO)
+        return root_challenge(rc, i);
+    p->state = P_AUTH_BODY;
+    return 1;
+}
+
 /* Feed one readable pending connection. Returns 1 when it became a
  * registered rank (and left the pending table), 0 otherwise. */
 static int root_pend_progress(root_ctx_t *rc, int i)
@@ -213,19 +332,18 @@ static int root_pend_progress(root_ctx_t *rc, int i)
         unsigned char *dst;
         size_t need;
         switch (p->state) {
-        case P_AUTH_HDR: dst = p->buf + p->got, need = HC_BWIRE_HDR_BYTES; break;
         case P_AUTH_BODY:
             dst = p->buf + p->got, need = HC_BWIRE_HDR_BYTES + HC_BWIRE_AUTH_BYTES;
             break;
-        case P_REC_HDR: dst = p->buf + p->got, need = HC_BWIRE_HDR_BYTES; break;
-        default: /* the record lands straight in its slot of the table */
+        case P_REC_BODY: /* the record lands straight in its slot of the table */
             dst = rc->recs + (size_t)p->rank * rc->rec_len + (p->got - HC_BWIRE_HDR_BYTES);
             need = HC_BWIRE_HDR_BYTES + rc->rec_len;
             break;
+        default: dst = p->buf + p->got, need = HC_BWIRE_HDR_BYTES; break;
         }
         ssize_t n = need > p->got ? recv(p->fd, dst, need - p->got, 0) : 0;
         if (n == 0 && need > p->got) {
-            if (p->state == P_AUTH_HDR && p->got == 0)
+            if (p->state == P_HELLO && p->got == 0)
                 pend_drop(rc, i, "closed before sending anything (a port scan?)");
             else
                 pend_drop(rc, i, "closed during the handshake after %zu bytes", p->got);
@@ -245,23 +363,13 @@ static int root_pend_progress(root_ctx_t *rc, int i)
         hc_bwire_hdr_t h;
         char why[96];
         switch (p->state) {
+        case P_HELLO:
+            if (!root_first_hdr(rc, i, HC_BMSG_HELLO, 0))
+                return 0;
+            break;
         case P_AUTH_HDR:
-            hc_bwire_unpack(p->buf, &h);
-            if (h.magic != HC_BWIRE_MAGIC) {
-                pend_drop(rc, i, "not an hcoll bootstrap client (%s)",
-                          looks_like_http(p->buf) ? "an HTTP request" : "bad magic");
+            if (!root_first_hdr(rc, i, HC_BMSG_AUTH, HC_BWIRE_AUTH_BYTES))
                 return 0;
-            }
-            if (!hc_bwire_sane(&h, why, sizeof why)) {
-                pend_drop(rc, i, "%s", why);
-                return 0;
-            }
-            if (h.type != HC_BMSG_AUTH || h.len != HC_BWIRE_AUTH_BYTES) {
-                pend_drop(rc, i, "expected an AUTH message of %d bytes, got type %u with "
-                                 "length %u", HC_BWIRE_AUTH_BYTES, h.type, h.len);
-                return 0;
-            }
-            p->state = P_AUTH_BODY;
             break;
         case P_AUTH_BODY:
             if (!root_auth(rc, i))
@@ -349,10 +457,15 @@ static hcoll_status_t root_poll_once(root_ctx_t *rc, double now)
     for (int i = 0; i < rc->npend; i++)
         if (rc->pend[i].deadline < wake)
             wake = rc->pend[i].deadline;
+    const int listening = now >= rc->lfd_paused_until;
+    if (!listening && rc->lfd_paused_until < wake)
+        wake = rc->lfd_paused_until;
 
     int np = 0;
     pf[np++] = (struct pollfd){ b->abort_fd, POLLIN, 0 };
-    pf[np++] = (struct pollfd){ rc->lfd, POLLIN, 0 };
+    /* A resting listener stays in the set with no events, so the indices
+     * below do not move. */
+    pf[np++] = (struct pollfd){ rc->lfd, listening ? POLLIN : 0, 0 };
     for (int i = 0; i < rc->npend; i++)
         pf[np++] = (struct pollfd){ rc->pend[i].fd, POLLIN, 0 };
     const int reg0 = np;
@@ -387,8 +500,8 @@ static hcoll_status_t root_poll_once(root_ctx_t *rc, double now)
                           "joined (it failed or was killed)",
                           r);
     }
-    /* Pending connections: walk a snapshot of the fds, since progress
-     * reorders the table. */
+    /* Pending connections first, then new ones: walk a snapshot of the
+     * fds, since progress reorders the table. */
     for (int k = 2; k < reg0; k++) {
         if (!pf[k].revents)
             continue;
@@ -400,30 +513,50 @@ static hcoll_status_t root_poll_once(root_ctx_t *rc, double now)
         }
     }
     if (pf[1].revents)
-        root_accept(rc, rc->lfd);
+        root_accept(rc, hc_now_ms());
     return HCOLL_SUCCESS;
 }
 
-hcoll_status_t hc_boot_root_rendezvous(hc_boot_t *b, int lfd, const unsigned char *key,
-                                       const void *rec, size_t rec_len, unsigned char *recs)
+/* The session key: the key as given, or stretched over a salt drawn for
+ * this job, which every CHALLENGE carries. */
+static hcoll_status_t root_session_key(hc_boot_t *b)
+{
+    if (hc_random_bytes(b->salt, sizeof b->salt) != 0)
+        return hc_err_set(b->eb, HC_BOOT, 0, HCOLL_ERR_SYSTEM, "init: getrandom: %s",
+                          strerror(errno));
+    if (b->kdf_iters == 0) {
+        memcpy(b->key, b->prekey, sizeof b->key);
+    } else {
+        const double t0 = hc_now_ms();
+        hc_bwire_kdf(b->prekey, b->salt, b->kdf_iters, b->key);
+        HC_INFO(HC_BOOT, 0, "bootstrap: secret stretched with %u PBKDF2 iterations in %.0f ms",
+                b->kdf_iters, hc_now_ms() - t0);
+    }
+    b->have_key = 1;
+    return HCOLL_SUCCESS;
+}
+
+hcoll_status_t hc_boot_root_rendezvous(hc_boot_t *b, int lfd, const void *rec, size_t rec_len,
+                                       unsigned char *recs)
 {
     hcoll_status_t st = HCOLL_SUCCESS;
     const double t0 = hc_now_ms(), deadline = t0 + (double)b->init_timeout_ms;
     root_ctx_t *rc = calloc(1, sizeof *rc);
-    struct pollfd *pf = calloc((size_t)b->nranks + HC_BOOT_PENDING_MAX + 2, sizeof *pf);
+    struct pollfd *pf = calloc((size_t)b->nranks + ROOT_PEND_CAP + 2, sizeof *pf);
     char *claimed = calloc((size_t)b->nranks, 1);
     double *heard = calloc((size_t)b->nranks, sizeof *heard);
     if (!rc || !pf || !claimed || !heard) {
         st = hc_err_set(b->eb, HC_BOOT, 0, HCOLL_ERR_NO_MEMORY, "bootstrap: out of memory");
         goto clean_ctx;
     }
+    HC_CHECK(root_session_key(b), clean_ctx);
     rc->b = b;
-    rc->key = key;
     rc->rec_len = rec_len;
     rc->recs = recs;
     rc->claimed = claimed;
     rc->heard = heard;
     rc->lfd = lfd;
+    rc->emfile_pause_ms = ROOT_EMFILE_PAUSE_MIN_MS;
     rc->deadline = deadline;
     rc->pf = pf;
     claimed[0] = 1;
@@ -435,7 +568,7 @@ hcoll_status_t hc_boot_root_rendezvous(hc_boot_t *b, int lfd, const unsigned cha
 
     while (rc->nreg < b->nranks - 1) {
         double now = hc_now_ms();
-        /* Expire unauthenticated connections that took too long. */
+        /* Expire connections that took too long over the handshake. */
         for (int i = 0; i < rc->npend;) {
             if (now >= rc->pend[i].deadline)
                 pend_drop(rc, i, "did not complete the handshake within %.0f ms", rc->auth_ms);
@@ -462,6 +595,10 @@ hcoll_status_t hc_boot_root_rendezvous(hc_boot_t *b, int lfd, const unsigned cha
             goto clean_ranks;
         }
     }
+    if (rc->ndrops > ROOT_DROP_WARN_MAX)
+        HC_WARN(HC_BOOT, 0, "bootstrap: dropped %d stray connections during the rendezvous "
+                            "(%d of them logged at TRACE only)",
+                rc->ndrops, rc->ndrops - ROOT_DROP_WARN_MAX);
     HC_INFO(HC_BOOT, 0, "bootstrap: all %d ranks joined in %.0f ms", b->nranks, hc_now_ms() - t0);
     goto clean_ctx;
 

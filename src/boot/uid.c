@@ -153,7 +153,7 @@ hcoll_status_t hc_uid_listen(const hc_uid_t *u, hc_errbuf_t *eb, int *fd_out)
                               HC_BOOT_SOCK_REUSEPORT | HC_BOOT_SOCK_REUSEADDR |
                                   HC_BOOT_SOCK_LISTEN,
                               eb, 0, "init", fd_out, NULL);
-    if (listen(fd, 128) != 0) {
+    if (listen(fd, HC_BOOT_BACKLOG) != 0) {
         char as[80];
         hcoll_status_t st = hc_err_set(eb, HC_BOOT, 0, HCOLL_ERR_NETWORK,
                                        "init: listen on %s: %s",

@@ -39,12 +39,18 @@ int hc_bwire_sane(const hc_bwire_hdr_t *h, char *why, size_t whylen)
                  HC_BWIRE_VERSION);
         return 0;
     }
-    if (h->type < HC_BMSG_CHALLENGE || h->type > HC_BMSG_BEAT) {
+    if (h->type < HC_BMSG_CHALLENGE || h->type > HC_BMSG_LAST_) {
         snprintf(why, whylen, "unknown message type %u", h->type);
         return 0;
     }
     if (h->type == HC_BMSG_ERROR && h->len > HC_BWIRE_ERRTEXT_MAX) {
         snprintf(why, whylen, "error text of %u bytes (at most %d)", h->len, HC_BWIRE_ERRTEXT_MAX);
+        return 0;
+    }
+    if (h->type == HC_BMSG_REFUSE &&
+        (h->len < HC_BWIRE_MAC_BYTES || h->len > HC_BWIRE_MAC_BYTES + HC_BWIRE_ERRTEXT_MAX)) {
+        snprintf(why, whylen, "refusal of %u bytes (%d to %d)", h->len, HC_BWIRE_MAC_BYTES,
+                 HC_BWIRE_MAC_BYTES + HC_BWIRE_ERRTEXT_MAX);
         return 0;
     }
     return 1;
@@ -100,4 +106,31 @@ void hc_bwire_mac(const unsigned char *key, char side, const unsigned char *nonc
     hc_hmac_update(&h, nonce_c, HC_BWIRE_NONCE_BYTES);
     hc_hmac_update(&h, nums, sizeof nums);
     hc_hmac_final(&h, out);
+}
+
+void hc_bwire_refuse_mac(const unsigned char *key, const unsigned char *nonce_s,
+                         const unsigned char *nonce_c, uint32_t status, const char *text,
+                         size_t len, unsigned char out[HC_BWIRE_MAC_BYTES])
+{
+    unsigned char st[4];
+    hc_bwire_put32(st, status);
+    hc_hmac_t h;
+    hc_hmac_init(&h, key, HC_BOOT_KEY_BYTES);
+    hc_hmac_update(&h, "hcoll-refuse-v1", 15);
+    hc_hmac_update(&h, nonce_s, HC_BWIRE_NONCE_BYTES);
+    hc_hmac_update(&h, nonce_c, HC_BWIRE_NONCE_BYTES);
+    hc_hmac_update(&h, st, sizeof st);
+    hc_hmac_update(&h, text, len);
+    hc_hmac_final(&h, out);
+}
+
+void hc_bwire_kdf(const unsigned char prekey[HC_BOOT_KEY_BYTES],
+                  const unsigned char salt[HC_BWIRE_SALT_BYTES], uint32_t iters,
+                  unsigned char key_out[HC_BOOT_KEY_BYTES])
+{
+    unsigned char s[12 + HC_BWIRE_SALT_BYTES];
+    memcpy(s, "hcoll-kdf-v1", 12);
+    memcpy(s + 12, salt, HC_BWIRE_SALT_BYTES);
+    hc_pbkdf2_sha256(prekey, HC_BOOT_KEY_BYTES, s, sizeof s, iters, key_out, HC_BOOT_KEY_BYTES);
+    hc_secure_zero(s, sizeof s);
 }

@@ -24,10 +24,16 @@
 #include "hcoll.h"
 
 #define HC_BWIRE_MAGIC 0x48434254u /* "HCBT" */
-#define HC_BWIRE_VERSION 1u
+/* 2: the client speaks first (HELLO), CHALLENGE carries the key
+ * stretching's salt and cost, and a refusal can be authenticated (REFUSE). */
+#define HC_BWIRE_VERSION 2u
 #define HC_BWIRE_HDR_BYTES 16
 #define HC_BWIRE_NONCE_BYTES 32
 #define HC_BWIRE_MAC_BYTES HC_SHA256_BYTES
+#define HC_BWIRE_SALT_BYTES 16
+/* CHALLENGE body: nonce_s, salt, kdf_iters (4 bytes; 0: the key is used as
+ * it is). */
+#define HC_BWIRE_CHALLENGE_BYTES (HC_BWIRE_NONCE_BYTES + HC_BWIRE_SALT_BYTES + 4)
 /* AUTH body: rank, nranks, rec_len (4 bytes each), nonce_c, MAC. */
 #define HC_BWIRE_AUTH_BYTES (12 + HC_BWIRE_NONCE_BYTES + HC_BWIRE_MAC_BYTES)
 #define HC_BWIRE_ERRTEXT_MAX 256
@@ -42,6 +48,11 @@ enum hc_bwire_msg {
     HC_BMSG_UP = 7,
     HC_BMSG_DOWN = 8,
     HC_BMSG_BEAT = 9, /* empty: "alive", while init waits for every rank */
+    HC_BMSG_HELLO = 10,  /* empty: a client's first message; the root answers it
+                          * with CHALLENGE */
+    HC_BMSG_REFUSE = 11, /* the root's refusal of an AUTH whose MAC it checked:
+                          * arg the status, body MAC('R') then the text */
+    HC_BMSG_LAST_ = HC_BMSG_REFUSE,
 };
 
 /* The set-up collectives, as carried in the top byte of UP/DOWN's arg. */
@@ -79,9 +90,24 @@ hcoll_status_t hc_bwire_status(uint32_t v);
 void hc_bwire_sanitize(char *s);
 
 /* HMAC(key, "hcoll-boot-v1" nonce_s nonce_c side rank nranks rec_len):
- * side 'C' proves the client holds the key, 'S' the root. */
+ * side 'C' proves the client holds the key, 'S' the root. key is the
+ * session key (hc_bwire_kdf's output when the secret is stretched). */
 void hc_bwire_mac(const unsigned char *key, char side, const unsigned char *nonce_s,
                   const unsigned char *nonce_c, uint32_t rank, uint32_t nranks,
                   uint32_t rec_len, unsigned char out[HC_BWIRE_MAC_BYTES]);
+
+/* A REFUSE's MAC: HMAC(key, "hcoll-refuse-v1" nonce_s nonce_c status text),
+ * so that only a root holding the key can end a client's init with a
+ * status and text of its choosing. */
+void hc_bwire_refuse_mac(const unsigned char *key, const unsigned char *nonce_s,
+                         const unsigned char *nonce_c, uint32_t status, const char *text,
+                         size_t len, unsigned char out[HC_BWIRE_MAC_BYTES]);
+
+/* The session key of a stretched secret: PBKDF2-HMAC-SHA256 (RFC 8018)
+ * with password prekey (hc_boot_key_from_string's output), salt
+ * "hcoll-kdf-v1" || salt, iters iterations, 32 bytes. */
+void hc_bwire_kdf(const unsigned char prekey[HC_BOOT_KEY_BYTES],
+                  const unsigned char salt[HC_BWIRE_SALT_BYTES], uint32_t iters,
+                  unsigned char key_out[HC_BOOT_KEY_BYTES]);
 
 #endif

@@ -263,6 +263,7 @@ static hcoll_status_t comm_setup(struct hcoll_comm *c)
     ba.listen_fd = s->ia.listen_fd;
     memcpy(ba.key, s->ia.key, sizeof ba.key);
     ba.authenticated = s->ia.authenticated;
+    ba.kdf_iters = s->ia.kdf_iters;
     ba.timeout_ms = c->params.timeout_ms;
     ba.init_timeout_ms = c->params.init_timeout_ms;
     ba.liveness_ms = c->params.liveness_ms;
@@ -273,6 +274,7 @@ static hcoll_status_t comm_setup(struct hcoll_comm *c)
     hc_secure_zero(ba.key, sizeof ba.key);
     if (st != HCOLL_SUCCESS)
         goto clean_recs;
+    hc_boot_key(c->boot, c->key); /* the stretched key, for split's children */
 
     for (int r = 0; r < c->nranks; r++) {
         if (rec_decode(recs + (size_t)r * REC_BYTES, r, &c->peers[r], err, sizeof err) != 0) {
@@ -502,12 +504,15 @@ HCOLL_API hcoll_status_t hcoll_comm_init_env(hcoll_comm_t *comm_out, const hcoll
     ia.nranks = l.nranks;
     ia.root = l.root;
     ia.authenticated = l.authenticated;
+    ia.kdf_iters = l.kdf_iters;
     memcpy(ia.key, l.key, sizeof ia.key);
     hc_secure_zero(l.key, sizeof l.key);
     if (!ia.authenticated)
         HC_WARN(HC_INIT, ia.rank,
                 "HCOLL_SECRET is not set: peers are not authenticated; any process that can "
-                "reach the root and speaks the protocol can join this job");
+                "reach the root (%s) and speaks the protocol can join this job",
+                hc_launch_is_loopback(&ia.root) ? "on loopback"
+                                                : "HCOLL_ALLOW_UNAUTHENTICATED=1");
     if (hc_log_enabled(HC_LOG_INFO, HC_INIT)) {
         char as[80];
         HC_INFO(HC_INIT, ia.rank, "init_env: rank %d of %d from %s variables, root %s (from %s)",

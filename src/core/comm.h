@@ -62,6 +62,7 @@ typedef struct hc_comm_init {
     unsigned char key[HC_BOOT_KEY_BYTES];
     int authenticated;
     int rail;      /* this rank's rail when params.rail is -1; -1: local rank */
+    uint32_t kdf_iters; /* hc_boot_args_t.kdf_iters: > 0 stretches key (init_env) */
 } hc_comm_init_t;
 
 struct hc_comm_setup; /* comm.c: what the set-up thread works from */
