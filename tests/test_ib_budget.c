@@ -37,6 +37,10 @@
  * is that the bytes are taken at posting: a source overwritten while the
  * emulated NIC holds the request (HCMOCK_IB_TX_DELAY_US) is not what lands.
  *
+ * budget_puts_chained: puts sent back to back leave in one chain of work
+ * requests per QP (one ibv_post_send, one doorbell), on 1 and on 4 QPs per
+ * peer (HCOLL_IB_QPS_PER_PEER); the emulated NIC counts the calls.
+ *
  * main re-executes this program inside the emulation (common/mockib.h).
  * Skips (77) when hcoll was built without rdma-core headers or the mock is
  * not built.
@@ -564,6 +568,83 @@ START_TEST(budget_small_puts_inline)
 }
 END_TEST
 
+/* ---- chained doorbells ------------------------------------------------------ */
+
+#define CHAIN_PUTS 16 /* 4 KiB each: none inline */
+
+typedef struct chain_arg {
+    budget_arg_t b;
+    unsigned long long calls[2]; /* rank 0's ibv_post_send calls for CHAIN_PUTS puts: 1, 4 QPs */
+} chain_arg_t;
+
+/* rank 0 puts CHAIN_PUTS chunks back to back, as the ring's send loop
+ * does, then polls; the emulated NIC counts the ibv_post_send calls. */
+static int chain_round(rt_t *t, hc_mr_t *mr, const hc_rkey_t *rk, int rank,
+                       unsigned long long *calls_out)
+{
+    hcoll_status_t st;
+    if (rank == 0) {
+        const uint64_t before = mock_stat("post_send_calls");
+        for (int k = 0; k < CHAIN_PUTS; k++)
+            HCT_REQUIRE(hc_ib_ops.put(t->ep, mr, (size_t)k * 4096, rk, (size_t)k * 4096, 4096,
+                                      (uint32_t)k, 0) == HCOLL_SUCCESS,
+                        "put: %s", t->eb.msg);
+        int got = hct_wait_comps(&hc_ib_ops, t->tr, HC_COMP_PUT, CHAIN_PUTS, NULL, 10000, &st);
+        HCT_REQUIRE(st == HCOLL_SUCCESS && got == CHAIN_PUTS, "puts %d/%d: %s", got, CHAIN_PUTS,
+                    t->eb.msg);
+        *calls_out = (unsigned long long)(mock_stat("post_send_calls") - before);
+    } else {
+        int got = hct_wait_comps(&hc_ib_ops, t->tr, HC_COMP_IMM, CHAIN_PUTS, NULL, 10000, &st);
+        HCT_REQUIRE(st == HCOLL_SUCCESS && got == CHAIN_PUTS, "immediates %d/%d: %s", got,
+                    CHAIN_PUTS, t->eb.msg);
+    }
+    return 0;
+}
+
+static int rank_chain(int rank, int n, void *argp)
+{
+    (void)n;
+    chain_arg_t *a = argp;
+    for (int v = 0; v < 2; v++) {
+        setenv("HCOLL_IB_QPS_PER_PEER", v ? "4" : "1", 1);
+        rt_t rt;
+        if (rt_open(&rt, &a->b, rank))
+            return 1;
+        char *big = calloc(CHAIN_PUTS, 4096);
+        hc_mr_t *mr;
+        hc_rkey_t rk, rks[2];
+        HCT_REQUIRE(big && hc_ib_ops.mr_reg(rt.tr, big, CHAIN_PUTS * 4096, &mr, &rk) ==
+                               HCOLL_SUCCESS,
+                    "%s", rt.eb.msg);
+        HCT_REQUIRE(shm_allgather(&rt.ag, &rk, rks, sizeof rk) == HCOLL_SUCCESS, "keys");
+        if (chain_round(&rt, mr, &rks[1], rank, &a->calls[v]))
+            return 1;
+        hc_ib_ops.mr_dereg(rt.tr, mr);
+        if (rt_close(&rt))
+            return 1;
+        free(big);
+    }
+    return 0;
+}
+
+START_TEST(budget_puts_chained)
+{
+    chain_arg_t *a = hct_shared_alloc(sizeof *a);
+    ck_assert_ptr_nonnull(a);
+    hct_opts_t o = { .nranks = 2, .ranks_per_node = 1, .timeout_ms = 30000 };
+    hct_result_t res[2];
+    ck_assert_int_eq(hct_run(&o, rank_chain, a, res), 0);
+    printf("%d puts: %llu ibv_post_send calls on 1 QP, %llu on 4 QPs\n", CHAIN_PUTS,
+           a->calls[0], a->calls[1]);
+    /* One doorbell per QP for the lot (a sweep may split it once). */
+    ck_assert_msg(a->calls[0] <= 2, "%d puts took %llu ibv_post_send calls on one QP, not a "
+                  "chain", CHAIN_PUTS, a->calls[0]);
+    ck_assert_msg(a->calls[1] <= 8, "%d puts took %llu ibv_post_send calls on 4 QPs, not a "
+                  "chain per QP", CHAIN_PUTS, a->calls[1]);
+    hct_shared_free(a, sizeof *a);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("ib_budget");
@@ -573,6 +654,7 @@ static Suite *suite(void)
     tcase_add_test(t, budget_no_flush_for_host);
     tcase_add_test(t, budget_staging_registered_once);
     tcase_add_test(t, budget_small_puts_inline);
+    tcase_add_test(t, budget_puts_chained);
     suite_add_tcase(s, t);
     return s;
 }

@@ -128,6 +128,10 @@ static const hc_knob_t knobs[] = {
       "How long a verbs wait polls its completion queues without sleeping, microseconds, "
       "before it sleeps on a completion channel; a NIC's round trip is 2-5 us, a sleep's "
       "wake-up tens. 0: sleep at once (frees the core sooner, costs latency)." },
+    { "HCOLL_IB_QPS_PER_PEER", HC_KNOB_INT, "1", 1, 4, NULL, 0, 0, OFF(ib_qps_per_peer),
+      "RC queue pairs per peer over verbs (NCCL_IB_QPS_PER_CONNECTION); puts go round robin "
+      "over them, so that a LAG or an ECMP fabric spreads them over its links. Two ranks "
+      "that differ use the smaller." },
 };
 
 #undef OFF

@@ -147,6 +147,8 @@ enum stat_id {
     ST_MR_REGS, /* memory regions ever registered (a registration's cost) */
     ST_MEMLOCK_FAILS, ST_DEV_NO_PEERMEM, ST_DMABUF_REGS, ST_GDR_HELD, ST_ASYNC_EVENTS,
     ST_UNSAFE_FORKS,
+    ST_POST_SENDS, /* ibv_post_send calls (doorbells), whatever the chain's length */
+    ST_CQ_EVENTS,  /* completion events delivered to a channel */
     /* objects alive now (a leak shows as non-zero after teardown) */
     ST_LIVE_CTX, ST_LIVE_PD, ST_LIVE_MR, ST_LIVE_CQ, ST_LIVE_QP, ST_COUNT
 };
@@ -154,7 +156,8 @@ static const char *const stat_names[ST_COUNT] = {
     "writes", "reads", "bytes", "rnr_naks", "rnr_exceeded", "retry_exceeded", "rem_access_errors",
     "rem_inv_req", "loc_prot_errors", "cq_overruns", "dropped_conns", "muted_conns", "flushed",
     "qps_created", "mr_registrations", "memlock_failures", "device_reg_without_peermem",
-    "dmabuf_registrations", "gdr_writes_held", "async_events", "unsafe_forks", "live_contexts",
+    "dmabuf_registrations", "gdr_writes_held", "async_events", "unsafe_forks",
+    "post_send_calls", "cq_events", "live_contexts",
     "live_pds", "live_mrs", "live_cqs", "live_qps",
 };
 /* Per process, like a NIC's port counters; read by tests. */
@@ -2795,6 +2798,7 @@ static int mock_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_
     mctx_t *c = ctx_of(qp->context);
     mqp_t *q = (mqp_t *)qp;
     int rc = 0;
+    stat_add(ST_POST_SENDS, 1);
     pthread_mutex_lock(&c->mu);
     for (; wr; wr = wr->next) {
         int st = q->qp.state;
@@ -2887,6 +2891,7 @@ static int mock_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_
     mctx_t *c = ctx_of(qp->context);
     mqp_t *q = (mqp_t *)qp;
     int rc = 0;
+    stat_add(ST_POST_SENDS, 1);
     pthread_mutex_lock(&c->mu);
     for (; wr; wr = wr->next) {
         if (q->qp.state == IBV_QPS_RESET || wr->num_sge < 0 ||

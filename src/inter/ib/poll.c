@@ -87,7 +87,7 @@ static hcoll_status_t flush_start(hc_transport_t *tr)
 {
     if (tr->flush_inflight || !tr->nheld)
         return HCOLL_SUCCESS;
-    volatile uint64_t *scratch = &tr->credits[tr->p.nranks];
+    volatile uint64_t *scratch = &tr->credits[IB_CREDIT_WORDS(tr->p.nranks) - 1];
     struct ibv_sge sge = { (uintptr_t)scratch, 4, tr->credits_mr->lkey };
     struct ibv_send_wr wr, *bad;
     memset(&wr, 0, sizeof wr);
@@ -151,52 +151,82 @@ static hcoll_status_t deliver_imm(hc_transport_t *tr, const hc_comp_t *c)
     return HCOLL_SUCCESS;
 }
 
+/* Which of ep's QPs a completion is from (-1: none of them). */
+static int wc_qp(const hc_ep_t *ep, const struct ibv_wc *wc)
+{
+    for (int q = 0; q < ep->nqp; q++)
+        if (ep->q[q].qp->qp_num == wc->qp_num)
+            return q;
+    return -1;
+}
+
+/* One send completion of QP q: the head of its FIFO. */
+static hcoll_status_t send_done(hc_ep_t *ep, int q)
+{
+    hc_transport_t *tr = ep->tr;
+    ib_qpc_t *c = &ep->q[q];
+    if (c->fcount == 0)
+        return ib_fail(tr, HCOLL_ERR_INTERNAL, "send completion with nothing posted");
+    ib_tx_t r = c->fifo[c->fhead];
+    c->fhead = (c->fhead + 1) % IB_SQ_DEPTH;
+    c->fcount--;
+    ep->fcount--;
+    if (r.kind == TX_PUT) {
+        hc_comp_t comp = { HC_COMP_PUT, ep->peer, r.imm, r.wr_id };
+        if (cq_push(tr, &comp) != 0)
+            return ib_fail(tr, HCOLL_ERR_NO_MEMORY, "out of memory for completions");
+    }
+    return HCOLL_SUCCESS;
+}
+
 static hcoll_status_t ep_progress(hc_ep_t *ep)
 {
     hc_transport_t *tr = ep->tr;
     struct ibv_wc wc[32];
+    /* What the last puts held goes first: one doorbell per QP. */
+    hcoll_status_t st = ib_pend_flush(ep);
+    if (st != HCOLL_SUCCESS)
+        return st;
     int n = ibv_poll_cq(ep->cq, 32, wc);
     if (n < 0)
         return ib_fail(tr, HCOLL_ERR_RDMA, "ibv_poll_cq failed for rank %d",
                        hc_tp_rank(&tr->p, ep->peer));
-    int reposts = 0;
+    int reposts[IB_QPS_MAX] = { 0 };
     for (int i = 0; i < n; i++) {
+        const int q = wc_qp(ep, &wc[i]);
         if (wc[i].status != IBV_WC_SUCCESS) {
             const char *what = wc[i].wr_id == (uintptr_t)ep ? "a receive from"
-                               : ep->fcount && ep->fifo[ep->fhead].kind == TX_CREDIT
+                               : q >= 0 && ep->q[q].fcount &&
+                                       ep->q[q].fifo[ep->q[q].fhead].kind == TX_CREDIT
                                    ? "a credit update to"
                                    : "an RDMA write to";
             return wc_failed(tr, what, ep->peer, &wc[i]);
         }
+        if (q < 0)
+            return ib_fail(tr, HCOLL_ERR_INTERNAL, "completion of QP %u, not one to rank %d",
+                           wc[i].qp_num, hc_tp_rank(&tr->p, ep->peer));
         if (wc[i].opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
             hc_comp_t c = { HC_COMP_IMM, ep->peer, ntohl(wc[i].imm_data), 0 };
-            hcoll_status_t st = deliver_imm(tr, &c);
-            if (st != HCOLL_SUCCESS)
+            if ((st = deliver_imm(tr, &c)) != HCOLL_SUCCESS)
                 return st;
-            reposts++;
+            reposts[q]++;
             continue;
         }
         if (wc[i].opcode & IBV_WC_RECV)
             return ib_fail(tr, HCOLL_ERR_NETWORK, "unexpected receive (opcode %d) from rank %d",
                            (int)wc[i].opcode, hc_tp_rank(&tr->p, ep->peer));
-        if (ep->fcount == 0)
-            return ib_fail(tr, HCOLL_ERR_INTERNAL, "send completion with nothing posted");
-        ib_tx_t r = ep->fifo[ep->fhead];
-        ep->fhead = (ep->fhead + 1) % IB_SQ_DEPTH;
-        ep->fcount--;
-        if (r.kind == TX_PUT) {
-            hc_comp_t c = { HC_COMP_PUT, ep->peer, r.imm, r.wr_id };
-            if (cq_push(tr, &c) != 0)
-                return ib_fail(tr, HCOLL_ERR_NO_MEMORY, "out of memory for completions");
-        }
+        if ((st = send_done(ep, q)) != HCOLL_SUCCESS)
+            return st;
     }
-    if (reposts) {
-        if (ib_post_recvs(ep, reposts) != 0)
+    for (int q = 0; q < ep->nqp; q++) {
+        if (!reposts[q])
+            continue;
+        if (ib_post_recvs(ep, q, reposts[q]) != 0)
             return ib_fail(tr, HCOLL_ERR_RDMA, "reposting receives for rank %d failed",
                            hc_tp_rank(&tr->p, ep->peer));
-        ep->reposted += (uint64_t)reposts;
+        ep->q[q].reposted += (uint64_t)reposts[q];
     }
-    hcoll_status_t st = ib_post_credit(ep);
+    st = ib_post_credit(ep);
     if (st == HCOLL_SUCCESS)
         st = ib_pend_flush(ep);
     return st;
@@ -208,7 +238,7 @@ hcoll_status_t ib_progress(hc_transport_t *tr)
     if (st != HCOLL_SUCCESS)
         return st;
     for (int i = 0; i < tr->neps; i++) {
-        if (tr->credits[tr->eps[i]->peer] == IB_CREDIT_RESET)
+        if (tr->credits[IB_CREDIT_IDX(tr->eps[i]->peer, 0)] == IB_CREDIT_RESET)
             return ib_fail(tr, HCOLL_ERR_PEER_FAILED,
                            "rank %d reset its connection (it failed or aborted)",
                            hc_tp_rank(&tr->p, tr->eps[i]->peer));
