@@ -37,6 +37,11 @@
  * is that the bytes are taken at posting: a source overwritten while the
  * emulated NIC holds the request (HCMOCK_IB_TX_DELAY_US) is not what lands.
  *
+ * budget_long_wait_sleeps: a wait past HCOLL_IB_SPIN_US sleeps on the
+ * CQs' completion channel: over waits of 40 ms it burns under 5% of a core
+ * (getrusage), and takes its completion within a bound of a spinning
+ * poller's pickup measured in the same run.
+ *
  * budget_puts_chained: puts sent back to back leave in one chain of work
  * requests per QP (one ibv_post_send, one doorbell), on 1 and on 4 QPs per
  * peer (HCOLL_IB_QPS_PER_PEER); the emulated NIC counts the calls.
@@ -53,6 +58,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "common/mockib.h"
 #include "common/ranks.h"
@@ -553,6 +560,10 @@ static int rank_inline(int rank, int n, void *argp)
                             "a %zu-byte put: byte %zu is '%c', written after posting: the put "
                             "was not inline", lens[i], k, rt.buf[k]);
         }
+        /* The next put only once this one was looked at: on a loaded host
+         * a late poll would otherwise find two. */
+        hc_rkey_t rk = { { 0, 0 } }, rks[2];
+        HCT_REQUIRE(shm_allgather(&rt.ag, &rk, rks, sizeof rk) == HCOLL_SUCCESS, "barrier");
     }
     return rt_close(&rt);
 }
@@ -564,6 +575,105 @@ START_TEST(budget_small_puts_inline)
     hct_opts_t o = { .nranks = 2, .ranks_per_node = 1, .timeout_ms = 30000 };
     hct_result_t res[2];
     ck_assert_int_eq(hct_run(&o, rank_inline, a, res), 0);
+    hct_shared_free(a, sizeof *a);
+}
+END_TEST
+
+/* ---- long waits on a completion channel -------------------------------------- */
+
+#define LONG_WAITS 8
+#define LONG_MS    40 /* how long rank 1 waits for each put */
+
+typedef struct long_arg {
+    budget_arg_t b;
+    double spin_pick_us;  /* rank 1: a spinning poller's pickup, median */
+    double long_pick_us;  /* rank 1: the long waits' pickup, median */
+    double cpu_frac;      /* rank 1: CPU time / wall time over the long waits */
+} long_arg_t;
+
+static double thread_cpu_ms(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_THREAD, &ru);
+    return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e3 +
+           (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e3;
+}
+
+/* rank 1 waits in the transport's poll (wait_ms past the spin) while rank
+ * 0 lets LONG_MS pass before its put. */
+static int long_waits(rt_t *t, long_arg_t *a, int rank)
+{
+    hc_rkey_t rk = { { 0, 0 } }, rks[2];
+    double cpu = 0, wall = 0;
+    pickup_us(0.5, 1);
+    for (int i = 0; i < LONG_WAITS; i++) {
+        HCT_REQUIRE(shm_allgather(&t->ag, &rk, rks, sizeof rk) == HCOLL_SUCCESS, "barrier");
+        if (rank == 0) {
+            usleep(LONG_MS * 1000);
+            HCT_REQUIRE(hc_ib_ops.put(t->ep, t->mr, 0, &t->rks[1], 0, 8, (uint32_t)i, 0) ==
+                            HCOLL_SUCCESS,
+                        "put: %s", t->eb.msg);
+            hcoll_status_t st;
+            HCT_REQUIRE(hct_wait_comps(&hc_ib_ops, t->tr, HC_COMP_PUT, 1, NULL, 10000, &st) == 1,
+                        "put completion: %s", t->eb.msg);
+            continue;
+        }
+        const double c0 = thread_cpu_ms(), w0 = hct_now_ms();
+        int got = 0;
+        while (!got && hct_now_ms() - w0 < 10000) {
+            hc_comp_t comps[16];
+            int n = 0;
+            HCT_REQUIRE(hc_ib_ops.poll(t->tr, comps, 16, 5000, &n) == HCOLL_SUCCESS, "poll: %s",
+                        t->eb.msg);
+            for (int k = 0; k < n; k++)
+                got |= comps[k].kind == HC_COMP_IMM;
+        }
+        HCT_REQUIRE(got, "no immediate in 10 s");
+        cpu += thread_cpu_ms() - c0;
+        wall += hct_now_ms() - w0;
+    }
+    if (rank == 1) {
+        a->long_pick_us = pickup_us(0.5, 1);
+        a->cpu_frac = cpu / wall;
+    }
+    return 0;
+}
+
+static int rank_long(int rank, int n, void *argp)
+{
+    (void)n;
+    long_arg_t *a = argp;
+    setenv("HCOLL_IB_SPIN_US", "50", 1);
+    rt_t rt;
+    if (rt_open(&rt, &a->b, rank))
+        return 1;
+    /* A spinning poller's pickup on this host now. */
+    pickup_us(0.5, 1);
+    for (int i = 0; i < 100; i++)
+        HCT_REQUIRE(rt_once(&rt, rank, i) >= 0, "ping %d: %s", i, rt.eb.msg);
+    if (rank == 1)
+        a->spin_pick_us = pickup_us(0.5, 1);
+    if (long_waits(&rt, a, rank))
+        return 1;
+    return rt_close(&rt);
+}
+
+START_TEST(budget_long_wait_sleeps)
+{
+    long_arg_t *a = hct_shared_alloc(sizeof *a);
+    ck_assert_ptr_nonnull(a);
+    hct_opts_t o = { .nranks = 2, .ranks_per_node = 1, .timeout_ms = 30000 };
+    hct_result_t res[2];
+    ck_assert_int_eq(hct_run(&o, rank_long, a, res), 0);
+    printf("long waits (%d ms): pickup %.1f us (median; spinning %.1f us), CPU %.1f%% of the "
+           "wait\n", LONG_MS, a->long_pick_us, a->spin_pick_us, a->cpu_frac * 100);
+    /* Asleep on the channel's fd, not sweeping every 20 us. */
+    ck_assert_msg(a->cpu_frac < 0.05, "a long wait burnt %.1f%% of a core",
+                  a->cpu_frac * 100);
+    /* Woken by the completion itself, not by a timer. */
+    ck_assert_msg(a->long_pick_us <= 4 * a->spin_pick_us + 2000,
+                  "a sleeping wait took its completion %.1f us after it arrived (spinning: "
+                  "%.1f us)", a->long_pick_us, a->spin_pick_us);
     hct_shared_free(a, sizeof *a);
 }
 END_TEST
@@ -655,6 +765,7 @@ static Suite *suite(void)
     tcase_add_test(t, budget_staging_registered_once);
     tcase_add_test(t, budget_small_puts_inline);
     tcase_add_test(t, budget_puts_chained);
+    tcase_add_test(t, budget_long_wait_sleeps);
     suite_add_tcase(s, t);
     return s;
 }

@@ -79,6 +79,7 @@ static void ib_destroy(hc_transport_t *tr, int graceful)
     for (int i = 0; i < tr->neps; i++)
         ib_ep_free(tr, tr->eps[i]);
     free(tr->eps);
+    ib_chan_free(tr); /* after the CQs on it */
     ib_flush_free(tr);
     ib_mr_free_handles(tr);
     hc_mrc_fini(&tr->mrc);

@@ -76,6 +76,10 @@ typedef struct ib_verbs {
     void (*ack_async_event)(struct ibv_async_event *);
     int (*fork_init)(void);
     enum ibv_fork_status (*is_fork_initialized)(void);
+    struct ibv_comp_channel *(*create_comp_channel)(struct ibv_context *);
+    int (*destroy_comp_channel)(struct ibv_comp_channel *);
+    int (*get_cq_event)(struct ibv_comp_channel *, struct ibv_cq **, void **);
+    void (*ack_cq_events)(struct ibv_cq *, unsigned int);
 } ib_verbs_t;
 
 /* The process's table, loaded on first use; read-only afterwards. */
@@ -210,6 +214,9 @@ struct hc_transport {
     int flush_inflight;
     hc_comp_t *held;             /* immediates waiting for the flush */
     size_t nheld, heldcap, nflushing;
+    /* poll.c: the endpoints' CQs report to this channel; long waits sleep
+     * on its fd (NULL: the library has none, timed sleeps) */
+    struct ibv_comp_channel *chan;
     /* endpoints and reported completions */
     hc_ep_t **eps;
     int neps;
@@ -276,6 +283,14 @@ hcoll_status_t ib_async_poll(hc_transport_t *tr);
 
 /* An RC QP with its own CQ, in INIT. Returns 0, or -1 (errno set). */
 int ib_qp_create(hc_transport_t *tr, struct ibv_cq **cq_out, struct ibv_qp **qp_out);
+/* The completion channel of the endpoints' CQs, made on first use (NULL
+ * when libibverbs has none or it cannot be made: waits then sleep in
+ * steps). */
+struct ibv_comp_channel *ib_chan_get(hc_transport_t *tr);
+/* Take and acknowledge every event queued on the channel (never blocks):
+ * before a CQ is destroyed, since destroy waits for acknowledgements. */
+void ib_chan_drain(hc_transport_t *tr);
+void ib_chan_free(hc_transport_t *tr);
 /* Which of ep's QPs qp is (its index), or -1. */
 int ib_ep_qp_index(const hc_ep_t *ep, const struct ibv_qp *qp);
 /* INIT -> RTR -> RTS towards peer's QP rqpn; *mtu_out gets the path MTU. */

@@ -9,12 +9,23 @@
  *   flush QP CQ ──► read done ─► release the immediates it covers
  *
  * After each sweep the endpoint writes its credits back (send.c) and posts
- * the puts that waited for them. A peer that failed writes IB_CREDIT_RESET
+ * the puts that waited for them.
+ *
+ * A wait (ib_poll with wait_ms) spins for HCOLL_IB_SPIN_US, then sleeps on
+ * the completion channel of the endpoints' CQs:
+ *
+ *   drain old events ─► arm every CQ (ibv_req_notify_cq) ─► sweep again
+ *     (a completion before the arming raises nothing) ─► ppoll(channel fd,
+ *     up to 10 ms or the deadline) ─► sweep
+ *
+ * Puts waiting for credit words and flush reads in flight raise no event
+ * on the channel: while there are any, the wait sweeps every 20 us instead. A peer that failed writes IB_CREDIT_RESET
  * into our credit word for it; the next sweep reports the failure.
  */
 #include "inter/ib/ib_priv.h"
 
 #include <arpa/inet.h>
+#include <poll.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
@@ -260,25 +271,79 @@ hcoll_status_t ib_progress(hc_transport_t *tr)
     return flush_start(tr);
 }
 
-/* Sleep between sweeps once the spin is over. The thread's timer slack
- * (50 us by default) would stretch every sleep to about 70 us against a
- * NIC round trip of 2-5 us; it is 1 ns for the sleep and restored after,
- * since the caller's thread may be the application's. */
+/* Sleep between sweeps once the spin is over, where the completion
+ * channel cannot be used. The thread's timer slack (50 us by default)
+ * would stretch every sleep to about 70 us against a NIC round trip of
+ * 2-5 us; it is 1 ns for the sleep and restored after, since the caller's
+ * thread may be the application's. */
 #define IB_SLEEP_NS 20000
+/* The longest sleep on the channel: what arrives without a completion (a
+ * peer's credit words, its reset) is seen at least this often. */
+#define IB_CHAN_MAX_MS 10.0
+
+static void nap(void)
+{
+    const int slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+    if (slack > 1)
+        prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
+    struct timespec ts = { 0, IB_SLEEP_NS };
+    nanosleep(&ts, NULL);
+    if (slack > 1)
+        prctl(PR_SET_TIMERSLACK, (unsigned long)slack, 0, 0, 0);
+}
+
+/* Can a sleep on the channel miss the next thing to do? Puts waiting for
+ * the peer's credit words (written without a completion) and flush reads
+ * (their CQ is not on the channel) are only seen by sweeping. */
+static int chan_ok(const hc_transport_t *tr)
+{
+    if (!tr->chan || tr->flush_inflight || tr->nheld)
+        return 0;
+    for (int i = 0; i < tr->neps; i++)
+        if (tr->eps[i]->pcount)
+            return 0;
+    return 1;
+}
+
+/* Arm every endpoint's CQ, sweep once more (what completed before the
+ * arming raises no event), then sleep on the channel's fd until an event,
+ * the deadline or IB_CHAN_MAX_MS. Returns -1 when arming failed (the
+ * caller naps instead). */
+static int chan_sleep(hc_transport_t *tr, double deadline_ms, hcoll_status_t *st)
+{
+    ib_chan_drain(tr); /* old events: their completions were polled */
+    for (int i = 0; i < tr->neps; i++)
+        if (ibv_req_notify_cq(tr->eps[i]->cq, 0) != 0)
+            return -1;
+    *st = ib_progress(tr);
+    if (*st != HCOLL_SUCCESS || tr->cq.count || !chan_ok(tr))
+        return 0;
+    double ms = deadline_ms - hc_now_ms();
+    if (ms > IB_CHAN_MAX_MS)
+        ms = IB_CHAN_MAX_MS;
+    if (ms <= 0)
+        return 0;
+    struct pollfd pfd = { tr->chan->fd, POLLIN, 0 };
+    const long us = (long)(ms * 1e3);
+    struct timespec ts = { (time_t)(us / 1000000), (us % 1000000) * 1000 };
+    ppoll(&pfd, 1, &ts, NULL);
+    return 0;
+}
 
 static hcoll_status_t poll_sleep_wait(hc_transport_t *tr, double deadline_ms)
 {
     hcoll_status_t st = HCOLL_SUCCESS;
-    const int slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
-    if (slack > 1)
-        prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
+    int armable = 1;
     while (st == HCOLL_SUCCESS && tr->cq.count == 0 && hc_now_ms() < deadline_ms) {
-        struct timespec ts = { 0, IB_SLEEP_NS };
-        nanosleep(&ts, NULL);
+        if (armable && chan_ok(tr)) {
+            armable = chan_sleep(tr, deadline_ms, &st) == 0;
+            if (st != HCOLL_SUCCESS || tr->cq.count)
+                break;
+        } else {
+            nap();
+        }
         st = ib_progress(tr);
     }
-    if (slack > 1)
-        prctl(PR_SET_TIMERSLACK, (unsigned long)slack, 0, 0, 0);
     return st;
 }
 

@@ -15,6 +15,7 @@
 #include "inter/ib/ib_priv.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -83,9 +84,44 @@ int ib_qp_connect(hc_transport_t *tr, struct ibv_qp *qp, const ib_addr_t *peer, 
                                 IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
 }
 
-static struct ibv_cq *cq_create(hc_transport_t *tr, int nqp)
+struct ibv_comp_channel *ib_chan_get(hc_transport_t *tr)
 {
-    return tr->v->create_cq(tr->ctx, IB_CQ_DEPTH * nqp, NULL, NULL, 0);
+    if (tr->chan || !tr->v->create_comp_channel || !tr->v->get_cq_event ||
+        !tr->v->ack_cq_events || !tr->v->destroy_comp_channel)
+        return tr->chan;
+    struct ibv_comp_channel *ch = tr->v->create_comp_channel(tr->ctx);
+    if (!ch)
+        return NULL;
+    /* Events are taken without blocking: a wait polls the fd itself. */
+    int fl = fcntl(ch->fd, F_GETFL);
+    if (fl < 0 || fcntl(ch->fd, F_SETFL, fl | O_NONBLOCK) != 0) {
+        tr->v->destroy_comp_channel(ch);
+        return NULL;
+    }
+    return tr->chan = ch;
+}
+
+void ib_chan_drain(hc_transport_t *tr)
+{
+    struct ibv_cq *cq;
+    void *ctx;
+    while (tr->chan && tr->v->get_cq_event(tr->chan, &cq, &ctx) == 0)
+        tr->v->ack_cq_events(cq, 1);
+}
+
+void ib_chan_free(hc_transport_t *tr)
+{
+    if (!tr->chan)
+        return;
+    ib_chan_drain(tr);
+    tr->v->destroy_comp_channel(tr->chan);
+    tr->chan = NULL;
+}
+
+/* chan: the transport's completion channel, or NULL. */
+static struct ibv_cq *cq_create(hc_transport_t *tr, int nqp, struct ibv_comp_channel *chan)
+{
+    return tr->v->create_cq(tr->ctx, IB_CQ_DEPTH * nqp, NULL, chan, 0);
 }
 
 /* An RC QP on cq (send and receive), in INIT; NULL with errno set. */
@@ -111,7 +147,7 @@ static struct ibv_qp *qp_make(hc_transport_t *tr, struct ibv_cq *cq)
 
 int ib_qp_create(hc_transport_t *tr, struct ibv_cq **cq_out, struct ibv_qp **qp_out)
 {
-    struct ibv_cq *cq = cq_create(tr, 1);
+    struct ibv_cq *cq = cq_create(tr, 1, NULL);
     if (!cq)
         return -1;
     struct ibv_qp *qp = qp_make(tr, cq);
@@ -151,6 +187,10 @@ void ib_ep_free(hc_transport_t *tr, hc_ep_t *ep)
     for (int q = 0; q < IB_QPS_MAX; q++)
         if (ep->q[q].qp)
             tr->v->destroy_qp(ep->q[q].qp);
+    /* No completion can come now: the CQ's events are all taken (and
+     * acknowledged) before it goes. */
+    if (ep->cq && ep->cq->channel)
+        ib_chan_drain(tr);
     if (ep->cq)
         tr->v->destroy_cq(ep->cq);
     free(ep->pend);
@@ -191,7 +231,7 @@ static hcoll_status_t ep_create(hc_transport_t *tr, int p, uint32_t *qpns, hc_ep
     ep->tr = tr;
     ep->peer = p;
     ep->nqp = tr->cfg.qps_per_peer;
-    if (!(ep->cq = cq_create(tr, ep->nqp)))
+    if (!(ep->cq = cq_create(tr, ep->nqp, ib_chan_get(tr))))
         return ib_fail(tr, HCOLL_ERR_RDMA, "creating the CQ for rank %d failed (errno %d)",
                        hc_tp_rank(&tr->p, p), errno);
     for (int q = 0; q < ep->nqp; q++) {
