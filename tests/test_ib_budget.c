@@ -42,6 +42,11 @@
  * (getrusage), and takes its completion within a bound of a spinning
  * poller's pickup measured in the same run.
  *
+ * budget_ring_offsets_aligned: every put of a ring all-reduce whose count
+ * does not split evenly starts on a 64-byte boundary of its source and
+ * target (the emulated NIC counts those that do not), so reductions and
+ * copies get aligned vectors.
+ *
  * budget_puts_chained: puts sent back to back leave in one chain of work
  * requests per QP (one ibv_post_send, one doorbell), on 1 and on 4 QPs per
  * peer (HCOLL_IB_QPS_PER_PEER); the emulated NIC counts the calls.
@@ -678,6 +683,58 @@ START_TEST(budget_long_wait_sleeps)
 }
 END_TEST
 
+/* ---- aligned ring offsets ------------------------------------------------------ */
+
+#define ALN_COUNT 300007 /* floats: blocks of 150004 and 150003 when cut by elements */
+
+typedef struct aln_arg {
+    budget_arg_t b;
+    unsigned long long misaligned[2];
+} aln_arg_t;
+
+static int rank_aligned(int rank, int n, void *argp)
+{
+    aln_arg_t *a = argp;
+    setenv("HCOLL_SOCKET_IFNAME", "=lo", 1);
+    hcoll_comm_t comm;
+    hcoll_unique_id_t id;
+    hcoll_config_t cfg = HCOLL_CONFIG_INITIALIZER;
+    cfg.net = "ib";
+    cfg.timeout_ms = 20000;
+    HCT_REQUIRE(hct_share_unique_id(&a->b.slot, rank, 20000, &id) == 0, "no unique id");
+    HCT_OK(NULL, hcoll_comm_init(&comm, n, rank, &id, &cfg));
+    const size_t bytes = ((size_t)ALN_COUNT * 4 + 63) & ~(size_t)63;
+    float *in = aligned_alloc(64, bytes), *out = aligned_alloc(64, bytes);
+    HCT_REQUIRE(in && out, "no memory");
+    for (size_t i = 0; i < ALN_COUNT; i++)
+        in[i] = (float)((i + (size_t)rank) % 7);
+    const uint64_t before = mock_stat("misaligned_writes");
+    HCT_OK(comm, hcoll_allreduce(comm, in, out, ALN_COUNT, HCOLL_FLOAT32, HCOLL_SUM, NULL));
+    a->misaligned[rank] = (unsigned long long)(mock_stat("misaligned_writes") - before);
+    for (size_t i = 0; i < ALN_COUNT; i++)
+        HCT_REQUIRE(out[i] == (float)(i % 7 + (i + 1) % 7), "element %zu is %g", i,
+                    (double)out[i]);
+    HCT_OK(comm, hcoll_comm_destroy(comm));
+    free(in);
+    free(out);
+    return 0;
+}
+
+START_TEST(budget_ring_offsets_aligned)
+{
+    aln_arg_t *a = hct_shared_alloc(sizeof *a);
+    ck_assert_ptr_nonnull(a);
+    hct_opts_t o = { .nranks = 2, .ranks_per_node = 1, .timeout_ms = 30000 };
+    hct_result_t res[2];
+    ck_assert_int_eq(hct_run(&o, rank_aligned, a, res), 0);
+    for (int r = 0; r < 2; r++)
+        ck_assert_msg(a->misaligned[r] == 0,
+                      "rank %d: %llu puts of an all-reduce of %d floats started off a 64-byte "
+                      "boundary", r, a->misaligned[r], ALN_COUNT);
+    hct_shared_free(a, sizeof *a);
+}
+END_TEST
+
 /* ---- chained doorbells ------------------------------------------------------ */
 
 #define CHAIN_PUTS 16 /* 4 KiB each: none inline */
@@ -766,6 +823,7 @@ static Suite *suite(void)
     tcase_add_test(t, budget_small_puts_inline);
     tcase_add_test(t, budget_puts_chained);
     tcase_add_test(t, budget_long_wait_sleeps);
+    tcase_add_test(t, budget_ring_offsets_aligned);
     suite_add_tcase(s, t);
     return s;
 }

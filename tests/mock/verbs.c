@@ -156,6 +156,8 @@ enum stat_id {
     ST_UNSAFE_FORKS,
     ST_POST_SENDS, /* ibv_post_send calls (doorbells), whatever the chain's length */
     ST_CQ_EVENTS,  /* completion events delivered to a channel */
+    ST_MISALIGNED, /* writes of more than 64 bytes whose source or target is not on a
+                    * 64-byte boundary (the NIC splits them at cache lines) */
     /* objects alive now (a leak shows as non-zero after teardown) */
     ST_LIVE_CTX, ST_LIVE_PD, ST_LIVE_MR, ST_LIVE_CQ, ST_LIVE_QP, ST_COUNT
 };
@@ -164,7 +166,7 @@ static const char *const stat_names[ST_COUNT] = {
     "rem_inv_req", "loc_prot_errors", "cq_overruns", "dropped_conns", "muted_conns", "flushed",
     "qps_created", "mr_registrations", "memlock_failures", "device_reg_without_peermem",
     "dmabuf_registrations", "gdr_writes_held", "async_events", "unsafe_forks",
-    "post_send_calls", "cq_events", "live_contexts",
+    "post_send_calls", "cq_events", "misaligned_writes", "live_contexts",
     "live_pds", "live_mrs", "live_cqs", "live_qps",
 };
 /* Per process, like a NIC's port counters; read by tests. */
@@ -2956,6 +2958,9 @@ static int mock_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_
             rc = ENOMEM; /* send queue full */
             break;
         }
+        if (wr->opcode != IBV_WR_RDMA_READ && len > 64 &&
+            ((wr->wr.rdma.remote_addr | (wr->num_sge ? wr->sg_list[0].addr : 0)) & 63))
+            stat_add(ST_MISALIGNED, 1);
         swqe_t *w = &q->sq[q->sq_post % q->cap.max_send_wr];
         free(w->inl);
         memset(w, 0, sizeof *w);
