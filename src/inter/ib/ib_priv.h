@@ -291,8 +291,15 @@ struct ibv_comp_channel *ib_chan_get(hc_transport_t *tr);
  * before a CQ is destroyed, since destroy waits for acknowledgements. */
 void ib_chan_drain(hc_transport_t *tr);
 void ib_chan_free(hc_transport_t *tr);
-/* Which of ep's QPs qp is (its index), or -1. */
-int ib_ep_qp_index(const hc_ep_t *ep, const struct ibv_qp *qp);
+/* Which of ep's QPs qp is (its index), or -1. Inline: async.c names QPs
+ * with it, and qp.c already calls async.c (ib_fail). */
+static inline int ib_ep_qp_index(const hc_ep_t *ep, const struct ibv_qp *qp)
+{
+    for (int q = 0; q < IB_QPS_MAX; q++)
+        if (qp && ep->q[q].qp == qp)
+            return q;
+    return -1;
+}
 /* INIT -> RTR -> RTS towards peer's QP rqpn; *mtu_out gets the path MTU. */
 int ib_qp_connect(hc_transport_t *tr, struct ibv_qp *qp, const ib_addr_t *peer, uint32_t rqpn,
                   int *mtu_out);

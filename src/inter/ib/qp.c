@@ -160,14 +160,6 @@ int ib_qp_create(hc_transport_t *tr, struct ibv_cq **cq_out, struct ibv_qp **qp_
     return 0;
 }
 
-int ib_ep_qp_index(const hc_ep_t *ep, const struct ibv_qp *qp)
-{
-    for (int q = 0; q < IB_QPS_MAX; q++)
-        if (qp && ep->q[q].qp == qp)
-            return q;
-    return -1;
-}
-
 int ib_post_recvs(hc_ep_t *ep, int q, int n)
 {
     for (int i = 0; i < n; i++) {
