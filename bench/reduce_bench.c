@@ -13,7 +13,8 @@
  * followed by one of the bound loop, on buffers of its own, and a row's
  * ratio divides the two best times, so both saw the same conditions.
  * Buffers are far larger than the caches and every page is touched before
- * timing.
+ * timing. -o shifts all six buffers by the same number of bytes past a
+ * 64-byte boundary, as a ring chunk at an arbitrary element offset is.
  */
 #include <errno.h>
 #include <stdint.h>
@@ -191,9 +192,11 @@ static void bench_fill(const bench_ctx_t *ctx, hcoll_dtype_t dt)
 static void bench_usage(FILE *f, const char *argv0)
 {
     fprintf(f,
-            "usage: %s [-s BYTES] [-i ITERS]\n"
+            "usage: %s [-s BYTES] [-i ITERS] [-o OFFSET]\n"
             "  -s BYTES  bytes per operand buffer, suffix k/m/g allowed (default 64m)\n"
             "  -i ITERS  timed repetitions per kernel, best one reported (default %d)\n"
+            "  -o OFFSET every buffer starts OFFSET bytes past a 64-byte boundary\n"
+            "            (0, 8, ..., 56; default 0)\n"
             "Measures each host reduction kernel (dst = a op b) in GB/s, counting\n"
             "3 x n x size bytes, against a c[i] = a[i] + b[i] float loop run\n"
             "alternately with it.\n",
@@ -222,14 +225,26 @@ static unsigned long long bench_parse_bytes(const char *s)
 }
 
 static int bench_parse_args(int argc, char **argv, unsigned long long *bytes_out,
-                            int *iters_out)
+                            int *iters_out, size_t *off_out)
 {
     unsigned long long bytes = BENCH_DEFAULT_BYTES;
     long iters = BENCH_DEFAULT_ITERS;
     int opt;
 
-    while ((opt = getopt(argc, argv, "s:i:h")) != -1) {
+    while ((opt = getopt(argc, argv, "s:i:o:h")) != -1) {
         switch (opt) {
+        case 'o': {
+            char *end;
+            errno = 0;
+            long off = strtol(optarg, &end, 10);
+            /* Whole elements of every type, as ring offsets are. */
+            if (errno || end == optarg || *end != '\0' || off < 0 || off > 56 || off % 8) {
+                fprintf(stderr, "%s: -o: need 0, 8, ..., 56, got '%s'\n", argv[0], optarg);
+                return 2;
+            }
+            *off_out = (size_t)off;
+            break;
+        }
         case 's':
             bytes = bench_parse_bytes(optarg);
             if (bytes < 64 || bytes > (1ull << 40)) {
@@ -278,8 +293,9 @@ int main(int argc, char **argv)
     static const hcoll_op_t ops[] = { HCOLL_SUM, HCOLL_PROD, HCOLL_MAX, HCOLL_MIN, HCOLL_AVG };
     unsigned long long bytes;
     int iters;
+    size_t off = 0;
 
-    switch (bench_parse_args(argc, argv, &bytes, &iters)) {
+    switch (bench_parse_args(argc, argv, &bytes, &iters, &off)) {
     case 0:
         break;
     case 1:
@@ -293,19 +309,19 @@ int main(int argc, char **argv)
     bench_ctx_t ctx = { .bytes = (size_t)bytes, .iters = iters };
     void *p[6] = { NULL };
     for (int k = 0; k < 6; k++) {
-        if (posix_memalign(&p[k], 64, ctx.bytes)) {
+        if (posix_memalign(&p[k], 64, ctx.bytes + 64)) {
             fprintf(stderr, "%s: cannot allocate 6 x %zu bytes\n", argv[0], ctx.bytes);
             for (int j = 0; j < k; j++)
                 free(p[j]);
             return 1;
         }
     }
-    ctx.a = p[0];
-    ctx.b = p[1];
-    ctx.c = p[2];
-    ctx.fa = p[3];
-    ctx.fb = p[4];
-    ctx.fc = p[5];
+    ctx.a = (unsigned char *)p[0] + off;
+    ctx.b = (unsigned char *)p[1] + off;
+    ctx.c = (unsigned char *)p[2] + off;
+    ctx.fa = (float *)((char *)p[3] + off);
+    ctx.fb = (float *)((char *)p[4] + off);
+    ctx.fc = (float *)((char *)p[5] + off);
     /* Touch every page of all six buffers before any timing. */
     size_t nf = ctx.bytes / sizeof(float);
     for (size_t i = 0; i < nf; i++) {
@@ -319,8 +335,8 @@ int main(int argc, char **argv)
     const double traffic2 = 2.0 * (double)ctx.bytes;
     double t_plain, t_sse2, t_cpy, t_b;
 
-    printf("reduce_bench: impl %s, %.1f MiB per operand, best of %d\n", hc_reduce_impl_name(),
-           (double)ctx.bytes / (1 << 20), ctx.iters);
+    printf("reduce_bench: impl %s, %.1f MiB per operand at offset %zu, best of %d\n",
+           hc_reduce_impl_name(), (double)ctx.bytes / (1 << 20), off, ctx.iters);
 
     bench_pair(&ctx, BENCH_ADD, BENCH_ADD_SSE2, HCOLL_FLOAT32, HCOLL_SUM, &t_plain, &t_sse2);
     ctx.bound = t_plain <= t_sse2 ? BENCH_ADD : BENCH_ADD_SSE2;

@@ -266,6 +266,129 @@ START_TEST(api_allreduce_2x2)
 }
 END_TEST
 
+/* ------------------------------------------------------------------------ */
+/* qps_*: HCOLL_IB_QPS_PER_PEER: every collective with puts striped over     */
+/* 2 or 4 QPs per peer (credits and completions per QP)                       */
+/* ------------------------------------------------------------------------ */
+
+#define QPS_RS   100003 /* floats per rank */
+#define QPS_AG   77777  /* int32 per rank */
+#define QPS_BC   (1u << 20)
+#define QPS_BARS 400    /* past a credit update (RQ_DEPTH / 4) on every QP */
+
+static int qps_allreduce(hcoll_comm_t comm, int rank, int n, const ar_case_t *c)
+{
+    const size_t bytes = c->count * hcoll_dtype_size(c->dt);
+    unsigned char *in = malloc(bytes), *out = malloc(bytes), *want = malloc(bytes);
+    HCT_REQUIRE(in && out && want, "no memory");
+    for (size_t i = 0; i < c->count; i++) {
+        put_elem(c->dt, in, i, val(rank, i));
+        put_elem(c->dt, want, i, ref(c->op, n, i));
+    }
+    HCT_OK(comm, hcoll_allreduce(comm, in, out, c->count, c->dt, c->op, NULL));
+    HCT_REQUIRE(memcmp(out, want, bytes) == 0, "rank %d: %zu x %s %s: wrong result", rank,
+                c->count, hcoll_dtype_name(c->dt), hcoll_op_name(c->op));
+    free(in);
+    free(out);
+    free(want);
+    return 0;
+}
+
+static int qps_others(hcoll_comm_t comm, int rank, int n)
+{
+    float *rs_in = malloc((size_t)n * QPS_RS * sizeof *rs_in), *rs_out = malloc(QPS_RS * 4);
+    int32_t *ag_in = malloc(QPS_AG * 4), *ag_out = malloc((size_t)n * QPS_AG * 4);
+    float *bc = malloc(QPS_BC * sizeof *bc);
+    HCT_REQUIRE(rs_in && rs_out && ag_in && ag_out && bc, "no memory");
+    for (size_t i = 0; i < (size_t)n * QPS_RS; i++)
+        rs_in[i] = (float)val(rank, i);
+    for (size_t i = 0; i < QPS_AG; i++)
+        ag_in[i] = (int32_t)(i * 31 + (size_t)rank);
+    for (size_t i = 0; i < QPS_BC; i++)
+        bc[i] = rank == n - 1 ? (float)(i % 1000) : -1.0f;
+    HCT_OK(comm, hcoll_reduce_scatter(comm, rs_in, rs_out, QPS_RS, HCOLL_FLOAT32, HCOLL_SUM,
+                                      NULL));
+    for (size_t i = 0; i < QPS_RS; i++)
+        HCT_REQUIRE(rs_out[i] == (float)ref(HCOLL_SUM, n, (size_t)rank * QPS_RS + i),
+                    "rank %d: reduce-scatter element %zu is %g", rank, i, (double)rs_out[i]);
+    HCT_OK(comm, hcoll_allgather(comm, ag_in, ag_out, QPS_AG, HCOLL_INT32, NULL));
+    for (int r = 0; r < n; r++)
+        for (size_t i = 0; i < QPS_AG; i++)
+            HCT_REQUIRE(ag_out[(size_t)r * QPS_AG + i] == (int32_t)(i * 31 + (size_t)r),
+                        "rank %d: all-gather element %zu of rank %d", rank, i, r);
+    HCT_OK(comm, hcoll_broadcast(comm, bc, bc, QPS_BC, HCOLL_FLOAT32, n - 1, NULL));
+    for (size_t i = 0; i < QPS_BC; i++)
+        HCT_REQUIRE(bc[i] == (float)(i % 1000), "rank %d: broadcast element %zu", rank, i);
+    for (int b = 0; b < QPS_BARS; b++)
+        HCT_OK(comm, hcoll_barrier(comm));
+    free(rs_in);
+    free(rs_out);
+    free(ag_in);
+    free(ag_out);
+    free(bc);
+    return 0;
+}
+
+static int rank_qps(int rank, int n, void *argp)
+{
+    api_arg_t *a = argp;
+    api_env(a->logdir);
+    char qps[8];
+    snprintf(qps, sizeof qps, "%d", a->per_node);
+    setenv("HCOLL_IB_QPS_PER_PEER", qps, 1);
+    hcoll_comm_t comm;
+    if (open_comm(a, rank, n, 20000, &comm))
+        return 1;
+    static const int cases[] = { 1, 2, 3, 5, 8 };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+        if (qps_allreduce(comm, rank, n, &ar_cases[cases[k]]))
+            return 1;
+    if (qps_others(comm, rank, n))
+        return 1;
+    char who[32];
+    snprintf(who, sizeof who, "rank %d", rank);
+    if (hct_mock_clean(who, 1))
+        return 1;
+    HCT_OK(comm, hcoll_comm_destroy(comm));
+    return hct_mock_released(who);
+}
+
+static void run_qps(int n, int qps)
+{
+    api_arg_t *a = api_arg_new();
+    a->per_node = qps; /* the QP count, for rank_qps */
+    /* Sources read late: a slot or buffer reused before its completion on
+     * any of the QPs would send new bytes. */
+    setenv("HCMOCK_IB_TX_DELAY_US", "200", 1);
+    hct_opts_t o = { .nranks = n, .ranks_per_node = 1, .timeout_ms = 50000 };
+    hct_result_t res[MAXR];
+    int bad = hct_run(&o, rank_qps, a, res);
+    unsetenv("HCMOCK_IB_TX_DELAY_US");
+    ck_assert_msg(bad == 0, "%d rank(s) failed (see stderr)", bad);
+    /* Every connection says it runs on that many QPs. */
+    char cmd[400], want[32];
+    snprintf(want, sizeof want, "(%d QPs)", qps);
+    snprintf(cmd, sizeof cmd, "grep -h 'NET/IB: rank [0-9] -> rank [0-9] via' %s/rank.*.log",
+             a->logdir);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    char line[512];
+    int lines = 0;
+    while (fgets(line, sizeof line, p)) {
+        ck_assert_msg(strstr(line, want), "a connection not on %d QPs: %s", qps, line);
+        lines++;
+    }
+    pclose(p);
+    ck_assert_int_ge(lines, n); /* each rank to its next at least */
+    api_arg_free(a);
+}
+
+START_TEST(qps_per_peer_2) { run_qps(4, 2); }
+END_TEST
+
+START_TEST(qps_per_peer_4) { run_qps(2, 4); }
+END_TEST
+
 /* The public all-reduce on device buffers (emulated CUDA driver) with
  * HCOLL_NET=ib: each rank's GPU sits beside its NIC in sysfs-mockib and
  * nvidia-peermem is there, so stage 2 runs on device memory (GPUDirect):
@@ -859,6 +982,8 @@ static Suite *suite(void)
     tcase_add_test(a, api_peer_killed);
     tcase_add_test(a, live_peer_stopped);
     tcase_add_test(a, live_peer_killed);
+    tcase_add_test(a, qps_per_peer_2);
+    tcase_add_test(a, qps_per_peer_4);
     suite_add_tcase(s, a);
     TCase *b = tcase_create("regress");
     tcase_set_timeout(b, TEST_TIMEOUT_S);

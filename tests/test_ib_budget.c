@@ -37,6 +37,20 @@
  * is that the bytes are taken at posting: a source overwritten while the
  * emulated NIC holds the request (HCMOCK_IB_TX_DELAY_US) is not what lands.
  *
+ * budget_long_wait_sleeps: a wait past HCOLL_IB_SPIN_US sleeps on the
+ * CQs' completion channel: over waits of 40 ms it burns under 5% of a core
+ * (getrusage), and takes its completion within a bound of a spinning
+ * poller's pickup measured in the same run.
+ *
+ * budget_ring_offsets_aligned: every put of a ring all-reduce whose count
+ * does not split evenly starts on a 64-byte boundary of its source and
+ * target (the emulated NIC counts those that do not), so reductions and
+ * copies get aligned vectors.
+ *
+ * budget_puts_chained: puts sent back to back leave in one chain of work
+ * requests per QP (one ibv_post_send, one doorbell), on 1 and on 4 QPs per
+ * peer (HCOLL_IB_QPS_PER_PEER); the emulated NIC counts the calls.
+ *
  * main re-executes this program inside the emulation (common/mockib.h).
  * Skips (77) when hcoll was built without rdma-core headers or the mock is
  * not built.
@@ -49,6 +63,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "common/mockib.h"
 #include "common/ranks.h"
@@ -552,6 +568,10 @@ static int rank_inline(int rank, int n, void *argp)
                             "a %zu-byte put: byte %zu is '%c', written after posting: the put "
                             "was not inline", lens[i], k, rt.buf[k]);
         }
+        /* The next put only once this one was looked at: on a loaded host
+         * a late poll would otherwise find two. */
+        hc_rkey_t rk = { { 0, 0 } }, rks[2];
+        HCT_REQUIRE(shm_allgather(&rt.ag, &rk, rks, sizeof rk) == HCOLL_SUCCESS, "barrier");
     }
     return rt_close(&rt);
 }
@@ -567,6 +587,234 @@ START_TEST(budget_small_puts_inline)
 }
 END_TEST
 
+/* ---- long waits on a completion channel -------------------------------------- */
+
+#define LONG_WAITS 8
+#define LONG_MS    40 /* how long rank 1 waits for each put */
+
+typedef struct long_arg {
+    budget_arg_t b;
+    double spin_pick_us;  /* rank 1: a spinning poller's pickup, median */
+    double long_pick_us;  /* rank 1: the long waits' pickup, median */
+    double cpu_frac;      /* rank 1: CPU time / wall time over the long waits */
+} long_arg_t;
+
+static double thread_cpu_ms(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_THREAD, &ru);
+    return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e3 +
+           (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e3;
+}
+
+/* rank 1 waits in the transport's poll (wait_ms past the spin) while rank
+ * 0 lets LONG_MS pass before its put. */
+static int long_waits(rt_t *t, long_arg_t *a, int rank)
+{
+    hc_rkey_t rk = { { 0, 0 } }, rks[2];
+    double cpu = 0, wall = 0;
+    pickup_us(0.5, 1);
+    for (int i = 0; i < LONG_WAITS; i++) {
+        HCT_REQUIRE(shm_allgather(&t->ag, &rk, rks, sizeof rk) == HCOLL_SUCCESS, "barrier");
+        if (rank == 0) {
+            usleep(LONG_MS * 1000);
+            HCT_REQUIRE(hc_ib_ops.put(t->ep, t->mr, 0, &t->rks[1], 0, 8, (uint32_t)i, 0) ==
+                            HCOLL_SUCCESS,
+                        "put: %s", t->eb.msg);
+            hcoll_status_t st;
+            HCT_REQUIRE(hct_wait_comps(&hc_ib_ops, t->tr, HC_COMP_PUT, 1, NULL, 10000, &st) == 1,
+                        "put completion: %s", t->eb.msg);
+            continue;
+        }
+        const double c0 = thread_cpu_ms(), w0 = hct_now_ms();
+        int got = 0;
+        while (!got && hct_now_ms() - w0 < 10000) {
+            hc_comp_t comps[16];
+            int n = 0;
+            HCT_REQUIRE(hc_ib_ops.poll(t->tr, comps, 16, 5000, &n) == HCOLL_SUCCESS, "poll: %s",
+                        t->eb.msg);
+            for (int k = 0; k < n; k++)
+                got |= comps[k].kind == HC_COMP_IMM;
+        }
+        HCT_REQUIRE(got, "no immediate in 10 s");
+        cpu += thread_cpu_ms() - c0;
+        wall += hct_now_ms() - w0;
+    }
+    if (rank == 1) {
+        a->long_pick_us = pickup_us(0.5, 1);
+        a->cpu_frac = cpu / wall;
+    }
+    return 0;
+}
+
+static int rank_long(int rank, int n, void *argp)
+{
+    (void)n;
+    long_arg_t *a = argp;
+    setenv("HCOLL_IB_SPIN_US", "50", 1);
+    rt_t rt;
+    if (rt_open(&rt, &a->b, rank))
+        return 1;
+    /* A spinning poller's pickup on this host now. */
+    pickup_us(0.5, 1);
+    for (int i = 0; i < 100; i++)
+        HCT_REQUIRE(rt_once(&rt, rank, i) >= 0, "ping %d: %s", i, rt.eb.msg);
+    if (rank == 1)
+        a->spin_pick_us = pickup_us(0.5, 1);
+    if (long_waits(&rt, a, rank))
+        return 1;
+    return rt_close(&rt);
+}
+
+START_TEST(budget_long_wait_sleeps)
+{
+    long_arg_t *a = hct_shared_alloc(sizeof *a);
+    ck_assert_ptr_nonnull(a);
+    hct_opts_t o = { .nranks = 2, .ranks_per_node = 1, .timeout_ms = 30000 };
+    hct_result_t res[2];
+    ck_assert_int_eq(hct_run(&o, rank_long, a, res), 0);
+    printf("long waits (%d ms): pickup %.1f us (median; spinning %.1f us), CPU %.1f%% of the "
+           "wait\n", LONG_MS, a->long_pick_us, a->spin_pick_us, a->cpu_frac * 100);
+    /* Asleep on the channel's fd, not sweeping every 20 us. */
+    ck_assert_msg(a->cpu_frac < 0.05, "a long wait burnt %.1f%% of a core",
+                  a->cpu_frac * 100);
+    /* Woken by the completion itself, not by a timer. */
+    ck_assert_msg(a->long_pick_us <= 4 * a->spin_pick_us + 2000,
+                  "a sleeping wait took its completion %.1f us after it arrived (spinning: "
+                  "%.1f us)", a->long_pick_us, a->spin_pick_us);
+    hct_shared_free(a, sizeof *a);
+}
+END_TEST
+
+/* ---- aligned ring offsets ------------------------------------------------------ */
+
+#define ALN_COUNT 300007 /* floats: blocks of 150004 and 150003 when cut by elements */
+
+typedef struct aln_arg {
+    budget_arg_t b;
+    unsigned long long misaligned[2];
+} aln_arg_t;
+
+static int rank_aligned(int rank, int n, void *argp)
+{
+    aln_arg_t *a = argp;
+    setenv("HCOLL_SOCKET_IFNAME", "=lo", 1);
+    hcoll_comm_t comm;
+    hcoll_unique_id_t id;
+    hcoll_config_t cfg = HCOLL_CONFIG_INITIALIZER;
+    cfg.net = "ib";
+    cfg.timeout_ms = 20000;
+    HCT_REQUIRE(hct_share_unique_id(&a->b.slot, rank, 20000, &id) == 0, "no unique id");
+    HCT_OK(NULL, hcoll_comm_init(&comm, n, rank, &id, &cfg));
+    const size_t bytes = ((size_t)ALN_COUNT * 4 + 63) & ~(size_t)63;
+    float *in = aligned_alloc(64, bytes), *out = aligned_alloc(64, bytes);
+    HCT_REQUIRE(in && out, "no memory");
+    for (size_t i = 0; i < ALN_COUNT; i++)
+        in[i] = (float)((i + (size_t)rank) % 7);
+    const uint64_t before = mock_stat("misaligned_writes");
+    HCT_OK(comm, hcoll_allreduce(comm, in, out, ALN_COUNT, HCOLL_FLOAT32, HCOLL_SUM, NULL));
+    a->misaligned[rank] = (unsigned long long)(mock_stat("misaligned_writes") - before);
+    for (size_t i = 0; i < ALN_COUNT; i++)
+        HCT_REQUIRE(out[i] == (float)(i % 7 + (i + 1) % 7), "element %zu is %g", i,
+                    (double)out[i]);
+    HCT_OK(comm, hcoll_comm_destroy(comm));
+    free(in);
+    free(out);
+    return 0;
+}
+
+START_TEST(budget_ring_offsets_aligned)
+{
+    aln_arg_t *a = hct_shared_alloc(sizeof *a);
+    ck_assert_ptr_nonnull(a);
+    hct_opts_t o = { .nranks = 2, .ranks_per_node = 1, .timeout_ms = 30000 };
+    hct_result_t res[2];
+    ck_assert_int_eq(hct_run(&o, rank_aligned, a, res), 0);
+    for (int r = 0; r < 2; r++)
+        ck_assert_msg(a->misaligned[r] == 0,
+                      "rank %d: %llu puts of an all-reduce of %d floats started off a 64-byte "
+                      "boundary", r, a->misaligned[r], ALN_COUNT);
+    hct_shared_free(a, sizeof *a);
+}
+END_TEST
+
+/* ---- chained doorbells ------------------------------------------------------ */
+
+#define CHAIN_PUTS 16 /* 4 KiB each: none inline */
+
+typedef struct chain_arg {
+    budget_arg_t b;
+    unsigned long long calls[2]; /* rank 0's ibv_post_send calls for CHAIN_PUTS puts: 1, 4 QPs */
+} chain_arg_t;
+
+/* rank 0 puts CHAIN_PUTS chunks back to back, as the ring's send loop
+ * does, then polls; the emulated NIC counts the ibv_post_send calls. */
+static int chain_round(rt_t *t, hc_mr_t *mr, const hc_rkey_t *rk, int rank,
+                       unsigned long long *calls_out)
+{
+    hcoll_status_t st;
+    if (rank == 0) {
+        const uint64_t before = mock_stat("post_send_calls");
+        for (int k = 0; k < CHAIN_PUTS; k++)
+            HCT_REQUIRE(hc_ib_ops.put(t->ep, mr, (size_t)k * 4096, rk, (size_t)k * 4096, 4096,
+                                      (uint32_t)k, 0) == HCOLL_SUCCESS,
+                        "put: %s", t->eb.msg);
+        int got = hct_wait_comps(&hc_ib_ops, t->tr, HC_COMP_PUT, CHAIN_PUTS, NULL, 10000, &st);
+        HCT_REQUIRE(st == HCOLL_SUCCESS && got == CHAIN_PUTS, "puts %d/%d: %s", got, CHAIN_PUTS,
+                    t->eb.msg);
+        *calls_out = (unsigned long long)(mock_stat("post_send_calls") - before);
+    } else {
+        int got = hct_wait_comps(&hc_ib_ops, t->tr, HC_COMP_IMM, CHAIN_PUTS, NULL, 10000, &st);
+        HCT_REQUIRE(st == HCOLL_SUCCESS && got == CHAIN_PUTS, "immediates %d/%d: %s", got,
+                    CHAIN_PUTS, t->eb.msg);
+    }
+    return 0;
+}
+
+static int rank_chain(int rank, int n, void *argp)
+{
+    (void)n;
+    chain_arg_t *a = argp;
+    for (int v = 0; v < 2; v++) {
+        setenv("HCOLL_IB_QPS_PER_PEER", v ? "4" : "1", 1);
+        rt_t rt;
+        if (rt_open(&rt, &a->b, rank))
+            return 1;
+        char *big = calloc(CHAIN_PUTS, 4096);
+        hc_mr_t *mr;
+        hc_rkey_t rk, rks[2];
+        HCT_REQUIRE(big && hc_ib_ops.mr_reg(rt.tr, big, CHAIN_PUTS * 4096, &mr, &rk) ==
+                               HCOLL_SUCCESS,
+                    "%s", rt.eb.msg);
+        HCT_REQUIRE(shm_allgather(&rt.ag, &rk, rks, sizeof rk) == HCOLL_SUCCESS, "keys");
+        if (chain_round(&rt, mr, &rks[1], rank, &a->calls[v]))
+            return 1;
+        hc_ib_ops.mr_dereg(rt.tr, mr);
+        if (rt_close(&rt))
+            return 1;
+        free(big);
+    }
+    return 0;
+}
+
+START_TEST(budget_puts_chained)
+{
+    chain_arg_t *a = hct_shared_alloc(sizeof *a);
+    ck_assert_ptr_nonnull(a);
+    hct_opts_t o = { .nranks = 2, .ranks_per_node = 1, .timeout_ms = 30000 };
+    hct_result_t res[2];
+    ck_assert_int_eq(hct_run(&o, rank_chain, a, res), 0);
+    printf("%d puts: %llu ibv_post_send calls on 1 QP, %llu on 4 QPs\n", CHAIN_PUTS,
+           a->calls[0], a->calls[1]);
+    /* One doorbell per QP for the lot (a sweep may split it once). */
+    ck_assert_msg(a->calls[0] <= 2, "%d puts took %llu ibv_post_send calls on one QP, not a "
+                  "chain", CHAIN_PUTS, a->calls[0]);
+    ck_assert_msg(a->calls[1] <= 8, "%d puts took %llu ibv_post_send calls on 4 QPs, not a "
+                  "chain per QP", CHAIN_PUTS, a->calls[1]);
+    hct_shared_free(a, sizeof *a);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("ib_budget");
@@ -576,6 +824,9 @@ static Suite *suite(void)
     tcase_add_test(t, budget_no_flush_for_host);
     tcase_add_test(t, budget_staging_registered_once);
     tcase_add_test(t, budget_small_puts_inline);
+    tcase_add_test(t, budget_puts_chained);
+    tcase_add_test(t, budget_long_wait_sleeps);
+    tcase_add_test(t, budget_ring_offsets_aligned);
     suite_add_tcase(s, t);
     return s;
 }

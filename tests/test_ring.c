@@ -174,10 +174,15 @@ static void ref_verif(void *ref, void *tmp, size_t count, int n, hcoll_dtype_t d
 static void ref_chain(void *ref, void *tmp, size_t count, int n, hcoll_dtype_t dt,
                       hcoll_op_t op)
 {
-    const size_t es = hcoll_dtype_size(dt), base = count / (size_t)n, rem = count % (size_t)n;
+    /* An all-reduce's blocks: units of 64 bytes, the first units%n one
+     * unit longer, the last nonempty one clipped at count. */
+    const size_t es = hcoll_dtype_size(dt), u = 64 / es, units = (count + u - 1) / u;
+    const size_t base = units / (size_t)n, rem = units % (size_t)n;
     for (int b = 0; b < n; b++) {
-        size_t off = (size_t)b * base + ((size_t)b < rem ? (size_t)b : rem);
-        size_t cnt = base + ((size_t)b < rem);
+        size_t off = ((size_t)b * base + ((size_t)b < rem ? (size_t)b : rem)) * u;
+        size_t end = ((size_t)(b + 1) * base + ((size_t)b + 1 < rem ? (size_t)b + 1 : rem)) * u;
+        off = off < count ? off : count;
+        size_t cnt = (end < count ? end : count) - off;
         for (int k = 0; k < n; k++) {
             int q = (b + k) % n;
             fill_random(tmp, count, q, dt);
@@ -1262,6 +1267,54 @@ static void check_sched(int n, size_t count, size_t es, size_t chunk, size_t gma
     }
 }
 
+/* An all-reduce's aligned blocks (hc_ring_sched_align): contiguous, each
+ * starting on a 64-byte boundary, none longer than block 0 and none more
+ * than a unit longer than count/N, chunks still cutting each block in
+ * order; with 64-byte chunks every chunk starts on a boundary too. */
+static void check_sched_aligned(int n, size_t count, size_t es, size_t chunk)
+{
+    hc_ring_sched_t g;
+    hc_ring_sched_plan(&g, n, count, es, chunk, 0, 1);
+    hc_ring_sched_align(&g, es);
+    const size_t u = 64 / es;
+    size_t next = 0;
+    for (int b = 0; b < n; b++) {
+        size_t at = hc_ring_blk_off(&g, b), bc = hc_ring_blk_cnt(&g, b);
+        ck_assert_uint_eq(at, next);
+        if (bc)
+            ck_assert_uint_eq(at * es % 64, 0); /* empty ones sit at count */
+        ck_assert_uint_le(bc, hc_ring_blk_cnt(&g, 0));
+        ck_assert_uint_le(bc, (count + (size_t)n - 1) / (size_t)n + u);
+        for (size_t c = 0; c < g.C; c++) {
+            size_t off, cnt;
+            hc_ring_chunk_of(&g, b, c, &off, &cnt);
+            if (cnt == 0)
+                continue;
+            ck_assert_uint_eq(off, at + c * g.ce);
+            if (chunk % 64 == 0)
+                ck_assert_uint_eq(off * es % 64, 0);
+        }
+        next += bc;
+    }
+    ck_assert_uint_eq(next, count);
+    ck_assert_uint_eq(g.nmsg, (size_t)(n - 1) * g.C);
+    ck_assert_uint_ge(g.C * g.ce, hc_ring_blk_cnt(&g, 0));
+}
+
+START_TEST(test_schedule_aligned)
+{
+    static const size_t counts[] = { 0, 1, 15, 16, 17, 100, 1000, 4097, 12345, 300007 };
+    static const size_t sizes[] = { 1, 2, 4, 8 };
+    static const size_t chunks[] = { 64, 4096, 65536 };
+    for (int n = 2; n <= 9; n++)
+        for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++)
+            for (size_t j = 0; j < sizeof sizes / sizeof sizes[0]; j++)
+                for (size_t k = 0; k < sizeof chunks / sizeof chunks[0]; k++)
+                    if (counts[i] * sizes[j] / chunks[k] <= 4096)
+                        check_sched_aligned(n, counts[i], sizes[j], chunks[k]);
+}
+END_TEST
+
 START_TEST(test_schedule)
 {
     static const size_t counts[] = { 1, 2, 3, 7, 8, 9, 100, 1000, 4097, 12345, (1u << 20) + 3 };
@@ -1292,6 +1345,7 @@ static Suite *ring_suite(void)
     TCase *tc = tcase_create("schedule");
     tcase_set_timeout(tc, TEST_TIMEOUT_S);
     tcase_add_test(tc, test_schedule);
+    tcase_add_test(tc, test_schedule_aligned);
     suite_add_tcase(s, tc);
     tc = tcase_create("correctness");
     tcase_set_timeout(tc, TEST_TIMEOUT_S);

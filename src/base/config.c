@@ -144,6 +144,10 @@ static const hc_knob_t knobs[] = {
       "being able to take part, so that a mismatch or a failed registration fails that call "
       "on every rank alike; costs one small all-reduce per call. 0: no check (ranks must "
       "agree; a mismatch may then hang or mix data). Must be equal on every rank." },
+    { "HCOLL_IB_QPS_PER_PEER", HC_KNOB_INT, "1", 1, 4, NULL, 0, 0, OFF(ib_qps_per_peer),
+      "RC queue pairs per peer over verbs (NCCL_IB_QPS_PER_CONNECTION); puts go round robin "
+      "over them, so that a LAG or an ECMP fabric spreads them over its links. Two ranks "
+      "that differ use the smaller." },
 };
 
 #undef OFF

@@ -53,6 +53,7 @@ typedef struct hc_params {
     int64_t init_timeout_ms;              /* init waits this long for every rank */
     int64_t ib_spin_us;                   /* verbs waits poll this long before sleeping */
     int64_t check_args;                   /* 1: ranks agree on every host call's arguments */
+    int64_t ib_qps_per_peer;              /* verbs: RC QPs per peer, puts striped over them */
 } hc_params_t;
 
 typedef enum hc_knob_kind {

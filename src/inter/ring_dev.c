@@ -117,10 +117,12 @@ hcoll_status_t hc_ring_dev_jobs(const hc_ring_t *r, size_t count, hcoll_dtype_t 
     const size_t trailer = sizeof(gather_trailer_t), es = hcoll_dtype_size(dtype);
     hc_ring_sched_t g;
     /* As op_init plans a device operation (no gather mode; a phase alone
-     * rotates blocks by -1). */
+     * rotates blocks by -1; an all-reduce's blocks aligned). */
     const long rot = phase == HC_RING_PHASE_ALLREDUCE ? 0 : -1;
     hc_ring_sched_plan(&g, r->n, count, es, r->chunk_bytes,
                        r->gvec >= trailer ? r->gvec - trailer : 0, 1);
+    if (phase == HC_RING_PHASE_ALLREDUCE)
+        hc_ring_sched_align(&g, es);
     for (size_t m = 0; m < g.nmsg; m++) {
         size_t s = m / g.C, c = m % g.C, off, cnt;
         hc_ring_chunk_of(&g, hc_ring_mod(r->n, (long)r->rank - 1 - (long)s + rot), c, &off, &cnt);

@@ -131,6 +131,8 @@ static hcoll_status_t op_init(hc_ring_t *r, const void *sendbuf, void *recvbuf, 
     hc_ring_sched_plan(&o->g, r->n, count, o->esize, r->chunk_bytes,
                        r->gvec >= trailer ? r->gvec - trailer : 0,
                        dev || phase != HC_RING_PHASE_ALLREDUCE);
+    if (phase == HC_RING_PHASE_ALLREDUCE) /* blocks only the ring sees */
+        hc_ring_sched_align(&o->g, o->esize);
     if (o->g.nmsg >= IMM_MSG_MAX)
         return hc_err_set(eb, HC_NET, RING_LOGRANK(r), HCOLL_ERR_UNSUPPORTED,
                           "ring: %zu elements need %zu messages of %zu bytes per phase, more "

@@ -9,6 +9,8 @@ void hc_ring_sched_plan(hc_ring_sched_t *g, int n, size_t count, size_t esize,
                         size_t chunk_bytes, size_t gather_max, int dev)
 {
     g->n = n;
+    g->count = count;
+    g->q = 1;
     g->base = count / (size_t)n;
     g->rem = count % (size_t)n;
     g->ce = chunk_bytes / esize;
@@ -22,4 +24,18 @@ void hc_ring_sched_plan(hc_ring_sched_t *g, int n, size_t count, size_t esize,
         g->C = 1;
         g->nmsg = (size_t)(n - 1);
     }
+}
+
+void hc_ring_sched_align(hc_ring_sched_t *g, size_t esize)
+{
+    if (g->gather || esize == 0)
+        return;
+    const size_t q = HC_RING_ALIGN % esize == 0 ? HC_RING_ALIGN / esize : 16;
+    const size_t units = (g->count + q - 1) / q;
+    g->q = q;
+    g->base = units / (size_t)g->n;
+    g->rem = units % (size_t)g->n;
+    size_t maxblk = hc_ring_blk_cnt(g, 0); /* the first blocks are the longest */
+    g->C = (maxblk + g->ce - 1) / g->ce;
+    g->nmsg = (size_t)(g->n - 1) * g->C;
 }

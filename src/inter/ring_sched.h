@@ -7,6 +7,8 @@
  *
  *   vector:  | block 0 | block 1 | ... | block N-1 |   block b: elements
  *              [off(b), off(b+1)), the first count%N blocks one longer
+ *              (aligned: units of 64 bytes instead of elements, the last
+ *              nonempty block clipped at count)
  *   block:   | chunk 0 | chunk 1 | ... | chunk C-1 |   ce elements each,
  *              the last one shorter; C from the longest block
  *   message m = s*C + c: step s, chunk c; nmsg = (N-1)*C per phase
@@ -31,7 +33,10 @@
 
 typedef struct hc_ring_sched {
     int n;              /* ring size */
-    size_t base, rem;   /* block geometry */
+    size_t count;       /* elements in the vector */
+    size_t q;           /* elements per unit: blocks are whole units (the last
+                         * one clipped at count); 1 unless aligned */
+    size_t base, rem;   /* block geometry, in units */
     size_t ce, C, nmsg; /* chunk elements, chunks per block, messages per phase */
     int gather;         /* gather mode: nmsg = N-1 whole vectors, C = 1 */
 } hc_ring_sched_t;
@@ -42,16 +47,30 @@ typedef struct hc_ring_sched {
 void hc_ring_sched_plan(hc_ring_sched_t *g, int n, size_t count, size_t esize,
                         size_t chunk_bytes, size_t gather_max, int dev);
 
+/* Blocks of an all-reduce (where only the ring sees them) start on
+ * HC_RING_ALIGN-byte boundaries of the vector: every chunk's offset, in
+ * the staging slots and the caller's buffers alike, is then a multiple of
+ * 64 bytes (chunks are), so reductions and copies take whole aligned
+ * vectors, and the NIC whole cache lines. A phase alone keeps the caller's
+ * blocks (recvcount elements each). */
+#define HC_RING_ALIGN 64
+
+/* Align the blocks of a plan (not in gather mode) to HC_RING_ALIGN bytes
+ * (16 elements where esize does not divide it); chunks, C and nmsg
+ * follow. Every rank must do the same for an operation. */
+void hc_ring_sched_align(hc_ring_sched_t *g, size_t esize);
+
 /* First element of block b. */
 static inline size_t hc_ring_blk_off(const hc_ring_sched_t *g, int b)
 {
-    return (size_t)b * g->base + ((size_t)b < g->rem ? (size_t)b : g->rem);
+    size_t u = (size_t)b * g->base + ((size_t)b < g->rem ? (size_t)b : g->rem);
+    return u * g->q < g->count ? u * g->q : g->count;
 }
 
 /* Elements in block b. */
 static inline size_t hc_ring_blk_cnt(const hc_ring_sched_t *g, int b)
 {
-    return g->base + ((size_t)b < g->rem);
+    return hc_ring_blk_off(g, b + 1) - hc_ring_blk_off(g, b);
 }
 
 /* Element offset and count of chunk c of block b (count 0, offset the

@@ -70,7 +70,11 @@ hcoll_status_t hc_ring_create(const hc_ring_params_t *params, hc_ring_t **ring_o
     r->next = (me + 1) % n;
     r->prev = (me + n - 1) % n;
     r->ops = params->ops;
-    r->chunk_bytes = (size_t)params->chunk_bytes & ~(size_t)7; /* whole elements of any type */
+    /* Whole elements of any type; and whole 64-byte lines where a chunk
+     * can hold one, so that every staging slot, and every chunk of an
+     * aligned block (ring_sched.h), starts on one. */
+    r->chunk_bytes = (size_t)params->chunk_bytes &
+                     ~(size_t)(params->chunk_bytes >= HC_RING_ALIGN ? HC_RING_ALIGN - 1 : 7);
     r->nslots = params->nslots ? params->nslots : DEFAULT_SLOTS;
     r->op_timeout_ms = params->op_timeout_ms ? params->op_timeout_ms : params->tp.timeout_ms;
     r->live_listen = -1;

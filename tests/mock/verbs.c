@@ -71,7 +71,14 @@
  *     undefined: opcode, byte_len, imm_data, flags.
  * Counters of each event, and of objects alive: hcmock_verbs_stat(name).
  *
- * Simplified: RC only, no SEND/atomics/SRQ/UD/completion channels;
+ *   - Completion channels: ibv_req_notify_cq arms a CQ for its next
+ *     completion only (CQEs already there raise nothing: a waiter must poll
+ *     once more after arming), which queues one event on the channel's fd
+ *     (blocking unless the caller sets O_NONBLOCK); destroying a CQ with
+ *     events not acknowledged is EBUSY (a real one blocks), and a channel
+ *     with CQs on it too.
+ *
+ * Simplified: RC only, no SEND/atomics/SRQ/UD;
  * one "packet" per request (PSNs still advance per MTU); a READ returns a
  * snapshot taken when the request is served; RNR is decided by the
  * responder; the retry window is capped (HCMOCK_IB_RETRY_MS) and floored
@@ -147,6 +154,10 @@ enum stat_id {
     ST_MR_REGS, /* memory regions ever registered (a registration's cost) */
     ST_MEMLOCK_FAILS, ST_DEV_NO_PEERMEM, ST_DMABUF_REGS, ST_GDR_HELD, ST_ASYNC_EVENTS,
     ST_UNSAFE_FORKS,
+    ST_POST_SENDS, /* ibv_post_send calls (doorbells), whatever the chain's length */
+    ST_CQ_EVENTS,  /* completion events delivered to a channel */
+    ST_MISALIGNED, /* writes of more than 64 bytes whose source or target is not on a
+                    * 64-byte boundary (the NIC splits them at cache lines) */
     /* objects alive now (a leak shows as non-zero after teardown) */
     ST_LIVE_CTX, ST_LIVE_PD, ST_LIVE_MR, ST_LIVE_CQ, ST_LIVE_QP, ST_COUNT
 };
@@ -154,7 +165,8 @@ static const char *const stat_names[ST_COUNT] = {
     "writes", "reads", "bytes", "rnr_naks", "rnr_exceeded", "retry_exceeded", "rem_access_errors",
     "rem_inv_req", "loc_prot_errors", "cq_overruns", "dropped_conns", "muted_conns", "flushed",
     "qps_created", "mr_registrations", "memlock_failures", "device_reg_without_peermem",
-    "dmabuf_registrations", "gdr_writes_held", "async_events", "unsafe_forks", "live_contexts",
+    "dmabuf_registrations", "gdr_writes_held", "async_events", "unsafe_forks",
+    "post_send_calls", "cq_events", "misaligned_writes", "live_contexts",
     "live_pds", "live_mrs", "live_cqs", "live_qps",
 };
 /* Per process, like a NIC's port counters; read by tests. */
@@ -419,7 +431,18 @@ typedef struct mcq {
     int head, count;
     int overrun;
     int users;        /* QPs */
+    int armed;        /* ibv_req_notify_cq: the next CQE raises an event */
+    unsigned events, acked; /* completion events delivered, acknowledged */
 } mcq_t;
+
+/* A completion channel: events (the CQs they name) in order; the fd is an
+ * eventfd in semaphore mode, one count per queued event. */
+typedef struct mchan {
+    struct ibv_comp_channel ch;
+    pthread_mutex_t mu;
+    mcq_t **q;
+    int n, cap;
+} mchan_t;
 
 typedef struct swqe {
     uint64_t wr_id;
@@ -602,6 +625,33 @@ static void pickup_note(double ms)
     pthread_mutex_unlock(&g_pickup_mu);
 }
 
+/* An armed CQ got a completion: one event on its channel (the caller holds
+ * the context's mutex). */
+static void chan_push(mcq_t *cq)
+{
+    mchan_t *ch = (mchan_t *)cq->cq.channel;
+    cq->armed = 0;
+    pthread_mutex_lock(&ch->mu);
+    if (ch->n == ch->cap) {
+        int ncap = ch->cap ? ch->cap * 2 : 16;
+        mcq_t **nq = realloc(ch->q, (size_t)ncap * sizeof *nq);
+        if (!nq) {
+            pthread_mutex_unlock(&ch->mu);
+            return; /* lost, as a CQ overrun loses completions */
+        }
+        ch->q = nq;
+        ch->cap = ncap;
+    }
+    ch->q[ch->n++] = cq;
+    cq->events++;
+    pthread_mutex_unlock(&ch->mu);
+    uint64_t one = 1;
+    if (write(ch->ch.fd, &one, sizeof one) < 0) {
+        /* saturated: get_cq_event still finds the queue */
+    }
+    stat_add(ST_CQ_EVENTS, 1);
+}
+
 static void cq_push(mcq_t *cq, const struct ibv_wc *wc, int is_send, uint64_t seq)
 {
     if (cq->overrun || cq->count == cq->cap) {
@@ -620,6 +670,8 @@ static void cq_push(mcq_t *cq, const struct ibv_wc *wc, int is_send, uint64_t se
     e->seq = seq;
     e->t_ready = now_ms();
     cq->count++;
+    if (cq->armed && cq->cq.channel)
+        chan_push(cq);
 }
 
 /* Fields verbs leaves undefined on an error completion get garbage, so that
@@ -718,11 +770,80 @@ static int mock_poll_cq(struct ibv_cq *ibcq, int n, struct ibv_wc *wc)
     return k;
 }
 
+/* Solicited-only is armed as "any": every WR here is unsolicited anyway. */
 static int mock_req_notify_cq(struct ibv_cq *cq, int solicited_only)
 {
-    (void)cq;
     (void)solicited_only;
-    return EOPNOTSUPP; /* completion channels are not emulated */
+    mctx_t *c = ctx_of(cq->context);
+    pthread_mutex_lock(&c->mu);
+    ((mcq_t *)cq)->armed = 1;
+    pthread_mutex_unlock(&c->mu);
+    return 0;
+}
+
+HCMOCK_API struct ibv_comp_channel *ibv_create_comp_channel(struct ibv_context *ic)
+{
+    mchan_t *ch = calloc(1, sizeof *ch);
+    if (!ch) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    ch->ch.fd = eventfd(0, EFD_CLOEXEC | EFD_SEMAPHORE);
+    if (ch->ch.fd < 0) {
+        free(ch);
+        return NULL;
+    }
+    ch->ch.context = ic;
+    pthread_mutex_init(&ch->mu, NULL);
+    return &ch->ch;
+}
+
+HCMOCK_API int ibv_destroy_comp_channel(struct ibv_comp_channel *channel)
+{
+    mchan_t *ch = (mchan_t *)channel;
+    mctx_t *c = ctx_of(channel->context);
+    pthread_mutex_lock(&c->mu);
+    int busy = channel->refcnt > 0;
+    pthread_mutex_unlock(&c->mu);
+    if (busy)
+        return EBUSY;
+    close(channel->fd);
+    pthread_mutex_destroy(&ch->mu);
+    free(ch->q);
+    free(ch);
+    return 0;
+}
+
+/* The next event: blocks on a blocking fd, EAGAIN on an O_NONBLOCK one. */
+HCMOCK_API int ibv_get_cq_event(struct ibv_comp_channel *channel, struct ibv_cq **cq,
+                                void **cq_context)
+{
+    mchan_t *ch = (mchan_t *)channel;
+    uint64_t one;
+    if (read(channel->fd, &one, sizeof one) != (ssize_t)sizeof one)
+        return -1;
+    pthread_mutex_lock(&ch->mu);
+    mcq_t *q = ch->n ? ch->q[0] : NULL;
+    if (q) {
+        memmove(ch->q, ch->q + 1, (size_t)(ch->n - 1) * sizeof *ch->q);
+        ch->n--;
+    }
+    pthread_mutex_unlock(&ch->mu);
+    if (!q) {
+        errno = EAGAIN;
+        return -1;
+    }
+    *cq = &q->cq;
+    *cq_context = q->cq.cq_context;
+    return 0;
+}
+
+HCMOCK_API void ibv_ack_cq_events(struct ibv_cq *cq, unsigned int nevents)
+{
+    mctx_t *c = ctx_of(cq->context);
+    pthread_mutex_lock(&c->mu);
+    ((mcq_t *)cq)->acked += nevents;
+    pthread_mutex_unlock(&c->mu);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -2448,6 +2569,11 @@ HCMOCK_API struct ibv_cq *ibv_create_cq(struct ibv_context *ic, int cqe, void *c
     pthread_cond_init(&q->cq.cond, NULL);
     q->cap = cqe;
     q->ring = ring;
+    if (channel) {
+        pthread_mutex_lock(&ctx_of(ic)->mu);
+        channel->refcnt++;
+        pthread_mutex_unlock(&ctx_of(ic)->mu);
+    }
     stat_add(ST_LIVE_CQ, 1);
     return &q->cq;
 }
@@ -2457,7 +2583,11 @@ HCMOCK_API int ibv_destroy_cq(struct ibv_cq *cq)
     mctx_t *c = ctx_of(cq->context);
     mcq_t *q = (mcq_t *)cq;
     pthread_mutex_lock(&c->mu);
-    int busy = q->users > 0;
+    /* libibverbs waits for every event's acknowledgement: a destroy that
+     * would block forever is EBUSY here. */
+    int busy = q->users > 0 || q->events != q->acked;
+    if (!busy && cq->channel)
+        cq->channel->refcnt--;
     pthread_mutex_unlock(&c->mu);
     if (busy)
         return EBUSY;
@@ -2795,6 +2925,7 @@ static int mock_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_
     mctx_t *c = ctx_of(qp->context);
     mqp_t *q = (mqp_t *)qp;
     int rc = 0;
+    stat_add(ST_POST_SENDS, 1);
     pthread_mutex_lock(&c->mu);
     for (; wr; wr = wr->next) {
         int st = q->qp.state;
@@ -2827,6 +2958,9 @@ static int mock_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_
             rc = ENOMEM; /* send queue full */
             break;
         }
+        if (wr->opcode != IBV_WR_RDMA_READ && len > 64 &&
+            ((wr->wr.rdma.remote_addr | (wr->num_sge ? wr->sg_list[0].addr : 0)) & 63))
+            stat_add(ST_MISALIGNED, 1);
         swqe_t *w = &q->sq[q->sq_post % q->cap.max_send_wr];
         free(w->inl);
         memset(w, 0, sizeof *w);
@@ -2887,6 +3021,7 @@ static int mock_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_
     mctx_t *c = ctx_of(qp->context);
     mqp_t *q = (mqp_t *)qp;
     int rc = 0;
+    stat_add(ST_POST_SENDS, 1);
     pthread_mutex_lock(&c->mu);
     for (; wr; wr = wr->next) {
         if (q->qp.state == IBV_QPS_RESET || wr->num_sge < 0 ||

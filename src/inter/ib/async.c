@@ -24,7 +24,7 @@ static void async_whose(const hc_transport_t *tr, const struct ibv_async_event *
     if (tr->loop_qp && (ev->element.qp == tr->loop_qp || ev->element.cq == tr->loop_cq))
         snprintf(who, len, "the GPUDirect flush QP");
     for (int i = 0; i < tr->neps; i++)
-        if (ev->element.qp == tr->eps[i]->qp || ev->element.cq == tr->eps[i]->cq)
+        if (ib_ep_qp_index(tr->eps[i], ev->element.qp) >= 0 || ev->element.cq == tr->eps[i]->cq)
             snprintf(who, len, "the QP to rank %d", hc_tp_rank(&tr->p, tr->eps[i]->peer));
 }
 

@@ -31,6 +31,8 @@ void hc_ib_config_from_params(const hc_params_t *p, hc_ib_config_t *cfg_out)
     c.gdr_level = p->gdr_level;
     c.gdr_flush = p->gdr_flush;
     c.spin_us = (int)p->ib_spin_us;
+    /* The table's bounds; settings made by hand (tests) may leave it 0. */
+    c.qps_per_peer = p->ib_qps_per_peer < 1 ? 1 : p->ib_qps_per_peer > 4 ? 4 : (int)p->ib_qps_per_peer;
     *cfg_out = c;
 }
 

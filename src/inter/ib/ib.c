@@ -46,7 +46,8 @@ static void reset_peers(hc_transport_t *tr)
 {
     int posted = 0;
     for (int i = 0; i < tr->neps; i++)
-        if (tr->eps[i]->fcount < IB_SQ_DEPTH && ib_credit_write(tr->eps[i], IB_CREDIT_RESET) == 0)
+        if (tr->eps[i]->q[0].fcount < IB_SQ_DEPTH &&
+            ib_credit_write(tr->eps[i], 0, IB_CREDIT_RESET) == 0)
             posted++;
     /* Until the writes are out (or failed), briefly: a QP destroyed with
      * them queued may never send them. */
@@ -78,6 +79,7 @@ static void ib_destroy(hc_transport_t *tr, int graceful)
     for (int i = 0; i < tr->neps; i++)
         ib_ep_free(tr, tr->eps[i]);
     free(tr->eps);
+    ib_chan_free(tr); /* after the CQs on it */
     ib_flush_free(tr);
     ib_mr_free_handles(tr);
     hc_mrc_fini(&tr->mrc);
@@ -98,7 +100,7 @@ static void ib_destroy(hc_transport_t *tr, int graceful)
 /* Credit words, then one scratch word for flush reads; peers write them. */
 static hcoll_status_t credits_setup(hc_transport_t *tr)
 {
-    tr->credits_len = ((size_t)tr->p.nranks + 1) * sizeof(uint64_t);
+    tr->credits_len = IB_CREDIT_WORDS(tr->p.nranks) * sizeof(uint64_t);
     void *cw = NULL;
     if (posix_memalign(&cw, 64, tr->credits_len) != 0)
         return ib_fail(tr, HCOLL_ERR_NO_MEMORY, "out of memory for credit words");

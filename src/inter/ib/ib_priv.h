@@ -39,6 +39,12 @@
 #define IB_MRC_IDLE   64
 #define IB_INLINE     64
 #define IB_CREDIT_RESET UINT64_MAX /* in a credit word: "I failed, give up on me" */
+#define IB_QPS_MAX    4           /* QPs per peer: HCOLL_IB_QPS_PER_PEER's bound */
+#define IB_CHAIN      16          /* puts per ibv_post_send (one doorbell) */
+/* Credit words: [peer][QP] written by the peers (word [peer][0] also
+ * carries IB_CREDIT_RESET), then one scratch word for flush reads. */
+#define IB_CREDIT_WORDS(nranks) ((size_t)(nranks) * IB_QPS_MAX + 1)
+#define IB_CREDIT_IDX(peer, q)  ((size_t)(peer) * IB_QPS_MAX + (size_t)(q))
 
 /* ---- loader.c ------------------------------------------------------------ */
 
@@ -70,6 +76,10 @@ typedef struct ib_verbs {
     void (*ack_async_event)(struct ibv_async_event *);
     int (*fork_init)(void);
     enum ibv_fork_status (*is_fork_initialized)(void);
+    struct ibv_comp_channel *(*create_comp_channel)(struct ibv_context *);
+    int (*destroy_comp_channel)(struct ibv_comp_channel *);
+    int (*get_cq_event)(struct ibv_comp_channel *, struct ibv_cq **, void **);
+    void (*ack_cq_events)(struct ibv_cq *, unsigned int);
 } ib_verbs_t;
 
 /* The process's table, loaded on first use; read-only afterwards. */
@@ -85,7 +95,8 @@ int ib_port_query(const ib_verbs_t *v, struct ibv_context *ctx, uint8_t port,
 
 /* ---- objects --------------------------------------------------------------- */
 
-/* Published through connect's allgather; followed by nranks uint32_t QPNs. */
+/* Published through connect's allgather; followed by nranks x IB_QPS_MAX
+ * uint32_t QPNs (the QPs this rank created for each rank, 0 past nqp). */
 typedef struct ib_addr {
     uint32_t magic;
     uint32_t rank;
@@ -96,7 +107,8 @@ typedef struct ib_addr {
     uint8_t mtu;        /* enum ibv_mtu, the port's active MTU */
     uint8_t gid_index;
     uint8_t port;
-    uint8_t pad[2];
+    uint8_t nqp;        /* QPs per peer this rank created (HCOLL_IB_QPS_PER_PEER) */
+    uint8_t pad;
     uint8_t gid[16];
     uint64_t credit_addr; /* my credit words: [nranks] uint64_t, peer r writes word r */
     uint32_t credit_rkey;
@@ -138,22 +150,32 @@ struct hc_mr {
     struct hc_mr *prev, *next; /* tr->mrs: handles still held, freed by destroy */
 };
 
-struct hc_ep {
-    hc_transport_t *tr;
-    int peer;
-    struct ibv_cq *cq;
+/* One of a peer's QPs, with what its send and receive queues hold. */
+typedef struct ib_qpc {
     struct ibv_qp *qp;
     uint32_t rqpn;
     /* send queue FIFO: one QP's send completions come in posting order */
     ib_tx_t fifo[IB_SQ_DEPTH];
     int fhead, fcount;
-    /* receive credits */
-    uint64_t imm_sent;          /* puts posted to the peer */
-    uint64_t reposted;          /* receives reposted for the peer */
+    /* receive credits, per QP: a WRITE_WITH_IMM takes a receive of the
+     * peer's QP it arrives on */
+    uint64_t imm_sent;          /* puts posted on this QP */
+    uint64_t reposted;          /* receives reposted on it */
     uint64_t reported;          /* last count written to the peer */
-    uint64_t peer_credit_addr;  /* the peer's credit word for me */
+} ib_qpc_t;
+
+struct hc_ep {
+    hc_transport_t *tr;
+    int peer;
+    struct ibv_cq *cq;          /* one for all the peer's QPs */
+    ib_qpc_t q[IB_QPS_MAX];
+    int nqp;                    /* in use: the smaller of both sides' counts */
+    int rr;                     /* the QP of the next put (round robin) */
+    int fcount;                 /* send WRs outstanding on all QPs */
+    uint64_t peer_credit_addr;  /* the peer's credit word for my QP 0 (QP q: + 8q) */
     uint32_t peer_credit_rkey;
-    /* puts waiting for a credit or a send slot */
+    /* puts not yet posted: held for the next doorbell (poll), or waiting
+     * for a credit or a send slot */
     ib_pend_t *pend;
     size_t pcap, phead, pcount;
 };
@@ -192,6 +214,9 @@ struct hc_transport {
     int flush_inflight;
     hc_comp_t *held;             /* immediates waiting for the flush */
     size_t nheld, heldcap, nflushing;
+    /* poll.c: the endpoints' CQs report to this channel; long waits sleep
+     * on its fd (NULL: the library has none, timed sleeps) */
+    struct ibv_comp_channel *chan;
     /* endpoints and reported completions */
     hc_ep_t **eps;
     int neps;
@@ -258,11 +283,29 @@ hcoll_status_t ib_async_poll(hc_transport_t *tr);
 
 /* An RC QP with its own CQ, in INIT. Returns 0, or -1 (errno set). */
 int ib_qp_create(hc_transport_t *tr, struct ibv_cq **cq_out, struct ibv_qp **qp_out);
+/* The completion channel of the endpoints' CQs, made on first use (NULL
+ * when libibverbs has none or it cannot be made: waits then sleep in
+ * steps). */
+struct ibv_comp_channel *ib_chan_get(hc_transport_t *tr);
+/* Take and acknowledge every event queued on the channel (never blocks):
+ * before a CQ is destroyed, since destroy waits for acknowledgements. */
+void ib_chan_drain(hc_transport_t *tr);
+void ib_chan_free(hc_transport_t *tr);
+/* Which of ep's QPs qp is (its index), or -1. Inline: async.c names QPs
+ * with it, and qp.c already calls async.c (ib_fail). */
+static inline int ib_ep_qp_index(const hc_ep_t *ep, const struct ibv_qp *qp)
+{
+    for (int q = 0; q < IB_QPS_MAX; q++)
+        if (qp && ep->q[q].qp == qp)
+            return q;
+    return -1;
+}
 /* INIT -> RTR -> RTS towards peer's QP rqpn; *mtu_out gets the path MTU. */
 int ib_qp_connect(hc_transport_t *tr, struct ibv_qp *qp, const ib_addr_t *peer, uint32_t rqpn,
                   int *mtu_out);
-/* n zero-SGE receives (a WRITE_WITH_IMM needs a WR, not a buffer). */
-int ib_post_recvs(hc_ep_t *ep, int n);
+/* n zero-SGE receives on ep's QP q (a WRITE_WITH_IMM needs a WR, not a
+ * buffer). */
+int ib_post_recvs(hc_ep_t *ep, int q, int n);
 void ib_ep_free(hc_transport_t *tr, hc_ep_t *ep);
 hcoll_status_t ib_connect(hc_transport_t *tr, const int *peers, int npeers,
                           hc_allgather_fn allgather, void *ag_ctx, hc_ep_t **eps_out);
@@ -289,11 +332,13 @@ void ib_flush_free(hc_transport_t *tr);
 
 hcoll_status_t ib_put(hc_ep_t *ep, hc_mr_t *lmr, size_t loff, const hc_rkey_t *rkey,
                       uint64_t roff, size_t len, uint32_t imm, uint64_t wr_id);
-/* Write val into the peer's credit word for us; ibv_post_send's code. */
-int ib_credit_write(hc_ep_t *ep, uint64_t val);
+/* Write val into the peer's credit word for our QP q, on QP q;
+ * ibv_post_send's code. */
+int ib_credit_write(hc_ep_t *ep, int q, uint64_t val);
 /* Tell the peer how many receives we reposted, once enough have been. */
 hcoll_status_t ib_post_credit(hc_ep_t *ep);
-/* Post queued puts while credits and send slots allow. */
+/* Post queued puts while credits and send slots allow, in chains (one
+ * ibv_post_send per QP for up to IB_CHAIN of them). */
 hcoll_status_t ib_pend_flush(hc_ep_t *ep);
 
 /* ---- poll.c ---------------------------------------------------------------- */

@@ -58,6 +58,11 @@ static void verbs_load(void)
     *(void **)&g_verbs.fork_init = dlsym(h, "ibv_fork_init");
     /* rdma-core >= 35: tells whether the kernel copies pinned pages at fork. */
     *(void **)&g_verbs.is_fork_initialized = dlsym(h, "ibv_is_fork_initialized");
+    /* Completion channels (poll.c's long waits); without them, timed sleeps. */
+    *(void **)&g_verbs.create_comp_channel = dlsym(h, "ibv_create_comp_channel");
+    *(void **)&g_verbs.destroy_comp_channel = dlsym(h, "ibv_destroy_comp_channel");
+    *(void **)&g_verbs.get_cq_event = dlsym(h, "ibv_get_cq_event");
+    *(void **)&g_verbs.ack_cq_events = dlsym(h, "ibv_ack_cq_events");
     g_verbs.ok = 1;
 }
 

@@ -9,12 +9,23 @@
  *   flush QP CQ ──► read done ─► release the immediates it covers
  *
  * After each sweep the endpoint writes its credits back (send.c) and posts
- * the puts that waited for them. A peer that failed writes IB_CREDIT_RESET
+ * the puts that waited for them.
+ *
+ * A wait (ib_poll with wait_ms) spins for HCOLL_IB_SPIN_US, then sleeps on
+ * the completion channel of the endpoints' CQs:
+ *
+ *   drain old events ─► arm every CQ (ibv_req_notify_cq) ─► sweep again
+ *     (a completion before the arming raises nothing) ─► ppoll(channel fd,
+ *     up to 10 ms or the deadline) ─► sweep
+ *
+ * Puts waiting for credit words and flush reads in flight raise no event
+ * on the channel: while there are any, the wait sweeps every 20 us instead. A peer that failed writes IB_CREDIT_RESET
  * into our credit word for it; the next sweep reports the failure.
  */
 #include "inter/ib/ib_priv.h"
 
 #include <arpa/inet.h>
+#include <poll.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,7 +98,7 @@ static hcoll_status_t flush_start(hc_transport_t *tr)
 {
     if (tr->flush_inflight || !tr->nheld)
         return HCOLL_SUCCESS;
-    volatile uint64_t *scratch = &tr->credits[tr->p.nranks];
+    volatile uint64_t *scratch = &tr->credits[IB_CREDIT_WORDS(tr->p.nranks) - 1];
     struct ibv_sge sge = { (uintptr_t)scratch, 4, tr->credits_mr->lkey };
     struct ibv_send_wr wr, *bad;
     memset(&wr, 0, sizeof wr);
@@ -151,52 +162,82 @@ static hcoll_status_t deliver_imm(hc_transport_t *tr, const hc_comp_t *c)
     return HCOLL_SUCCESS;
 }
 
+/* Which of ep's QPs a completion is from (-1: none of them). */
+static int wc_qp(const hc_ep_t *ep, const struct ibv_wc *wc)
+{
+    for (int q = 0; q < ep->nqp; q++)
+        if (ep->q[q].qp->qp_num == wc->qp_num)
+            return q;
+    return -1;
+}
+
+/* One send completion of QP q: the head of its FIFO. */
+static hcoll_status_t send_done(hc_ep_t *ep, int q)
+{
+    hc_transport_t *tr = ep->tr;
+    ib_qpc_t *c = &ep->q[q];
+    if (c->fcount == 0)
+        return ib_fail(tr, HCOLL_ERR_INTERNAL, "send completion with nothing posted");
+    ib_tx_t r = c->fifo[c->fhead];
+    c->fhead = (c->fhead + 1) % IB_SQ_DEPTH;
+    c->fcount--;
+    ep->fcount--;
+    if (r.kind == TX_PUT) {
+        hc_comp_t comp = { HC_COMP_PUT, ep->peer, r.imm, r.wr_id };
+        if (cq_push(tr, &comp) != 0)
+            return ib_fail(tr, HCOLL_ERR_NO_MEMORY, "out of memory for completions");
+    }
+    return HCOLL_SUCCESS;
+}
+
 static hcoll_status_t ep_progress(hc_ep_t *ep)
 {
     hc_transport_t *tr = ep->tr;
     struct ibv_wc wc[32];
+    /* What the last puts held goes first: one doorbell per QP. */
+    hcoll_status_t st = ib_pend_flush(ep);
+    if (st != HCOLL_SUCCESS)
+        return st;
     int n = ibv_poll_cq(ep->cq, 32, wc);
     if (n < 0)
         return ib_fail(tr, HCOLL_ERR_RDMA, "ibv_poll_cq failed for rank %d",
                        hc_tp_rank(&tr->p, ep->peer));
-    int reposts = 0;
+    int reposts[IB_QPS_MAX] = { 0 };
     for (int i = 0; i < n; i++) {
+        const int q = wc_qp(ep, &wc[i]);
         if (wc[i].status != IBV_WC_SUCCESS) {
             const char *what = wc[i].wr_id == (uintptr_t)ep ? "a receive from"
-                               : ep->fcount && ep->fifo[ep->fhead].kind == TX_CREDIT
+                               : q >= 0 && ep->q[q].fcount &&
+                                       ep->q[q].fifo[ep->q[q].fhead].kind == TX_CREDIT
                                    ? "a credit update to"
                                    : "an RDMA write to";
             return wc_failed(tr, what, ep->peer, &wc[i]);
         }
+        if (q < 0)
+            return ib_fail(tr, HCOLL_ERR_INTERNAL, "completion of QP %u, not one to rank %d",
+                           wc[i].qp_num, hc_tp_rank(&tr->p, ep->peer));
         if (wc[i].opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
             hc_comp_t c = { HC_COMP_IMM, ep->peer, ntohl(wc[i].imm_data), 0 };
-            hcoll_status_t st = deliver_imm(tr, &c);
-            if (st != HCOLL_SUCCESS)
+            if ((st = deliver_imm(tr, &c)) != HCOLL_SUCCESS)
                 return st;
-            reposts++;
+            reposts[q]++;
             continue;
         }
         if (wc[i].opcode & IBV_WC_RECV)
             return ib_fail(tr, HCOLL_ERR_NETWORK, "unexpected receive (opcode %d) from rank %d",
                            (int)wc[i].opcode, hc_tp_rank(&tr->p, ep->peer));
-        if (ep->fcount == 0)
-            return ib_fail(tr, HCOLL_ERR_INTERNAL, "send completion with nothing posted");
-        ib_tx_t r = ep->fifo[ep->fhead];
-        ep->fhead = (ep->fhead + 1) % IB_SQ_DEPTH;
-        ep->fcount--;
-        if (r.kind == TX_PUT) {
-            hc_comp_t c = { HC_COMP_PUT, ep->peer, r.imm, r.wr_id };
-            if (cq_push(tr, &c) != 0)
-                return ib_fail(tr, HCOLL_ERR_NO_MEMORY, "out of memory for completions");
-        }
+        if ((st = send_done(ep, q)) != HCOLL_SUCCESS)
+            return st;
     }
-    if (reposts) {
-        if (ib_post_recvs(ep, reposts) != 0)
+    for (int q = 0; q < ep->nqp; q++) {
+        if (!reposts[q])
+            continue;
+        if (ib_post_recvs(ep, q, reposts[q]) != 0)
             return ib_fail(tr, HCOLL_ERR_RDMA, "reposting receives for rank %d failed",
                            hc_tp_rank(&tr->p, ep->peer));
-        ep->reposted += (uint64_t)reposts;
+        ep->q[q].reposted += (uint64_t)reposts[q];
     }
-    hcoll_status_t st = ib_post_credit(ep);
+    st = ib_post_credit(ep);
     if (st == HCOLL_SUCCESS)
         st = ib_pend_flush(ep);
     return st;
@@ -208,7 +249,7 @@ hcoll_status_t ib_progress(hc_transport_t *tr)
     if (st != HCOLL_SUCCESS)
         return st;
     for (int i = 0; i < tr->neps; i++) {
-        if (tr->credits[tr->eps[i]->peer] == IB_CREDIT_RESET)
+        if (tr->credits[IB_CREDIT_IDX(tr->eps[i]->peer, 0)] == IB_CREDIT_RESET)
             return ib_fail(tr, HCOLL_ERR_PEER_FAILED,
                            "rank %d reset its connection (it failed or aborted)",
                            hc_tp_rank(&tr->p, tr->eps[i]->peer));
@@ -230,25 +271,79 @@ hcoll_status_t ib_progress(hc_transport_t *tr)
     return flush_start(tr);
 }
 
-/* Sleep between sweeps once the spin is over. The thread's timer slack
- * (50 us by default) would stretch every sleep to about 70 us against a
- * NIC round trip of 2-5 us; it is 1 ns for the sleep and restored after,
- * since the caller's thread may be the application's. */
+/* Sleep between sweeps once the spin is over, where the completion
+ * channel cannot be used. The thread's timer slack (50 us by default)
+ * would stretch every sleep to about 70 us against a NIC round trip of
+ * 2-5 us; it is 1 ns for the sleep and restored after, since the caller's
+ * thread may be the application's. */
 #define IB_SLEEP_NS 20000
+/* The longest sleep on the channel: what arrives without a completion (a
+ * peer's credit words, its reset) is seen at least this often. */
+#define IB_CHAN_MAX_MS 10.0
+
+static void nap(void)
+{
+    const int slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+    if (slack > 1)
+        prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
+    struct timespec ts = { 0, IB_SLEEP_NS };
+    nanosleep(&ts, NULL);
+    if (slack > 1)
+        prctl(PR_SET_TIMERSLACK, (unsigned long)slack, 0, 0, 0);
+}
+
+/* Can a sleep on the channel miss the next thing to do? Puts waiting for
+ * the peer's credit words (written without a completion) and flush reads
+ * (their CQ is not on the channel) are only seen by sweeping. */
+static int chan_ok(const hc_transport_t *tr)
+{
+    if (!tr->chan || tr->flush_inflight || tr->nheld)
+        return 0;
+    for (int i = 0; i < tr->neps; i++)
+        if (tr->eps[i]->pcount)
+            return 0;
+    return 1;
+}
+
+/* Arm every endpoint's CQ, sweep once more (what completed before the
+ * arming raises no event), then sleep on the channel's fd until an event,
+ * the deadline or IB_CHAN_MAX_MS. Returns -1 when arming failed (the
+ * caller naps instead). */
+static int chan_sleep(hc_transport_t *tr, double deadline_ms, hcoll_status_t *st)
+{
+    ib_chan_drain(tr); /* old events: their completions were polled */
+    for (int i = 0; i < tr->neps; i++)
+        if (ibv_req_notify_cq(tr->eps[i]->cq, 0) != 0)
+            return -1;
+    *st = ib_progress(tr);
+    if (*st != HCOLL_SUCCESS || tr->cq.count || !chan_ok(tr))
+        return 0;
+    double ms = deadline_ms - hc_now_ms();
+    if (ms > IB_CHAN_MAX_MS)
+        ms = IB_CHAN_MAX_MS;
+    if (ms <= 0)
+        return 0;
+    struct pollfd pfd = { tr->chan->fd, POLLIN, 0 };
+    const long us = (long)(ms * 1e3);
+    struct timespec ts = { (time_t)(us / 1000000), (us % 1000000) * 1000 };
+    ppoll(&pfd, 1, &ts, NULL);
+    return 0;
+}
 
 static hcoll_status_t poll_sleep_wait(hc_transport_t *tr, double deadline_ms)
 {
     hcoll_status_t st = HCOLL_SUCCESS;
-    const int slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
-    if (slack > 1)
-        prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
+    int armable = 1;
     while (st == HCOLL_SUCCESS && tr->cq.count == 0 && hc_now_ms() < deadline_ms) {
-        struct timespec ts = { 0, IB_SLEEP_NS };
-        nanosleep(&ts, NULL);
+        if (armable && chan_ok(tr)) {
+            armable = chan_sleep(tr, deadline_ms, &st) == 0;
+            if (st != HCOLL_SUCCESS || tr->cq.count)
+                break;
+        } else {
+            nap();
+        }
         st = ib_progress(tr);
     }
-    if (slack > 1)
-        prctl(PR_SET_TIMERSLACK, (unsigned long)slack, 0, 0, 0);
     return st;
 }
 

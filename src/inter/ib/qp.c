@@ -1,17 +1,21 @@
 /*
- * Queue pairs: one RC QP (with its own CQ) per peer, moved through
+ * Queue pairs: HCOLL_IB_QPS_PER_PEER RC QPs (sharing one CQ) per peer,
+ * moved through
  *
  *   RESET ──create──► INIT ──(peer's LID/GID, QPN, PSN, MTU)──► RTR ──► RTS
  *
  * and the connection set-up that feeds RTR. Address exchange (connect's
  * allgather): one fixed-size blob per rank, a header (LID, GID, GID
- * index, MTU, PSN, credit region) then the QPN this rank created for each
- * other rank. A second allgather after RTR is a barrier, so nobody sends
- * into a QP that is not yet ready to receive.
+ * index, MTU, PSN, credit region, QPs per peer) then the QPNs this rank
+ * created for each other rank (IB_QPS_MAX slots each). Two ranks whose
+ * counts differ use the smaller; the rest stay in INIT, unused. A second
+ * allgather after RTR is a barrier, so nobody sends into a QP that is not
+ * yet ready to receive.
  */
 #include "inter/ib/ib_priv.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -80,11 +84,49 @@ int ib_qp_connect(hc_transport_t *tr, struct ibv_qp *qp, const ib_addr_t *peer, 
                                 IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
 }
 
-int ib_qp_create(hc_transport_t *tr, struct ibv_cq **cq_out, struct ibv_qp **qp_out)
+struct ibv_comp_channel *ib_chan_get(hc_transport_t *tr)
 {
-    struct ibv_cq *cq = tr->v->create_cq(tr->ctx, IB_CQ_DEPTH, NULL, NULL, 0);
-    if (!cq)
-        return -1;
+    if (tr->chan || !tr->v->create_comp_channel || !tr->v->get_cq_event ||
+        !tr->v->ack_cq_events || !tr->v->destroy_comp_channel)
+        return tr->chan;
+    struct ibv_comp_channel *ch = tr->v->create_comp_channel(tr->ctx);
+    if (!ch)
+        return NULL;
+    /* Events are taken without blocking: a wait polls the fd itself. */
+    int fl = fcntl(ch->fd, F_GETFL);
+    if (fl < 0 || fcntl(ch->fd, F_SETFL, fl | O_NONBLOCK) != 0) {
+        tr->v->destroy_comp_channel(ch);
+        return NULL;
+    }
+    return tr->chan = ch;
+}
+
+void ib_chan_drain(hc_transport_t *tr)
+{
+    struct ibv_cq *cq;
+    void *ctx;
+    while (tr->chan && tr->v->get_cq_event(tr->chan, &cq, &ctx) == 0)
+        tr->v->ack_cq_events(cq, 1);
+}
+
+void ib_chan_free(hc_transport_t *tr)
+{
+    if (!tr->chan)
+        return;
+    ib_chan_drain(tr);
+    tr->v->destroy_comp_channel(tr->chan);
+    tr->chan = NULL;
+}
+
+/* chan: the transport's completion channel, or NULL. */
+static struct ibv_cq *cq_create(hc_transport_t *tr, int nqp, struct ibv_comp_channel *chan)
+{
+    return tr->v->create_cq(tr->ctx, IB_CQ_DEPTH * nqp, NULL, chan, 0);
+}
+
+/* An RC QP on cq (send and receive), in INIT; NULL with errno set. */
+static struct ibv_qp *qp_make(hc_transport_t *tr, struct ibv_cq *cq)
+{
     struct ibv_qp_init_attr ia;
     memset(&ia, 0, sizeof ia);
     ia.send_cq = cq;
@@ -96,28 +138,35 @@ int ib_qp_create(hc_transport_t *tr, struct ibv_cq **cq_out, struct ibv_qp **qp_
     ia.cap.max_recv_sge = 1;
     ia.cap.max_inline_data = IB_INLINE;
     struct ibv_qp *qp = tr->v->create_qp(tr->pd, &ia);
-    if (!qp)
-        goto clean_cq;
-    if (qp_to_init(tr, qp) != 0)
-        goto clean_qp;
+    if (qp && qp_to_init(tr, qp) != 0) {
+        tr->v->destroy_qp(qp);
+        qp = NULL;
+    }
+    return qp;
+}
+
+int ib_qp_create(hc_transport_t *tr, struct ibv_cq **cq_out, struct ibv_qp **qp_out)
+{
+    struct ibv_cq *cq = cq_create(tr, 1, NULL);
+    if (!cq)
+        return -1;
+    struct ibv_qp *qp = qp_make(tr, cq);
+    if (!qp) {
+        tr->v->destroy_cq(cq);
+        return -1;
+    }
     *cq_out = cq;
     *qp_out = qp;
     return 0;
-
-clean_qp:
-    tr->v->destroy_qp(qp);
-clean_cq:
-    tr->v->destroy_cq(cq);
-    return -1;
 }
 
-int ib_post_recvs(hc_ep_t *ep, int n)
+int ib_post_recvs(hc_ep_t *ep, int q, int n)
 {
     for (int i = 0; i < n; i++) {
         struct ibv_recv_wr wr, *bad;
         memset(&wr, 0, sizeof wr);
         wr.wr_id = (uintptr_t)ep;
-        if (ibv_post_recv(ep->qp, &wr, &bad) != 0)
+        if (ibv_post_recv(ep->q[q].qp, &wr, &bad) != 0)
             return -1;
     }
     return 0;
@@ -127,8 +176,13 @@ void ib_ep_free(hc_transport_t *tr, hc_ep_t *ep)
 {
     if (!ep)
         return;
-    if (ep->qp)
-        tr->v->destroy_qp(ep->qp);
+    for (int q = 0; q < IB_QPS_MAX; q++)
+        if (ep->q[q].qp)
+            tr->v->destroy_qp(ep->q[q].qp);
+    /* No completion can come now: the CQ's events are all taken (and
+     * acknowledged) before it goes. */
+    if (ep->cq && ep->cq->channel)
+        ib_chan_drain(tr);
     if (ep->cq)
         tr->v->destroy_cq(ep->cq);
     free(ep->pend);
@@ -153,9 +207,11 @@ static void addr_fill(const hc_transport_t *tr, ib_addr_t *a)
     a->credit_addr = (uintptr_t)tr->credits;
     a->credit_rkey = tr->credits_mr->rkey;
     a->rq_depth = IB_RQ_DEPTH;
+    a->nqp = (uint8_t)tr->cfg.qps_per_peer;
 }
 
-/* An endpoint in INIT with its receives posted; its QPN goes to qpns[p]. */
+/* An endpoint in INIT with its receives posted; its QPNs go to
+ * qpns[p * IB_QPS_MAX + q]. */
 static hcoll_status_t ep_create(hc_transport_t *tr, int p, uint32_t *qpns, hc_ep_t **ep_out)
 {
     if (p < 0 || p >= tr->p.nranks || p == tr->p.rank)
@@ -166,13 +222,20 @@ static hcoll_status_t ep_create(hc_transport_t *tr, int p, uint32_t *qpns, hc_ep
     *ep_out = ep; /* the caller frees it, whatever happens below */
     ep->tr = tr;
     ep->peer = p;
-    if (ib_qp_create(tr, &ep->cq, &ep->qp) != 0)
-        return ib_fail(tr, HCOLL_ERR_RDMA, "creating the RC QP for rank %d failed (errno %d)",
+    ep->nqp = tr->cfg.qps_per_peer;
+    if (!(ep->cq = cq_create(tr, ep->nqp, ib_chan_get(tr))))
+        return ib_fail(tr, HCOLL_ERR_RDMA, "creating the CQ for rank %d failed (errno %d)",
                        hc_tp_rank(&tr->p, p), errno);
-    if (ib_post_recvs(ep, IB_RQ_DEPTH) != 0)
-        return ib_fail(tr, HCOLL_ERR_RDMA, "posting receives for rank %d failed",
-                       hc_tp_rank(&tr->p, p));
-    qpns[p] = ep->qp->qp_num;
+    for (int q = 0; q < ep->nqp; q++) {
+        if (!(ep->q[q].qp = qp_make(tr, ep->cq)))
+            return ib_fail(tr, HCOLL_ERR_RDMA,
+                           "creating RC QP %d of %d for rank %d failed (errno %d)", q + 1,
+                           ep->nqp, hc_tp_rank(&tr->p, p), errno);
+        if (ib_post_recvs(ep, q, IB_RQ_DEPTH) != 0)
+            return ib_fail(tr, HCOLL_ERR_RDMA, "posting receives for rank %d failed",
+                           hc_tp_rank(&tr->p, p));
+        qpns[(size_t)p * IB_QPS_MAX + (size_t)q] = ep->q[q].qp->qp_num;
+    }
     return HCOLL_SUCCESS;
 }
 
@@ -180,13 +243,14 @@ static hcoll_status_t ep_create(hc_transport_t *tr, int p, uint32_t *qpns, hc_ep
 static hcoll_status_t ep_connect(hc_transport_t *tr, hc_ep_t *ep, const ib_addr_t *pa)
 {
     const int me = tr->p.rank, peer = ep->peer;
-    const uint32_t *pq = (const uint32_t *)((const char *)pa + sizeof *pa);
+    const uint32_t *pq =
+        (const uint32_t *)((const char *)pa + sizeof *pa) + (size_t)me * IB_QPS_MAX;
     if (pa->magic != IB_ADDR_MAGIC || pa->rank != (uint32_t)peer ||
         pa->nranks != (uint32_t)tr->p.nranks)
         return ib_fail(tr, HCOLL_ERR_MISMATCH,
                        "rank %d published no verbs address (is it using HCOLL_NET=tcp?)",
                        hc_tp_rank(&tr->p, peer));
-    if (pq[me] == 0)
+    if (pa->nqp < 1 || pa->nqp > IB_QPS_MAX || pq[0] == 0)
         return ib_fail(tr, HCOLL_ERR_MISMATCH, "rank %d created no queue pair for rank %d",
                        hc_tp_rank(&tr->p, peer), tr->p.log_rank);
     if (pa->link_layer != tr->pattr.link_layer)
@@ -195,22 +259,29 @@ static hcoll_status_t ep_connect(hc_transport_t *tr, hc_ep_t *ep, const ib_addr_
                        hc_tp_rank(&tr->p, peer),
                        pa->link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand",
                        tr->roce ? "RoCE" : "InfiniBand");
+    if (pa->nqp < ep->nqp)
+        ep->nqp = pa->nqp; /* the others stay in INIT, unused */
     int mtu = 0;
-    if (ib_qp_connect(tr, ep->qp, pa, pq[me], &mtu) != 0) {
+    for (int q = 0; q < ep->nqp; q++) {
+        if (ib_qp_connect(tr, ep->q[q].qp, pa, pq[q], &mtu) == 0) {
+            ep->q[q].rqpn = pq[q];
+            continue;
+        }
         char g[64];
         hc_gid_format(pa->gid, g, sizeof g);
         return ib_fail(tr, HCOLL_ERR_RDMA,
                        "moving the QP to rank %d to RTR/RTS failed (errno %d: %s); remote "
                        "QPN %u LID %u GID %s, local GID index %d, TC %d, SL %d",
-                       hc_tp_rank(&tr->p, peer), errno, strerror(errno), pq[me], pa->lid, g,
+                       hc_tp_rank(&tr->p, peer), errno, strerror(errno), pq[q], pa->lid, g,
                        tr->choice.gid_index, tr->cfg.tc, tr->cfg.sl);
     }
-    ep->rqpn = pq[me];
-    ep->peer_credit_addr = pa->credit_addr + (uint64_t)me * sizeof(uint64_t);
+    ep->peer_credit_addr = pa->credit_addr + IB_CREDIT_IDX(me, 0) * sizeof(uint64_t);
     ep->peer_credit_rkey = pa->credit_rkey;
-    HC_INFO(HC_NET, tr->p.log_rank, "NET/IB: rank %d -> rank %d via %s:%d/%s%s QPN %u -> %u, MTU %d",
+    HC_INFO(HC_NET, tr->p.log_rank,
+            "NET/IB: rank %d -> rank %d via %s:%d/%s%s QPN %u -> %u (%d QP%s), MTU %d",
             tr->p.log_rank, hc_tp_rank(&tr->p, peer), tr->choice.port.dev, tr->choice.port.port,
-            tr->roce ? "RoCE" : "IB", tr->gdr ? "/GDRDMA" : "", ep->qp->qp_num, pq[me], mtu);
+            tr->roce ? "RoCE" : "IB", tr->gdr ? "/GDRDMA" : "", ep->q[0].qp->qp_num, pq[0],
+            ep->nqp, ep->nqp > 1 ? "s" : "", mtu);
     return HCOLL_SUCCESS;
 }
 
@@ -230,7 +301,7 @@ hcoll_status_t ib_connect(hc_transport_t *tr, const int *peers, int npeers,
 {
     hcoll_status_t st = HCOLL_SUCCESS;
     const int n = tr->p.nranks;
-    const size_t blen = sizeof(ib_addr_t) + (size_t)n * sizeof(uint32_t);
+    const size_t blen = sizeof(ib_addr_t) + (size_t)n * IB_QPS_MAX * sizeof(uint32_t);
     char *mine = calloc(1, blen), *all = calloc((size_t)n, blen);
     hc_ep_t **eps = calloc((size_t)(npeers > 0 ? npeers : 1), sizeof *eps);
     if (!mine || !all || !eps) {
