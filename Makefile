@@ -239,15 +239,17 @@ $(BUILD)/tests/gpu_probe: tests/gpu_probe.c tests/gpu_probe_coll.c $(BUILD)/test
 # through LD_LIBRARY_PATH=$(BUILD)/mock. Never installed, never in libhcoll.
 MOCK_CFLAGS := -std=gnu11 -O2 -g -fPIC -fvisibility=hidden -pthread -D_GNU_SOURCE -Wall -Wextra \
                -Iinclude -Isrc -Itests/mock $(filter -fsanitize=%,$(CFLAGS))
-$(MOCK_DIR)/libcuda.so.1: tests/mock/cuda.c tests/mock/hcmock.h src/base/reduce.c src/base/reduce.h
+# The host kernels read HCOLL_CPU_KERNELS through the knob table.
+MOCK_REDUCE := src/base/reduce.c src/base/config.c src/sys/envlist.c
+$(MOCK_DIR)/libcuda.so.1: tests/mock/cuda.c tests/mock/hcmock.h $(MOCK_REDUCE) src/base/reduce.h
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  MOCK    $@")
 	$(Q)$(CC) $(MOCK_CFLAGS) -shared -Wl,-soname,libcuda.so.1 -o $@ tests/mock/cuda.c \
-	    src/base/reduce.c -pthread -lrt -lm
-$(MOCK_DIR)/libnccl.so.2: tests/mock/nccl.c tests/mock/hcmock.h src/base/reduce.c $(MOCK_DIR)/libcuda.so.1
+	    $(MOCK_REDUCE) -pthread -lrt -lm
+$(MOCK_DIR)/libnccl.so.2: tests/mock/nccl.c tests/mock/hcmock.h $(MOCK_REDUCE) $(MOCK_DIR)/libcuda.so.1
 	@$(if $(Q),echo "  MOCK    $@")
 	$(Q)$(CC) $(MOCK_CFLAGS) -shared -Wl,-soname,libnccl.so.2 -o $@ tests/mock/nccl.c \
-	    src/base/reduce.c $(MOCK_DIR)/libcuda.so.1 -Wl,-rpath,'$$ORIGIN' -pthread -lrt -lm
+	    $(MOCK_REDUCE) $(MOCK_DIR)/libcuda.so.1 -Wl,-rpath,'$$ORIGIN' -pthread -lrt -lm
 # Needs rdma-core's headers (the provider ABI of struct ibv_context).
 $(MOCK_DIR)/libibverbs.so.1: tests/mock/verbs.c tests/mock/hcmock.h
 	@mkdir -p $(dir $@)
