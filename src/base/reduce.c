@@ -39,6 +39,7 @@
 #include <string.h>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -547,13 +548,18 @@ enum { HC_KSET_AUTO, HC_KSET_GENERIC, HC_KSET_AVX2, HC_KSET_COUNT };
 
 static const hc_reduce_impl_t *hc_reduce_kset(int kset)
 {
+#if defined(__x86_64__)
+    unsigned eax, ebx, ecx, edx;
+#endif
     switch (kset) {
     case HC_KSET_GENERIC: return &hc_reduce_impl_generic;
 #if defined(__x86_64__)
     case HC_KSET_AVX2:
-        /* cpu_supports("avx2") also checks that the OS saves YMM state. */
+        /* cpu_supports("avx2") also checks that the OS saves YMM state;
+         * F16C is CPUID.1:ECX bit 29 (clang's cpu_supports lacks "f16c"). */
         __builtin_cpu_init();
-        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c"))
+        if (__builtin_cpu_supports("avx2") && __get_cpuid(1, &eax, &ebx, &ecx, &edx) &&
+            (ecx & bit_F16C))
             return &hc_reduce_impl_avx2;
         return NULL;
 #endif
