@@ -319,40 +319,6 @@ $(BUILD)/fuzz/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c tests/fuzz/fuzz.
 	@$(if $(Q),echo "  CCLD    $@")
 	$(Q)$(CC) $(ALL_CFLAGS) -Itests/fuzz -MF $@.d -o $@ $< tests/fuzz/replay.c $(STATIC_LIB) $(LIB_LDLIBS)
 
-# libFuzzer targets (tests/fuzz/fuzz_*.c), one per parser of bytes from the
-# network or another process. `make fuzz` builds the library with clang
-# under ASan+UBSan in build-fuzz/ and runs each target FUZZ_SECONDS on the
-# seeds of tests/fuzz/corpus/<target>/, FUZZ_JOBS at a time. make test
-# replays every seed and every crash kept in tests/fuzz/regress/<target>/
-# through the same targets built with $(CC) (build/fuzz/replay_*).
-FUZZ_SECONDS ?= 20
-FUZZ_JOBS    ?= 2
-FUZZ_CC      ?= clang
-FUZZ_SRCS    := $(sort $(wildcard tests/fuzz/fuzz_*.c))
-FUZZ_NAMES   := $(FUZZ_SRCS:tests/fuzz/fuzz_%.c=%)
-FUZZ_SAN     := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
-.PHONY: fuzz fuzz-build
-fuzz: fuzz-build
-	$(Q)FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_JOBS=$(FUZZ_JOBS) tests/fuzz/run.sh $(FUZZ_NAMES)
-fuzz-build:
-	$(Q)command -v $(FUZZ_CC) >/dev/null || { echo "make fuzz needs $(FUZZ_CC) (scripts/install-deps.sh installs clang)"; exit 1; }
-	$(Q)$(MAKE) --no-print-directory BUILD=build-fuzz LIBOUT=build-fuzz/lib BINOUT=build-fuzz/bin \
-	    CC=$(FUZZ_CC) HAVE_NVCC=0 CFLAGS="-O1 -g -fsanitize=fuzzer-no-link $(FUZZ_SAN)" \
-	    build-fuzz/lib/libhcoll.a
-	$(Q)mkdir -p build-fuzz/fuzz
-	$(Q)for t in $(FUZZ_NAMES); do \
-	  [ build-fuzz/fuzz/fuzz_$$t -nt tests/fuzz/fuzz_$$t.c ] && [ build-fuzz/fuzz/fuzz_$$t -nt build-fuzz/lib/libhcoll.a ] \
-	    && [ build-fuzz/fuzz/fuzz_$$t -nt tests/fuzz/fuzz.h ] && continue; \
-	  $(if $(Q),echo "  FUZZ    build-fuzz/fuzz/fuzz_$$t";) \
-	  $(FUZZ_CC) -Ibuild-fuzz/gen $(BASE_CFLAGS) -O1 -g -fsanitize=fuzzer $(FUZZ_SAN) -Itests/fuzz -MF /dev/null \
-	    -o build-fuzz/fuzz/fuzz_$$t tests/fuzz/fuzz_$$t.c build-fuzz/lib/libhcoll.a $(LIB_LDLIBS) || exit 1; \
-	done
-tests: $(FUZZ_NAMES:%=$(BUILD)/fuzz/replay_%)
-$(BUILD)/fuzz/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c tests/fuzz/fuzz.h $(STATIC_LIB) | $(GEN)/hc_build.h
-	@mkdir -p $(dir $@)
-	@$(if $(Q),echo "  CCLD    $@")
-	$(Q)$(CC) $(ALL_CFLAGS) -Itests/fuzz -MF $@.d -o $@ $< tests/fuzz/replay.c $(STATIC_LIB) $(LIB_LDLIBS)
-
 # The threaded tests (progress engine, abort from another thread,
 # callbacks, liveness, split) under ThreadSanitizer, in their own build tree,
 # alongside test-asan. tests/tsan.supp lists the suppressions, each with
@@ -424,6 +390,6 @@ uninstall:
 	      $(addprefix $(DESTDIR)$(BINDIR)/,$(notdir $(USER_TOOLS)))
 
 clean:
-	rm -rf build build-asan build-fuzz lib bin
+	rm -rf build build-asan build-tsan build-fuzz lib bin
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
