@@ -253,20 +253,9 @@ typedef struct repeat_arg {
     hct_id_slot_t slot[6];
 } repeat_arg_t;
 
-#if defined(__SANITIZE_THREAD__)
-static void *tsan_warm(void *arg) { return arg; }
-#endif
-
 static int rank_repeat(int rank, int nranks, void *argp)
 {
     repeat_arg_t *a = argp;
-#if defined(__SANITIZE_THREAD__)
-    /* ThreadSanitizer starts a thread of its own at the first
-     * pthread_create: have it before counting (make test-tsan). */
-    pthread_t t;
-    if (pthread_create(&t, NULL, tsan_warm, NULL) == 0)
-        pthread_join(t, NULL);
-#endif
     const int fds0 = count_dir("/proc/self/fd"), threads0 = count_dir("/proc/self/task");
     for (int it = 0; it < 6; it++) {
         hcoll_unique_id_t id;
