@@ -239,15 +239,17 @@ $(BUILD)/tests/gpu_probe: tests/gpu_probe.c tests/gpu_probe_coll.c $(BUILD)/test
 # through LD_LIBRARY_PATH=$(BUILD)/mock. Never installed, never in libhcoll.
 MOCK_CFLAGS := -std=gnu11 -O2 -g -fPIC -fvisibility=hidden -pthread -D_GNU_SOURCE -Wall -Wextra \
                -Iinclude -Isrc -Itests/mock $(filter -fsanitize=%,$(CFLAGS))
-$(MOCK_DIR)/libcuda.so.1: tests/mock/cuda.c tests/mock/hcmock.h src/base/reduce.c src/base/reduce.h
+# The host kernels read HCOLL_CPU_KERNELS through the knob table.
+MOCK_REDUCE := src/base/reduce.c src/base/config.c src/sys/envlist.c
+$(MOCK_DIR)/libcuda.so.1: tests/mock/cuda.c tests/mock/hcmock.h $(MOCK_REDUCE) src/base/reduce.h
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  MOCK    $@")
 	$(Q)$(CC) $(MOCK_CFLAGS) -shared -Wl,-soname,libcuda.so.1 -o $@ tests/mock/cuda.c \
-	    src/base/reduce.c -pthread -lrt -lm
-$(MOCK_DIR)/libnccl.so.2: tests/mock/nccl.c tests/mock/hcmock.h src/base/reduce.c $(MOCK_DIR)/libcuda.so.1
+	    $(MOCK_REDUCE) -pthread -lrt -lm
+$(MOCK_DIR)/libnccl.so.2: tests/mock/nccl.c tests/mock/hcmock.h $(MOCK_REDUCE) $(MOCK_DIR)/libcuda.so.1
 	@$(if $(Q),echo "  MOCK    $@")
 	$(Q)$(CC) $(MOCK_CFLAGS) -shared -Wl,-soname,libnccl.so.2 -o $@ tests/mock/nccl.c \
-	    src/base/reduce.c $(MOCK_DIR)/libcuda.so.1 -Wl,-rpath,'$$ORIGIN' -pthread -lrt -lm
+	    $(MOCK_REDUCE) $(MOCK_DIR)/libcuda.so.1 -Wl,-rpath,'$$ORIGIN' -pthread -lrt -lm
 # Needs rdma-core's headers (the provider ABI of struct ibv_context).
 $(MOCK_DIR)/libibverbs.so.1: tests/mock/verbs.c tests/mock/hcmock.h
 	@mkdir -p $(dir $@)
@@ -282,6 +284,58 @@ test-asan: deps
 	    CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer" \
 	    LIB_LDLIBS="-fsanitize=address,undefined -pthread -ldl -lrt -lm" all tests
 	$(Q)HCOLL_TEST_BUILD=build-asan tests/run.sh
+
+# libFuzzer targets (tests/fuzz/fuzz_*.c), one per parser of bytes from the
+# network or another process. `make fuzz` builds the library with clang
+# under ASan+UBSan in build-fuzz/ and runs each target FUZZ_SECONDS on the
+# seeds of tests/fuzz/corpus/<target>/, FUZZ_JOBS at a time. make test
+# replays every seed and every crash kept in tests/fuzz/regress/<target>/
+# through the same targets built with $(CC) (build/fuzz/replay_*).
+FUZZ_SECONDS ?= 20
+FUZZ_JOBS    ?= 2
+FUZZ_CC      ?= clang
+FUZZ_SRCS    := $(sort $(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_NAMES   := $(FUZZ_SRCS:tests/fuzz/fuzz_%.c=%)
+FUZZ_SAN     := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+.PHONY: fuzz fuzz-build
+fuzz: fuzz-build
+	$(Q)FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_JOBS=$(FUZZ_JOBS) tests/fuzz/run.sh $(FUZZ_NAMES)
+fuzz-build:
+	$(Q)command -v $(FUZZ_CC) >/dev/null || { echo "make fuzz needs $(FUZZ_CC) (scripts/install-deps.sh installs clang)"; exit 1; }
+	$(Q)$(MAKE) --no-print-directory BUILD=build-fuzz LIBOUT=build-fuzz/lib BINOUT=build-fuzz/bin \
+	    CC=$(FUZZ_CC) HAVE_NVCC=0 CFLAGS="-O1 -g -fsanitize=fuzzer-no-link $(FUZZ_SAN)" \
+	    build-fuzz/lib/libhcoll.a
+	$(Q)mkdir -p build-fuzz/fuzz
+	$(Q)for t in $(FUZZ_NAMES); do \
+	  [ build-fuzz/fuzz/fuzz_$$t -nt tests/fuzz/fuzz_$$t.c ] && [ build-fuzz/fuzz/fuzz_$$t -nt build-fuzz/lib/libhcoll.a ] \
+	    && [ build-fuzz/fuzz/fuzz_$$t -nt tests/fuzz/fuzz.h ] && continue; \
+	  $(if $(Q),echo "  FUZZ    build-fuzz/fuzz/fuzz_$$t";) \
+	  $(FUZZ_CC) -Ibuild-fuzz/gen $(BASE_CFLAGS) -O1 -g -fsanitize=fuzzer $(FUZZ_SAN) -Itests/fuzz -MF /dev/null \
+	    -o build-fuzz/fuzz/fuzz_$$t tests/fuzz/fuzz_$$t.c build-fuzz/lib/libhcoll.a $(LIB_LDLIBS) || exit 1; \
+	done
+tests: $(FUZZ_NAMES:%=$(BUILD)/fuzz/replay_%)
+$(BUILD)/fuzz/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c tests/fuzz/fuzz.h $(STATIC_LIB) | $(GEN)/hc_build.h
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CCLD    $@")
+	$(Q)$(CC) $(ALL_CFLAGS) -Itests/fuzz -MF $@.d -o $@ $< tests/fuzz/replay.c $(STATIC_LIB) $(LIB_LDLIBS)
+
+# The threaded tests (progress engine, abort from another thread,
+# callbacks, liveness, split) under ThreadSanitizer, in their own build tree,
+# alongside test-asan. tests/tsan.supp lists the suppressions, each with
+# why it is benign; a report fails the test (halt_on_error).
+# NAME:CASE runs one Check case (test_allreduce's shapes take over 15
+# minutes under TSan; its requests case is the threaded one).
+TSAN_TESTS ?= test_callback test_comm test_allreduce:requests test_allreduce:failures \
+              test_live test_split test_boot
+.PHONY: test-tsan
+test-tsan: deps
+	$(Q)$(MAKE) --no-print-directory BUILD=build-tsan LIBOUT=build-tsan/lib BINOUT=build-tsan/bin \
+	    HAVE_NVCC=0 CFLAGS="-O1 -g -fsanitize=thread -fno-omit-frame-pointer" \
+	    LIB_LDLIBS="-fsanitize=thread -pthread -ldl -lrt -lm" lib \
+	    $(sort $(foreach t,$(TSAN_TESTS),build-tsan/tests/$(firstword $(subst :, ,$(t)))))
+	$(Q)fail=0; for t in $(TSAN_TESTS); do c=$${t#*:}; [ "$$c" = "$$t" ] && c=; \
+	  TSAN_OPTIONS="halt_on_error=1 exitcode=66 second_deadlock_stack=1 suppressions=$(abspath tests/tsan.supp) $$TSAN_OPTIONS" \
+	    env $${c:+CK_RUN_CASE=$$c} HCOLL_TEST_BUILD=build-tsan tests/run.sh $${t%%:*} || fail=1; done; exit $$fail
 
 demo: deps
 	$(Q)$(MAKE) --no-print-directory all
@@ -357,6 +411,6 @@ uninstall:
 	      $(addprefix $(DESTDIR)$(BINDIR)/,$(notdir $(USER_TOOLS)))
 
 clean:
-	rm -rf build build-asan lib bin
+	rm -rf build build-asan build-tsan build-fuzz lib bin
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -26,6 +26,7 @@ pkgs=(
   python3-venv        # tests/python.test.sh: offline pip install into a venv
   python3-pip
   python3-setuptools
+  clang               # make fuzz: libFuzzer targets (tests/fuzz), -fsanitize=fuzzer
 )
 
 missing=()

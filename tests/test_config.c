@@ -158,6 +158,7 @@ static const struct { const char *name, *value, *needle; } bad_values[] = {
     { "HCOLL_DEBUG", "LOUD", "expected one of" },
     { "HCOLL_DEBUG_SUBSYS", "INIT,BOGUS", "unknown subsystem" },
     { "HCOLL_RANK", "-1", "out of range" },
+    { "HCOLL_CPU_KERNELS", "sse9", "expected one of auto, generic, avx2" },
 };
 
 START_TEST(malformed_values_rejected)

@@ -17,6 +17,8 @@
 #include "sys/envlist.h"
 
 static const char *const net_choices[] = { "auto", "ib", "tcp", NULL };
+/* Indexed as base/reduce.c's kernel sets. */
+static const char *const cpu_kernel_choices[] = { "auto", "generic", "avx2", NULL };
 static const char *const gdr_choices[] = { "LOC", "PIX", "PXB", "PHB", "SYS", NULL };
 /* Indexed by hc_log_level_t: the ENUM's index is the level. */
 static const char *const level_choices[] = {
@@ -148,6 +150,11 @@ static const hc_knob_t knobs[] = {
       "RC queue pairs per peer over verbs (NCCL_IB_QPS_PER_CONNECTION); puts go round robin "
       "over them, so that a LAG or an ECMP fabric spreads them over its links. Two ranks "
       "that differ use the smaller." },
+    /* Host reduction kernels (base/reduce.c): process-wide, read once. */
+    { "HCOLL_CPU_KERNELS", HC_KNOB_ENUM, "auto", 0, 0, cpu_kernel_choices, 0, 0, NS,
+      "Host reduction kernel set: auto (the fastest this CPU runs), generic (16-byte vectors, "
+      "software fp16) or avx2 (AVX2+F16C); init fails if the set asked for cannot run here. "
+      "For tests: every set gives the same bits." },
 };
 
 #undef OFF

@@ -33,10 +33,14 @@
 #include "base/reduce.h"
 #include "base/intdiv.h"
 
+#include "base/config.h"
+
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -521,18 +525,49 @@ HC_IMPL_TABLE(avx2, "avx2+f16c")
 /* Dispatch                                                                   */
 /* ------------------------------------------------------------------------ */
 
+/* Every kernel set this build contains, in the order of HCOLL_CPU_KERNELS's
+ * choices after "auto" (config.c), with whether this CPU can run it. The
+ * knob exists so that tests run the fallback kernels on a CPU that would
+ * never pick them: a bug there is otherwise invisible on an AVX2 machine. */
+enum { HC_KSET_AUTO, HC_KSET_GENERIC, HC_KSET_AVX2, HC_KSET_COUNT };
+
+static const hc_reduce_impl_t *hc_reduce_kset(int kset)
+{
+#if defined(__x86_64__)
+    unsigned eax, ebx, ecx, edx;
+#endif
+    switch (kset) {
+    case HC_KSET_GENERIC: return &hc_reduce_impl_generic;
+#if defined(__x86_64__)
+    case HC_KSET_AVX2:
+        /* cpu_supports("avx2") also checks that the OS saves YMM state;
+         * F16C is CPUID.1:ECX bit 29 (clang's cpu_supports lacks "f16c"). */
+        __builtin_cpu_init();
+        if (__builtin_cpu_supports("avx2") && __get_cpuid(1, &eax, &ebx, &ecx, &edx) &&
+            (ecx & bit_F16C))
+            return &hc_reduce_impl_avx2;
+        return NULL;
+#endif
+    default: return NULL;
+    }
+}
+
 static pthread_once_t hc_reduce_once = PTHREAD_ONCE_INIT;
 static const hc_reduce_impl_t *hc_reduce_impl; /* written once, in hc_reduce_pick */
+static int hc_reduce_wanted = HC_KSET_AUTO;    /* likewise: the set asked for */
 
 static void hc_reduce_pick(void)
 {
-    const hc_reduce_impl_t *impl = &hc_reduce_impl_generic;
-#if defined(__x86_64__)
-    /* cpu_supports("avx2") also checks that the OS saves YMM state. */
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c"))
-        impl = &hc_reduce_impl_avx2;
-#endif
+    hc_knob_value_t v;
+    char err[160];
+    /* A malformed value is rejected by hc_params_load at init; until then
+     * (or without a communicator) the best set stands, as for logging. */
+    if (hc_knob_env("HCOLL_CPU_KERNELS", &v, err, sizeof err) == HCOLL_SUCCESS &&
+        v.choice > HC_KSET_AUTO && v.choice < HC_KSET_COUNT)
+        hc_reduce_wanted = v.choice;
+    const hc_reduce_impl_t *impl = hc_reduce_kset(hc_reduce_wanted);
+    for (int k = HC_KSET_COUNT - 1; !impl && k > HC_KSET_AUTO; k--)
+        impl = hc_reduce_kset(k);
     hc_reduce_impl = impl;
 }
 
@@ -658,4 +693,14 @@ void hc_reduce_scale(void *dst, const void *src, size_t count, hcoll_dtype_t dty
 const char *hc_reduce_impl_name(void)
 {
     return hc_reduce_get()->name;
+}
+
+hcoll_status_t hc_reduce_check(char *err, size_t errlen)
+{
+    const hc_reduce_impl_t *impl = hc_reduce_get();
+    if (hc_reduce_wanted == HC_KSET_AUTO || impl == hc_reduce_kset(hc_reduce_wanted))
+        return HCOLL_SUCCESS;
+    snprintf(err, errlen, "HCOLL_CPU_KERNELS: this build or CPU has no such kernel set "
+             "(available here: generic%s)", hc_reduce_kset(HC_KSET_AVX2) ? ", avx2" : "");
+    return HCOLL_ERR_INVALID_ARG;
 }

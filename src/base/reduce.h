@@ -74,4 +74,11 @@ uint16_t hc_float_to_bf16(float f);      /* round to nearest-even, NaN stays NaN
  * for benchmarks and hcoll_info. */
 const char *hc_reduce_impl_name(void);
 
+/* HCOLL_CPU_KERNELS (auto, generic, avx2) picks the kernel set, once per
+ * process at the first reduction; a set this build or CPU lacks falls back
+ * to the best one. HCOLL_SUCCESS, or HCOLL_ERR_INVALID_ARG with a message in
+ * err when the set asked for is not the one running (init calls it, so that
+ * a test asking for a set never silently runs another). */
+hcoll_status_t hc_reduce_check(char *err, size_t errlen);
+
 #endif

@@ -64,10 +64,11 @@ static hcoll_status_t gather_feed(gather_t *g, int r)
     const size_t hdr = HC_BWIRE_HDR_BYTES;
     for (;;) {
         size_t got = g->got[r];
-        unsigned char *dst = got < hdr ? g->hb[r] + got : g->all + (size_t)r * g->len + (got - hdr);
         size_t want = got < hdr ? hdr - got : hdr + g->len - got;
         if (want == 0)
             return HCOLL_SUCCESS;
+        /* Only now: a barrier's all is NULL (len 0), and NULL + 0 is UB. */
+        unsigned char *dst = got < hdr ? g->hb[r] + got : g->all + (size_t)r * g->len + (got - hdr);
         ssize_t m = recv(b->conn[r], dst, want, 0);
         if (m < 0 && errno == EINTR)
             continue;

@@ -130,6 +130,7 @@ static int parse_item(const char **pp, const char *list, item_t *it, char *err, 
 {
     const char *p = *pp;
     int groups = 0;
+    size_t longest = 0; /* the item's longest name */
     it->nseg = 0;
     while (*p && *p != ',') {
         if (it->nseg == HOSTLIST_SEGS_MAX || (*p == '[' && groups == HC_HOSTLIST_GROUPS_MAX)) {
@@ -156,12 +157,16 @@ static int parse_item(const char **pp, const char *list, item_t *it, char *err, 
                 snprintf(err, errlen, "empty brackets at character %d", (int)(open - list) + 1);
                 return -1;
             }
+            size_t widest = 0;
             while (q < end) {
                 unsigned long lo, hi;
                 int width;
                 if (read_range(&q, end, &lo, &hi, &width, list, err, errlen) != 0)
                     return -1;
+                int n = snprintf(NULL, 0, "%0*lu", width, hi);
+                widest = (size_t)n > widest ? (size_t)n : widest;
             }
+            longest += widest;
             continue;
         }
         const char *start = p;
@@ -174,9 +179,16 @@ static int parse_item(const char **pp, const char *list, item_t *it, char *err, 
             return -1;
         }
         *s = (seg_t){ start, (size_t)(p - start), 0 };
+        longest += s->len;
     }
     if (it->nseg == 0) {
         snprintf(err, errlen, "empty host name at character %d", (int)(p - list) + 1);
+        return -1;
+    }
+    /* Here, not at the name: a caller that stops after the first name
+     * (hc_hostlist_first) must see the same verdict as a full expansion. */
+    if (longest >= HC_HOSTLIST_NAME_MAX) {
+        snprintf(err, errlen, "host name longer than %d characters", HC_HOSTLIST_NAME_MAX - 1);
         return -1;
     }
     *pp = p;

@@ -34,6 +34,7 @@
 #include "boot/launch.h"
 #include "boot/uid.h"
 #include "base/log.h"
+#include "base/reduce.h"
 #include "gdr/gdr.h"
 #include "sys/host.h"
 
@@ -352,6 +353,10 @@ static hcoll_status_t comm_new(hc_comm_init_t *ia, const hcoll_config_t *config,
     if (params) {
         c->params = *params;
     } else if (hc_params_load(&c->params, config, err, sizeof err) != HCOLL_SUCCESS) {
+        st = hc_err_set(NULL, HC_INIT, ia->rank, HCOLL_ERR_INVALID_ARG, "init: %s", err);
+        goto clean_comm;
+    }
+    if (hc_reduce_check(err, sizeof err) != HCOLL_SUCCESS) {
         st = hc_err_set(NULL, HC_INIT, ia->rank, HCOLL_ERR_INVALID_ARG, "init: %s", err);
         goto clean_comm;
     }

@@ -158,9 +158,13 @@ hcoll_status_t hc_request_free(struct hcoll_request *rq)
 
 hcoll_status_t hc_request_times(struct hcoll_request *rq, hcoll_stage_times_t *times_out)
 {
+    /* The executor writes times without the lock, before it marks the
+     * request done under it: read them only once done (ThreadSanitizer). */
+    hcoll_stage_times_t t;
     pthread_mutex_lock(&rq->lock);
     int done = rq->done;
-    hcoll_stage_times_t t = rq->times;
+    if (done)
+        t = rq->times;
     pthread_mutex_unlock(&rq->lock);
     if (!done)
         return HCOLL_IN_PROGRESS;
