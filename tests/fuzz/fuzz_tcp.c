@@ -34,11 +34,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     snprintf(tr.bind_addr, sizeof tr.bind_addr, "127.0.0.1");
     tr.epfd = epoll_create1(EPOLL_CLOEXEC);
     FUZZ_CHECK(tr.epfd >= 0);
-    mr[0] = (hc_mr_t){ 2, malloc(4096), 4096, NULL };
-    mr[1] = (hc_mr_t){ 1, malloc(64), 64, &mr[0] };
+    mr[0] = (hc_mr_t){ .id = 2, .remote = 1, .base = malloc(4096), .len = 4096 };
+    mr[1] = (hc_mr_t){ .id = 1, .remote = 1, .base = malloc(64), .len = 64, .next = &mr[0] };
     FUZZ_CHECK(mr[0].base && mr[1].base);
     tr.mrs = &mr[1];
-    tr.next_mr_id = 3;
     tr.eps = eps;
     tr.neps = 1;
     ep.tr = &tr;
