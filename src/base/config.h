@@ -52,6 +52,7 @@ typedef struct hc_params {
     int64_t op_timeout_ms;                /* an operation waits this long; 0 = none */
     int64_t init_timeout_ms;              /* init waits this long for every rank */
     int64_t ib_spin_us;                   /* verbs waits poll this long before sleeping */
+    int64_t ib_relaxed_ordering;          /* -1 auto, 0 off, 1 on */
 } hc_params_t;
 
 typedef enum hc_knob_kind {

@@ -107,8 +107,10 @@ static hcoll_status_t tcp_mr_reg(hc_transport_t *tr, void *base, size_t len, hc_
     mr->len = len;
     mr->next = tr->mrs;
     tr->mrs = mr;
-    rkey_out->w[0] = mr->id;
-    rkey_out->w[1] = len;
+    if (rkey_out) { /* NULL: a send buffer (transport.h) */
+        rkey_out->w[0] = mr->id;
+        rkey_out->w[1] = len;
+    }
     *mr_out = mr;
     return HCOLL_SUCCESS;
 }

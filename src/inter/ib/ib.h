@@ -31,6 +31,7 @@ typedef struct hc_ib_config {
     int gdr_level;         /* HCOLL_NET_GDR_LEVEL (enum hc_pci_dist) */
     int64_t gdr_flush;     /* HCOLL_GDR_FLUSH: -1 auto, 0, 1 */
     int spin_us;           /* HCOLL_IB_SPIN_US */
+    int relaxed_ordering;  /* HCOLL_IB_PCI_RELAXED_ORDERING: -1 auto, 0, 1 */
 } hc_ib_config_t;
 
 /* The verbs part of p (already validated by hc_params_load). */

@@ -18,7 +18,13 @@
  * buffers: slower, never wrong). Host memory that CUDA allocated (the
  * pinned staging pool, cuMemHostAlloc) does carry one, and is cached as
  * device memory is. An idle entry of another allocation over a range
- * looked up is stale (its buffer was freed) and goes at once.
+ * looked up is stale (its buffer was freed) and goes at once. Device
+ * memory is registered a whole CUDA allocation at a time (mr.c), so every
+ * sub-range of it hits the one entry.
+ *
+ * Entries also carry what they allow (HC_MRC_REMOTE): a send buffer is
+ * registered for local access only, and never serves a lookup that hands
+ * out an rkey.
  */
 #include <stdlib.h>
 
@@ -48,11 +54,18 @@ static int stale(const hc_mrc_entry_t *e, const char *b, size_t len, uint64_t ge
 
 hc_mrc_entry_t *hc_mrc_find(hc_mrc_t *c, void *base, size_t len, uint64_t gen)
 {
+    return hc_mrc_find_flags(c, base, len, gen, 0);
+}
+
+hc_mrc_entry_t *hc_mrc_find_flags(hc_mrc_t *c, void *base, size_t len, uint64_t gen,
+                                  unsigned need)
+{
     char *b = base;
     for (hc_mrc_entry_t **pp = &c->list; *pp;) {
         hc_mrc_entry_t *e = *pp;
         char *eb = e->base;
-        if (e->gen == gen && b >= eb && len <= e->len && (size_t)(b - eb) <= e->len - len) {
+        if (e->gen == gen && (e->flags & need) == need && b >= eb && len <= e->len &&
+            (size_t)(b - eb) <= e->len - len) {
             e->refs++;
             e->last_use = ++c->tick;
             c->hits++;
