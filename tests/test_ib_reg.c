@@ -11,7 +11,9 @@
  *                         allocation cost one registration (the whole
  *                         allocation); freed and reallocated at the same
  *                         address, it is registered again, and a put into
- *                         the new buffer lands (no stale region)
+ *                         the new buffer lands (no stale region); a freed
+ *                         buffer nothing looks up again loses its idle
+ *                         entry at the next registration of another
  *   reg_flush_landed      on a platform whose NIC writes into device memory
  *                         show only after a read of the buffer they landed
  *                         in, an immediate is reported with its payload
@@ -298,6 +300,32 @@ static int rank_whole_alloc(int rank, int n, void *arg)
         HCT_REQUIRE(cu->mem_free(d) == HC_CU_SUCCESS, "cuMemFree");
     }
     HCT_REQUIRE(tr->mrc.stale >= 1, "the freed allocation's entry was never dropped");
+    /* A freed buffer that nothing looks up again: its entry goes at the
+     * next registration of any other buffer. */
+    hc_cu_dptr_t dc, dd;
+    hc_mr_t *mc, *md;
+    hc_rkey_t kc, kd;
+    HCT_REQUIRE(cu->mem_alloc(&dc, 1u << 20) == HC_CU_SUCCESS, "cuMemAlloc");
+    HCT_REQUIRE(hc_ib_ops.mr_reg(tr, (void *)(uintptr_t)dc, 4096, &mc, &kc) == HCOLL_SUCCESS,
+                "reg: %s", eb.msg);
+    hc_ib_ops.mr_dereg(tr, mc);
+    const uint64_t stale0 = tr->mrc.stale, live0 = mock_stat("live_mrs");
+    HCT_REQUIRE(cu->mem_free(dc) == HC_CU_SUCCESS, "cuMemFree");
+    /* A size no freed buffer had: fresh addresses, overlapping no entry. */
+    HCT_REQUIRE(cu->mem_alloc(&dd, 24u << 20) == HC_CU_SUCCESS, "cuMemAlloc");
+    for (const hc_mrc_entry_t *e = tr->mrc.list; e; e = e->next)
+        HCT_REQUIRE((uintptr_t)e->base >= dd + (24u << 20) || (uintptr_t)e->base + e->len <= dd,
+                    "the new buffer overlaps a cached entry");
+    HCT_REQUIRE(hc_ib_ops.mr_reg(tr, (void *)(uintptr_t)dd, 4096, &md, &kd) == HCOLL_SUCCESS,
+                "reg: %s", eb.msg);
+    for (const hc_mrc_entry_t *e = tr->mrc.list; e; e = e->next)
+        HCT_REQUIRE((uintptr_t)e->base != dc, "the freed buffer's idle entry stayed");
+    HCT_REQUIRE(tr->mrc.stale == stale0 + 1 && mock_stat("live_mrs") == live0,
+                "the freed buffer's idle entry stayed (stale %llu -> %llu, live regions %llu -> "
+                "%llu)", (unsigned long long)stale0, (unsigned long long)tr->mrc.stale,
+                (unsigned long long)live0, (unsigned long long)mock_stat("live_mrs"));
+    hc_ib_ops.mr_dereg(tr, md);
+    cu->mem_free(dd);
     hc_ib_ops.destroy(tr, 1);
     dlclose(cuh);
     return 0;

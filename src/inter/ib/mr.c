@@ -382,6 +382,14 @@ static hcoll_status_t mrent_new(hc_transport_t *tr, void *base, size_t len, int 
     return HCOLL_SUCCESS;
 }
 
+/* Is the allocation an idle entry registered still there? Its first
+ * address must still carry its CUDA buffer id. */
+static int mr_alive(void *ctx, const hc_mrc_entry_t *e)
+{
+    (void)ctx;
+    return hc_gdr_ptr_buffer_id(e->base) == e->gen;
+}
+
 /* A handle on [base, base+len) in an entry that allows flags: the cache's,
  * or a fresh registration (not sticky on failure: the caller decides). */
 static hcoll_status_t mr_get(hc_transport_t *tr, void *base, size_t len, int kind, int dev,
@@ -400,6 +408,10 @@ static hcoll_status_t mr_get(hc_transport_t *tr, void *base, size_t len, int kin
     ib_mrent_t *mr = (ib_mrent_t *)hc_mrc_find_flags(&tr->mrc, base, len, gen, flags);
     hc_tp_count(mr ? HC_TP_CACHE_HIT : HC_TP_CACHE_MISS);
     if (!mr) {
+        /* A registration costs far more than asking CUDA about the few
+         * idle entries: drop those of freed buffers before adding one. */
+        if (hc_gdr_cuda_in_process())
+            hc_mrc_sweep(&tr->mrc, mr_alive, NULL);
         HC_CHECK(mrent_new(tr, base, len, kind, dev, gen, flags, &mr), clean_handle);
         hc_mrc_insert(&tr->mrc, &mr->e);
     }

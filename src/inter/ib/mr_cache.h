@@ -44,6 +44,10 @@ hc_mrc_entry_t *hc_mrc_find(hc_mrc_t *c, void *base, size_t len, uint64_t gen);
 /* The same, for an entry whose flags include need (hc_mrc_find: need 0). */
 hc_mrc_entry_t *hc_mrc_find_flags(hc_mrc_t *c, void *base, size_t len, uint64_t gen,
                                   unsigned need);
+/* Deregister every idle entry with an allocation id for which
+ * alive(ctx, e) says 0 (its buffer was freed: CUDA's id at its address
+ * changed); returns how many went. */
+int hc_mrc_sweep(hc_mrc_t *c, int (*alive)(void *ctx, const hc_mrc_entry_t *e), void *ctx);
 /* Adopt a fresh registration (refs = 1). */
 void hc_mrc_insert(hc_mrc_t *c, hc_mrc_entry_t *e);
 /* Drop a reference; idle entries beyond max_idle are deregistered, least
