@@ -134,6 +134,12 @@ static const hc_knob_t knobs[] = {
       OFF(init_timeout_ms),
       "How long init waits for every rank to arrive at the rendezvous, milliseconds; a rank "
       "that arrived and then froze is found by HCOLL_LIVENESS_MS." },
+    /* Verbs memory registration (inter/ib/mr.c). */
+    { "HCOLL_IB_PCI_RELAXED_ORDERING", HC_KNOB_INT, "-1", -1, 1, NULL, 0, 0,
+      OFF(ib_relaxed_ordering),
+      "Register memory with IBV_ACCESS_RELAXED_ORDERING (through ibv_reg_mr_iova2), as "
+      "NCCL_IB_PCI_RELAXED_ORDERING: -1 auto (where libibverbs has the call and the NIC "
+      "takes the flag), 0 off, 1 on (a warning where it cannot be had)." },
     /* Verbs progress (inter/ib/poll.c). */
     { "HCOLL_IB_SPIN_US", HC_KNOB_INT, "100", 0, 1000000, NULL, 0, 0, OFF(ib_spin_us),
       "How long a verbs wait polls its completion queues without sleeping, microseconds, "

@@ -54,6 +54,7 @@ typedef struct hc_params {
     int64_t ib_spin_us;                   /* verbs waits poll this long before sleeping */
     int64_t check_args;                   /* 1: ranks agree on every host call's arguments */
     int64_t ib_qps_per_peer;              /* verbs: RC QPs per peer, puts striped over them */
+    int64_t ib_relaxed_ordering;          /* -1 auto, 0 off, 1 on */
 } hc_params_t;
 
 typedef enum hc_knob_kind {

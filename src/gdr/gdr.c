@@ -32,6 +32,9 @@
 #define CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED   124
 #define CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING 118
 #define CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD     1
+#define CU_POINTER_ATTRIBUTE_RANGE_START_ADDR   11
+#define CU_POINTER_ATTRIBUTE_RANGE_SIZE         12
+#define CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED 86
 
 typedef int cu_result_t;
 typedef unsigned long long cu_ptr_t;
@@ -45,6 +48,7 @@ typedef struct cuda_fns {
     cu_result_t (*dev_attr)(int *, int, int);
     cu_result_t (*dev_busid)(char *, int, int);
     cu_result_t (*range_handle)(void *, cu_ptr_t, size_t, int, unsigned long long); /* may be NULL */
+    cu_result_t (*addr_range)(cu_ptr_t *, size_t *, cu_ptr_t); /* cuMemGetAddressRange_v2; may be NULL */
     cu_result_t (*err_name)(cu_result_t, const char **);
     cu_result_t (*err_string)(cu_result_t, const char **);
     hc_cu_api_t api; /* the device path's calls */
@@ -187,6 +191,7 @@ static void cuda_load(void)
     SYM(dev_busid, "cuDeviceGetPCIBusId");
 #undef SYM
     *(void **)&g_cuda.range_handle = dlsym(h, "cuMemGetHandleForAddressRange");
+    *(void **)&g_cuda.addr_range = dlsym(h, "cuMemGetAddressRange_v2");
     *(void **)&g_cuda.err_name = dlsym(h, "cuGetErrorName");
     *(void **)&g_cuda.err_string = dlsym(h, "cuGetErrorString");
     cuda_load_api(h);
@@ -341,6 +346,50 @@ int hc_gdr_flush_decide(int64_t knob, int cc_major, int ordering)
     if (ordering >= 0)
         return ordering < HC_GDR_ORDERING_OWNER;
     return cc_major > 0 && cc_major < 9;
+}
+
+int hc_gdr_gpu_c2c(int dev)
+{
+    int d, v = 0;
+    if (!hc_gdr_cuda_available(NULL, 0) || g_cuda.dev_get(&d, dev) != CU_OK ||
+        g_cuda.dev_attr(&v, CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED, d) != CU_OK)
+        return -1;
+    return v != 0;
+}
+
+int hc_gdr_flush_decide_path(int64_t knob, int cc_major, int ordering, int c2c, int nic_dist)
+{
+    if (knob == 0 || knob == 1)
+        return (int)knob;
+    /* The GPU may order the NIC's writes for itself, but on a C2C host
+     * the CPU learns of the completion over C2C while the payload crossed
+     * the PCIe switch the GPU and NIC share: two paths, no order between
+     * them (NCCL flushes there too, whatever the generation). */
+    if (c2c == 1 && nic_dist >= 0 && nic_dist <= HC_PCI_PXB)
+        return 1;
+    return hc_gdr_flush_decide(knob, cc_major, ordering);
+}
+
+hcoll_status_t hc_gdr_ptr_range(const void *p, uintptr_t *base_out, size_t *size_out)
+{
+    if (!p || !hc_gdr_cuda_available(NULL, 0))
+        return HCOLL_ERR_UNSUPPORTED;
+    cu_ptr_t b = 0;
+    size_t n = 0;
+    if (g_cuda.addr_range) {
+        if (g_cuda.addr_range(&b, &n, (cu_ptr_t)(uintptr_t)p) != CU_OK)
+            return HCOLL_ERR_CUDA;
+    } else if (g_cuda.ptr_attr(&b, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                               (cu_ptr_t)(uintptr_t)p) != CU_OK ||
+               g_cuda.ptr_attr(&n, CU_POINTER_ATTRIBUTE_RANGE_SIZE, (cu_ptr_t)(uintptr_t)p) !=
+                   CU_OK) {
+        return HCOLL_ERR_CUDA;
+    }
+    if (n == 0 || (uintptr_t)p < b || (uintptr_t)p - b >= n)
+        return HCOLL_ERR_CUDA;
+    *base_out = (uintptr_t)b;
+    *size_out = n;
+    return HCOLL_SUCCESS;
 }
 
 hcoll_status_t hc_gdr_dmabuf_fd(void *p, size_t len, int *fd_out, uint64_t *offset_out, size_t *len_out,

@@ -99,6 +99,26 @@ int hc_gdr_rdma_ordering(int dev);
  * before Hopper (cc_major < 9). */
 int hc_gdr_flush_decide(int64_t knob, int cc_major, int ordering);
 
+/* Is GPU dev tied to the CPU by a coherent link (NVLink-C2C on Grace
+ * Hopper; NVLink on POWER9)? Read from
+ * CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED, which only such a link
+ * gives: 1 yes, 0 no (PCIe), -1 unknown (no driver). */
+int hc_gdr_gpu_c2c(int dev);
+
+/* hc_gdr_flush_decide, plus the path: with auto (-1), a GPU behind a C2C
+ * link to the CPU (c2c 1) whose NIC shares its PCIe switch (nic_dist, enum
+ * hc_pci_dist, at most PXB) is flushed whatever its ordering attribute,
+ * since completions and flags reach the CPU over C2C while the payload
+ * crosses the switch. */
+int hc_gdr_flush_decide_path(int64_t knob, int cc_major, int ordering, int c2c, int nic_dist);
+
+/* The CUDA allocation holding p (cuMemGetAddressRange, or the pointer's
+ * RANGE_START_ADDR/RANGE_SIZE attributes where the driver lacks it): its
+ * first address and size. HCOLL_ERR_UNSUPPORTED without a driver,
+ * HCOLL_ERR_CUDA for memory the driver does not know; a query: nothing is
+ * recorded. */
+hcoll_status_t hc_gdr_ptr_range(const void *p, uintptr_t *base_out, size_t *size_out);
+
 /* A dma-buf fd for the device range [p, p+len) (aligned to the host page
  * size, sysconf(_SC_PAGESIZE), as the driver wants; *offset_out is p's
  * offset inside it, *len_out the aligned length). The caller closes the

@@ -202,8 +202,7 @@ static hcoll_status_t start_chunked(hc_ring_t *r)
     if (o->send == o->recv) {
         o->send_mr = o->recv_mr;
     } else {
-        hc_rkey_t unused;
-        HC_CHECK(r->ops->mr_reg(r->tr, (void *)o->send, bytes, &o->send_mr, &unused),
+        HC_CHECK(r->ops->mr_reg(r->tr, (void *)o->send, bytes, &o->send_mr, NULL),
                  clean_recv_mr);
     }
     o->active = 1;

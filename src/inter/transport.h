@@ -157,8 +157,9 @@ typedef struct hc_transport_ops {
                               hc_allgather_fn allgather, void *ag_ctx, hc_ep_t **eps_out);
 
     /* Register [base, base+len) (host memory; device memory where the
-     * backend supports it). rkey_out is what a peer passes to put; NULL:
-     * a send-only region, which no peer can target. */
+     * backend supports it). rkey_out is what a peer passes to put; NULL
+     * registers a region this rank only sends from, which no peer may
+     * reach (verbs: no remote access flags). */
     hcoll_status_t (*mr_reg)(hc_transport_t *tr, void *base, size_t len, hc_mr_t **mr_out,
                              hc_rkey_t *rkey_out);
     void (*mr_dereg)(hc_transport_t *tr, hc_mr_t *mr);

@@ -42,6 +42,8 @@
  *                    fails; 2: the export works too (default 0: neither)
  *   HCMOCK_RDMA_ORDERING  GPU_DIRECT_RDMA_WRITES_ORDERING (default 100 from
  *                    sm_90, else 0)
+ *   HCMOCK_C2C       1: the GPU reaches the CPU over NVLink-C2C (Grace
+ *                    Hopper): HOST_NATIVE_ATOMIC_SUPPORTED is 1 (default 0)
  *   HCMOCK_MEMPOOLS  0: no memory-pool support, as on some vGPU/MIG setups:
  *                    CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED is 0 and
  *                    cuMemFreeAsync fails with CUDA_ERROR_NOT_SUPPORTED
@@ -678,6 +680,7 @@ CUAPI int cuDeviceGetAttribute(int *pi, int attrib, int dev)
     case 123: v = 1; break;          /* CAN_USE_STREAM_WAIT_VALUE_NOR */
     case 124: v = g.dmabuf >= 1; break; /* DMA_BUF_SUPPORTED */
     case 118: v = rdma_ordering(); break; /* GPU_DIRECT_RDMA_WRITES_ORDERING */
+    case 86: v = env_long("HCMOCK_C2C", 0) == 1; break; /* HOST_NATIVE_ATOMIC_SUPPORTED */
     default: break;
     }
     *pi = v;
@@ -2181,6 +2184,22 @@ CUAPI int cuMemAllocManaged(unsigned long long *dptr, size_t size, unsigned flag
         return r;
     *dptr = m->base;
     return CUDA_SUCCESS;
+}
+
+/* The allocation holding dptr: its base and size (either may be NULL), as
+ * the driver answers for device memory and for its pinned host memory. */
+CUAPI int cuMemGetAddressRange_v2(unsigned long long *base, size_t *size, unsigned long long dptr)
+{
+    CHECK_INIT();
+    pthread_mutex_lock(&g.lock);
+    long i = mem_find(dptr);
+    mmem_t *m = i >= 0 && g.mem[i]->live ? g.mem[i] : NULL;
+    if (m && base)
+        *base = m->base;
+    if (m && size)
+        *size = m->size;
+    pthread_mutex_unlock(&g.lock);
+    return m ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
 }
 
 /* CU_GPU_DIRECT_RDMA_WRITES_ORDERING_*: NONE (0) before Hopper, OWNER

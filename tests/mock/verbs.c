@@ -42,8 +42,10 @@
  *     it; a NIC without import answers EOPNOTSUPP first (the probe with fd
  *     -1 that NCCL uses; EBADF where import exists).
  *   - HCMOCK_IB_GDR_LAZY=1: the NIC's writes into device memory stay
- *     invisible until a read of device memory through the same NIC (the
- *     GPUDirect flush), as on a platform that does not order them.
+ *     invisible until a read through the same NIC of the allocation they
+ *     landed in (the GPUDirect flush, as NCCL reads the buffer it just
+ *     received), as on a platform that does not order them; a read of
+ *     some other device buffer leaves them held.
  *   - Async events on context->async_fd (blocking unless the caller sets
  *     O_NONBLOCK): a CQ overrun is IBV_EVENT_CQ_ERR (polling goes on,
  *     completions are lost), and hcmock_verbs_inject_async raises a port
@@ -94,6 +96,10 @@
  *   HCMOCK_IB_MEMLOCK_KB   locked-memory limit for host MRs (default none)
  *   HCMOCK_IB_GDR_LAZY     1: device writes visible only after a flush read
  *   HCMOCK_IB_COPY_ON_FORK 1: the kernel copies pinned pages at fork
+ *   HCMOCK_IB_RO           0: a provider that refuses IBV_ACCESS_RELAXED_ORDERING
+ *                          (EINVAL from ibv_reg_mr_iova2/ibv_reg_dmabuf_mr)
+ *   HCMOCK_IB_IOVA2        0: ibv_reg_mr_iova2 answers EOPNOTSUPP (a library
+ *                          without the call, as far as a caller can tell)
  * Timing, so that a host's costs show in tests (a NIC's are microseconds):
  *   HCMOCK_IB_LAT_US       one-way latency: every WR reaches the wire that
  *                          long after it was posted (a round trip is twice
@@ -158,6 +164,7 @@ enum stat_id {
     ST_CQ_EVENTS,  /* completion events delivered to a channel */
     ST_MISALIGNED, /* writes of more than 64 bytes whose source or target is not on a
                     * 64-byte boundary (the NIC splits them at cache lines) */
+    ST_RO_REGS, /* registered with IBV_ACCESS_RELAXED_ORDERING */
     /* objects alive now (a leak shows as non-zero after teardown) */
     ST_LIVE_CTX, ST_LIVE_PD, ST_LIVE_MR, ST_LIVE_CQ, ST_LIVE_QP, ST_COUNT
 };
@@ -166,7 +173,8 @@ static const char *const stat_names[ST_COUNT] = {
     "rem_inv_req", "loc_prot_errors", "cq_overruns", "dropped_conns", "muted_conns", "flushed",
     "qps_created", "mr_registrations", "memlock_failures", "device_reg_without_peermem",
     "dmabuf_registrations", "gdr_writes_held", "async_events", "unsafe_forks",
-    "post_send_calls", "cq_events", "misaligned_writes", "live_contexts",
+    "post_send_calls", "cq_events", "misaligned_writes", "relaxed_ordering_registrations",
+    "live_contexts",
     "live_pds", "live_mrs", "live_cqs", "live_qps",
 };
 /* Per process, like a NIC's port counters; read by tests. */
@@ -989,6 +997,8 @@ static struct ibv_mr *mr_create(struct ibv_pd *pd, void *addr, size_t len, int a
     while (m->mr.rkey == m->mr.lkey)
         m->mr.rkey = key_new(c);
     m->access = access;
+    if (access & IBV_ACCESS_RELAXED_ORDERING)
+        stat_add(ST_RO_REGS, 1);
     m->device = device != NULL;
     m->d2h = device;
     if (device) {
@@ -1065,10 +1075,12 @@ static int memlock_take(size_t len)
 }
 
 /* HCMOCK_IB_GDR_LAZY=1: what the NIC writes into device memory stays
- * invisible (to kernels and copies) until a read of device memory through
- * the same NIC has pushed it ahead: a PCIe read does not pass the posted
- * writes before it. Pre-Hopper GPUs, or a path that orders nothing, behave
- * so; hcoll must flush. */
+ * invisible (to kernels and copies) until a read through the same NIC of
+ * the allocation it landed in has pushed it ahead: a PCIe read does not
+ * pass the posted writes before it on its path, and on a C2C host the only
+ * path known to be shared is the target's own. Pre-Hopper GPUs, or a path
+ * that orders nothing, behave so; hcoll must flush, and read the landed
+ * buffer, not a word of its own. */
 typedef struct lazy_write {
     mmr_t *m;
     uint64_t addr;
@@ -1101,13 +1113,18 @@ static lazy_write_t *lazy_new(mctx_t *c, mmr_t *m, uint64_t addr, size_t len)
     return w;
 }
 
-/* A read of device memory went through this NIC: everything before it
- * lands. Writes whose region went away are lost, as on the bus. */
-static void lazy_flush(mctx_t *c)
+/* A read of device region r went through this NIC: every write held for
+ * r's allocation lands, in order. Writes whose region went away are lost,
+ * as on the bus. */
+static void lazy_flush(mctx_t *c, const mmr_t *r)
 {
-    while (c->lazy) {
-        lazy_write_t *w = c->lazy;
-        c->lazy = w->next;
+    for (lazy_write_t **pp = &c->lazy; *pp;) {
+        lazy_write_t *w = *pp;
+        if (w->m->buf_id != r->buf_id) {
+            pp = &w->next;
+            continue;
+        }
+        *pp = w->next;
         void *p = mr_ptr(w->m, w->addr, w->len);
         if (p)
             memcpy(p, w->data, w->len);
@@ -1216,11 +1233,18 @@ HCMOCK_API struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t lengt
 HCMOCK_API struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length,
                                            uint64_t iova, unsigned int access)
 {
-    if (iova != (uintptr_t)addr) {
+    if (iova != (uintptr_t)addr || env_int("HCMOCK_IB_IOVA2", 1) == 0) {
         errno = EOPNOTSUPP; /* only iova == addr is emulated */
         return NULL;
     }
-    return ibv_reg_mr(pd, addr, length, (int)(access & ~IBV_ACCESS_OPTIONAL_RANGE));
+    if ((access & IBV_ACCESS_RELAXED_ORDERING) && env_int("HCMOCK_IB_RO", 1) == 0) {
+        errno = EINVAL;
+        return NULL;
+    }
+    /* Optional flags this NIC does not know are ignored, as the providers
+     * do; relaxed ordering it knows. */
+    const unsigned ignored = IBV_ACCESS_OPTIONAL_RANGE & ~(unsigned)IBV_ACCESS_RELAXED_ORDERING;
+    return ibv_reg_mr(pd, addr, length, (int)(access & ~ignored));
 }
 
 /* dma-buf: HCMOCK_IB_DMABUF=0 is a NIC or kernel without dma-buf import
@@ -1239,7 +1263,8 @@ HCMOCK_API struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, 
         errno = EBADF;
         return NULL;
     }
-    if (!pd || !access_valid(access) || length == 0) {
+    if (!pd || !access_valid(access) || length == 0 ||
+        ((access & IBV_ACCESS_RELAXED_ORDERING) && env_int("HCMOCK_IB_RO", 1) == 0)) {
         errno = EINVAL;
         return NULL;
     }
@@ -1758,7 +1783,7 @@ static int in_execute(mctx_t *c, mqp_t *q, conn_t *k)
         mmr_t *m = f->len ? mr_by_rkey(c, f->rkey) : NULL;
         void *p = NULL;
         if (m && m->device)
-            lazy_flush(c); /* the read pushes the NIC's earlier writes ahead */
+            lazy_flush(c, m); /* the read pushes the NIC's earlier writes ahead */
         int st = 0;
         if (!(q->access & IBV_ACCESS_REMOTE_READ))
             st = IBV_WC_REM_INV_REQ_ERR;

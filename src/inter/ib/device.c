@@ -4,7 +4,8 @@
  * takes the i-th allowed ACTIVE port, among those nearest its GPU), the
  * device opened on that port, and the GPUDirect decision for the rank's
  * GPU and that NIC (PCI distance within HCOLL_NET_GDR_LEVEL, dma-buf or
- * nvidia-peermem, flush reads before Hopper).
+ * nvidia-peermem, flush reads unless the GPU orders the NIC's writes, and
+ * always behind a C2C link with the NIC on the GPU's PCIe switch).
  */
 #include "inter/ib/ib_priv.h"
 
@@ -33,6 +34,7 @@ void hc_ib_config_from_params(const hc_params_t *p, hc_ib_config_t *cfg_out)
     c.spin_us = (int)p->ib_spin_us;
     /* The table's bounds; settings made by hand (tests) may leave it 0. */
     c.qps_per_peer = p->ib_qps_per_peer < 1 ? 1 : p->ib_qps_per_peer > 4 ? 4 : (int)p->ib_qps_per_peer;
+    c.relaxed_ordering = (int)p->ib_relaxed_ordering;
     *cfg_out = c;
 }
 
@@ -192,12 +194,15 @@ void ib_gdr_decide(hc_transport_t *tr)
     }
     tr->gdr = 1;
     const int ordering = hc_gdr_rdma_ordering(gpu);
-    tr->flush = hc_gdr_flush_decide(c->gdr_flush, cc, ordering);
+    const int c2c = hc_gdr_gpu_c2c(gpu);
+    tr->flush = hc_gdr_flush_decide_path(c->gdr_flush, cc, ordering, c2c, dist);
     HC_INFO(HC_GDR, tr->p.log_rank,
-            "GPU %d (%s, sm_%d): registration through %s, flush %s (RDMA write ordering %s)", gpu,
-            bdf, cc * 10, hc_gdr_reg_name(tr->gdr_reg), tr->flush ? "on" : "off",
+            "GPU %d (%s, sm_%d): registration through %s, flush %s (RDMA write ordering %s, "
+            "GPU-CPU link %s, GPU-NIC %s)",
+            gpu, bdf, cc * 10, hc_gdr_reg_name(tr->gdr_reg), tr->flush ? "on" : "off",
             ordering < 0 ? "unknown" : ordering >= 200 ? "all devices" : ordering >= 100 ? "owner"
-                                                                                   : "none");
+                                                                                   : "none",
+            c2c == 1 ? "C2C" : c2c == 0 ? "PCIe" : "unknown", hc_pci_dist_name(dist));
 }
 
 #else /* !HCOLL_BUILD_VERBS */

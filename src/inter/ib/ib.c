@@ -130,6 +130,19 @@ static void gdr_setup(hc_transport_t *tr)
     }
 }
 
+/* Relaxed ordering where asked and libibverbs has ibv_reg_mr_iova2; a NIC
+ * that refuses the flag turns it off at its first registration (mr.c). */
+static void ro_setup(hc_transport_t *tr)
+{
+    const int knob = tr->cfg.relaxed_ordering;
+    tr->ro = knob != 0 && tr->v->reg_mr_iova2 != NULL;
+    if (knob == 1 && !tr->ro)
+        HC_WARN(HC_NET, tr->p.log_rank,
+                "NET/IB: HCOLL_IB_PCI_RELAXED_ORDERING=1, but libibverbs has no "
+                "ibv_reg_mr_iova2 (rdma-core < 27): registering without relaxed ordering");
+    HC_INFO(HC_NET, tr->p.log_rank, "NET/IB: relaxed ordering %s", tr->ro ? "on" : "off");
+}
+
 static void log_choice(const hc_transport_t *tr)
 {
     char gtxt[64];
@@ -174,6 +187,7 @@ static hcoll_status_t ib_create(const hc_transport_params_t *params, hc_transpor
     /* Before the process's first registration (the credit words). */
     const char *fork_state = ib_fork_setup();
     HC_CHECK(ib_dev_open(tr), clean_tr);
+    ro_setup(tr);
     HC_CHECK(credits_setup(tr), clean_tr);
     if (getrandom(&tr->psn, sizeof tr->psn, 0) != (ssize_t)sizeof tr->psn)
         tr->psn = (uint32_t)getpid() * 2654435761u;

@@ -32,6 +32,7 @@ typedef struct hc_ib_config {
     int64_t gdr_flush;     /* HCOLL_GDR_FLUSH: -1 auto, 0, 1 */
     int spin_us;           /* HCOLL_IB_SPIN_US */
     int qps_per_peer;      /* HCOLL_IB_QPS_PER_PEER (1..4) */
+    int relaxed_ordering;  /* HCOLL_IB_PCI_RELAXED_ORDERING: -1 auto, 0, 1 */
 } hc_ib_config_t;
 
 /* The verbs part of p (already validated by hc_params_load). */

@@ -6,7 +6,7 @@
  *   loader.c    libibverbs, loaded at run time into one table
  *   device.c    settings, NIC and port choice, the GPUDirect decision
  *   qp.c        queue pairs: RC state machine, connection set-up
- *   mr.c        memory registration, the GPUDirect flush word and QP
+ *   mr.c        memory registration, the GPUDirect flush reads and QP
  *   mr_cache.c  the registration cache (generic, mr_cache.h)
  *   send.c      puts, the send FIFO, receive credits, queued puts
  *   poll.c      completions, flush hold-back, progress and poll
@@ -45,6 +45,7 @@
  * carries IB_CREDIT_RESET), then one scratch word for flush reads. */
 #define IB_CREDIT_WORDS(nranks) ((size_t)(nranks) * IB_QPS_MAX + 1)
 #define IB_CREDIT_IDX(peer, q)  ((size_t)(peer) * IB_QPS_MAX + (size_t)(q))
+#define IB_FLUSH_REGIONS 64       /* device regions one flush reads, at most */
 
 /* ---- loader.c ------------------------------------------------------------ */
 
@@ -72,6 +73,7 @@ typedef struct ib_verbs {
     struct ibv_mr *(*reg_dmabuf_mr)(struct ibv_pd *, uint64_t, size_t, uint64_t, int, int);
     int (*dereg_mr)(struct ibv_mr *);
     /* optional (NULL when the library lacks them) */
+    struct ibv_mr *(*reg_mr_iova2)(struct ibv_pd *, void *, size_t, uint64_t, unsigned int);
     int (*get_async_event)(struct ibv_context *, struct ibv_async_event *);
     void (*ack_async_event)(struct ibv_async_event *);
     int (*fork_init)(void);
@@ -217,6 +219,10 @@ struct hc_transport {
     /* poll.c: the endpoints' CQs report to this channel; long waits sleep
      * on its fd (NULL: the library has none, timed sleeps) */
     struct ibv_comp_channel *chan;
+    /* the regions the flush in flight reads, each held until it is back */
+    hc_mrc_entry_t *flush_ents[IB_FLUSH_REGIONS];
+    int nflush_ents, flush_warned;
+    int ro;                      /* register with IBV_ACCESS_RELAXED_ORDERING */
     /* endpoints and reported completions */
     hc_ep_t **eps;
     int neps;
@@ -327,6 +333,11 @@ void ib_mrc_dereg(void *ctx, hc_mrc_entry_t *e);
  * (ib_flush_free undoes whatever was set up; the transport stays sound). */
 int ib_flush_setup(hc_transport_t *tr, char *why, size_t whylen);
 void ib_flush_free(hc_transport_t *tr);
+/* Post the flush reads for the immediates held now on the loopback QP
+ * (one signaled completion); ibv_post_send's code. ib_flush_release once
+ * that completion is in. */
+int ib_flush_post(hc_transport_t *tr);
+void ib_flush_release(hc_transport_t *tr);
 
 /* ---- send.c ---------------------------------------------------------------- */
 

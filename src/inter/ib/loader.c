@@ -52,6 +52,9 @@ static void verbs_load(void)
 #undef SYM
     /* rdma-core >= 34 only: dma-buf is then simply not offered. */
     *(void **)&g_verbs.reg_dmabuf_mr = dlsym(h, "ibv_reg_dmabuf_mr");
+    /* IBVERBS_1.8 (rdma-core >= 27): the call that takes optional access
+     * flags such as IBV_ACCESS_RELAXED_ORDERING. */
+    *(void **)&g_verbs.reg_mr_iova2 = dlsym(h, "ibv_reg_mr_iova2");
     /* Every libibverbs has these; without them events go unread. */
     *(void **)&g_verbs.get_async_event = dlsym(h, "ibv_get_async_event");
     *(void **)&g_verbs.ack_async_event = dlsym(h, "ibv_ack_async_event");

@@ -18,7 +18,15 @@
  * buffers: slower, never wrong). Host memory that CUDA allocated (the
  * pinned staging pool, cuMemHostAlloc) does carry one, and is cached as
  * device memory is. An idle entry of another allocation over a range
- * looked up is stale (its buffer was freed) and goes at once.
+ * looked up is stale (its buffer was freed) and goes at once, and every
+ * miss sweeps the idle entries whose allocation id changed (freed buffers
+ * nobody looks up again: a dma-buf import keeps the GPU's pages). Device
+ * memory is registered a whole CUDA allocation at a time (mr.c), so every
+ * sub-range of it hits the one entry.
+ *
+ * Entries also carry what they allow (HC_MRC_REMOTE): a send buffer is
+ * registered for local access only, and never serves a lookup that hands
+ * out an rkey.
  */
 #include <stdlib.h>
 
@@ -48,11 +56,18 @@ static int stale(const hc_mrc_entry_t *e, const char *b, size_t len, uint64_t ge
 
 hc_mrc_entry_t *hc_mrc_find(hc_mrc_t *c, void *base, size_t len, uint64_t gen)
 {
+    return hc_mrc_find_flags(c, base, len, gen, 0);
+}
+
+hc_mrc_entry_t *hc_mrc_find_flags(hc_mrc_t *c, void *base, size_t len, uint64_t gen,
+                                  unsigned need)
+{
     char *b = base;
     for (hc_mrc_entry_t **pp = &c->list; *pp;) {
         hc_mrc_entry_t *e = *pp;
         char *eb = e->base;
-        if (e->gen == gen && b >= eb && len <= e->len && (size_t)(b - eb) <= e->len - len) {
+        if (e->gen == gen && (e->flags & need) == need && b >= eb && len <= e->len &&
+            (size_t)(b - eb) <= e->len - len) {
             e->refs++;
             e->last_use = ++c->tick;
             c->hits++;
@@ -69,6 +84,24 @@ hc_mrc_entry_t *hc_mrc_find(hc_mrc_t *c, void *base, size_t len, uint64_t gen)
     }
     c->misses++;
     return NULL;
+}
+
+int hc_mrc_sweep(hc_mrc_t *c, int (*alive)(void *ctx, const hc_mrc_entry_t *e), void *ctx)
+{
+    int n = 0;
+    for (hc_mrc_entry_t **pp = &c->list; *pp;) {
+        hc_mrc_entry_t *e = *pp;
+        if (e->refs == 0 && e->gen != 0 && !alive(ctx, e)) {
+            *pp = e->next;
+            c->count--;
+            c->stale++;
+            c->dereg(c->ctx, e);
+            n++;
+            continue;
+        }
+        pp = &e->next;
+    }
+    return n;
 }
 
 void hc_mrc_insert(hc_mrc_t *c, hc_mrc_entry_t *e)

@@ -17,6 +17,7 @@ typedef struct hc_mrc_entry {
     uint64_t last_use;
     void *handle;      /* what reg returned (struct ibv_mr *) */
     int dmabuf_fd;     /* -1 unless registered through dma-buf */
+    unsigned flags;    /* HC_MRC_* what the registration allows */
     struct hc_mrc_entry *next;
 } hc_mrc_entry_t;
 
@@ -30,11 +31,23 @@ typedef struct hc_mrc {
     void *ctx;
 } hc_mrc_t;
 
+/* flags: a peer may write and read it (an rkey was handed out). An entry
+ * without it serves local-only lookups alone: a send buffer's pages are
+ * never reachable by a peer through a later receive's lookup. */
+#define HC_MRC_REMOTE 1u
+
 void hc_mrc_init(hc_mrc_t *c, int max_idle, void (*dereg)(void *, hc_mrc_entry_t *), void *ctx);
 /* An entry covering [base, base+len) of allocation gen, with a reference
  * taken; NULL on a miss. Idle entries of another allocation id overlapping
  * the range (a freed buffer whose addresses were reused) are deregistered. */
 hc_mrc_entry_t *hc_mrc_find(hc_mrc_t *c, void *base, size_t len, uint64_t gen);
+/* The same, for an entry whose flags include need (hc_mrc_find: need 0). */
+hc_mrc_entry_t *hc_mrc_find_flags(hc_mrc_t *c, void *base, size_t len, uint64_t gen,
+                                  unsigned need);
+/* Deregister every idle entry with an allocation id for which
+ * alive(ctx, e) says 0 (its buffer was freed: CUDA's id at its address
+ * changed); returns how many went. */
+int hc_mrc_sweep(hc_mrc_t *c, int (*alive)(void *ctx, const hc_mrc_entry_t *e), void *ctx);
 /* Adopt a fresh registration (refs = 1). */
 void hc_mrc_insert(hc_mrc_t *c, hc_mrc_entry_t *e);
 /* Drop a reference; idle entries beyond max_idle are deregistered, least

@@ -98,18 +98,7 @@ static hcoll_status_t flush_start(hc_transport_t *tr)
 {
     if (tr->flush_inflight || !tr->nheld)
         return HCOLL_SUCCESS;
-    volatile uint64_t *scratch = &tr->credits[IB_CREDIT_WORDS(tr->p.nranks) - 1];
-    struct ibv_sge sge = { (uintptr_t)scratch, 4, tr->credits_mr->lkey };
-    struct ibv_send_wr wr, *bad;
-    memset(&wr, 0, sizeof wr);
-    wr.wr_id = TX_FLUSH;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    wr.opcode = IBV_WR_RDMA_READ;
-    wr.send_flags = IBV_SEND_SIGNALED;
-    wr.wr.rdma.remote_addr = tr->flush_mem.ptr;
-    wr.wr.rdma.rkey = tr->flush_mr->rkey;
-    int rc = ibv_post_send(tr->loop_qp, &wr, &bad);
+    int rc = ib_flush_post(tr); /* mr.c: reads of the landed buffers */
     if (rc != 0)
         return ib_fail(tr, HCOLL_ERR_RDMA, "posting the GPUDirect flush read failed: %s",
                        strerror(rc));
@@ -120,6 +109,7 @@ static hcoll_status_t flush_start(hc_transport_t *tr)
 
 static hcoll_status_t flush_done(hc_transport_t *tr)
 {
+    ib_flush_release(tr);
     for (size_t i = 0; i < tr->nflushing; i++)
         if (cq_push(tr, &tr->held[i]) != 0)
             return ib_fail(tr, HCOLL_ERR_NO_MEMORY, "out of memory for completions");
