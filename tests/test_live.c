@@ -18,6 +18,10 @@
  *   init_stopped_rank rank 2 joins the rendezvous and is SIGSTOPped while it
  *                     waits for rank 3, which never comes: ranks 0 and 1 fail
  *                     within liveness + 1 s, naming rank 2
+ *   early_destroy     4 nodes x 1: rank 3 destroys its communicator (an
+ *                     orderly goodbye) instead of joining an all-reduce, with
+ *                     the operation timeout off: every other rank fails within
+ *                     liveness + 1 s, and one of them says why
  *
  * The victim is stopped and killed by the parent (on_started), which always
  * ends with SIGKILL, and hct_run's deadline SIGKILLs whatever is left.
@@ -396,6 +400,55 @@ START_TEST(init_stopped_rank)
 }
 END_TEST
 
+/* ---- a rank that leaves in order while the others still call ---------- */
+
+static int rank_early_destroy(int rank, int nranks, void *argp)
+{
+    (void)nranks;
+    live_arg_t *a = argp;
+    live_env(20000, 0);
+    setenv("HCOLL_OP_TIMEOUT_MS", "0", 1); /* nothing else would end the wait */
+    hcoll_comm_t comm;
+    if (open_comm(a, rank, &comm))
+        return 1;
+    float *buf = malloc(COUNT * sizeof *buf);
+    HCT_REQUIRE(buf, "no memory");
+    if (one_allreduce(comm, rank, 0, buf, COUNT))
+        return 1;
+    if (rank == 3) {
+        HCT_OK(NULL, hcoll_comm_destroy(comm));
+        a->fault_ms = hct_now_ms();
+        free(buf);
+        return 0;
+    }
+    hcoll_status_t st = hcoll_allreduce(comm, buf, buf, COUNT, HCOLL_FLOAT32, HCOLL_SUM, NULL);
+    double dt = hct_now_ms() - a->fault_ms;
+    free(buf);
+    HCT_REQUIRE(st == HCOLL_ERR_PEER_FAILED, "rank %d: %s", rank, hcoll_status_name(st));
+    HCT_REQUIRE(a->fault_ms > 0 && dt < LIVENESS_MS + 1000,
+                "rank %d failed %.0f ms after rank 3 left", rank, dt);
+    snprintf(a->msg[rank], sizeof a->msg[rank], "%s", hcoll_comm_last_error(comm));
+    hcoll_comm_destroy(comm);
+    return 0;
+}
+
+START_TEST(early_destroy)
+{
+    live_arg_t *a = hct_shared_alloc(sizeof *a);
+    hct_opts_t o = { .nranks = NR, .ranks_per_node = 1, .timeout_ms = 30000 };
+    hct_result_t res[NR];
+    ck_assert_int_eq(hct_run(&o, rank_early_destroy, a, res), 0);
+    /* The first to notice names the cause; the others may hear of it as
+     * that rank's own failure. */
+    int named = 0;
+    for (int r = 0; r < 3; r++)
+        named |= strstr(a->msg[r], "rank 3") && strstr(a->msg[r], "destroyed its communicator");
+    ck_assert_msg(named, "no rank named rank 3's early destroy: '%s' / '%s' / '%s'", a->msg[0],
+                  a->msg[1], a->msg[2]);
+    hct_shared_free(a, sizeof *a);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("live");
@@ -408,6 +461,7 @@ static Suite *suite(void)
     tcase_add_test(t, abort_while_late);
     tcase_add_test(t, init_late_rank);
     tcase_add_test(t, init_stopped_rank);
+    tcase_add_test(t, early_destroy);
     suite_add_tcase(s, t);
     return s;
 }

@@ -229,8 +229,10 @@ void hc_ring_live_poll(hc_ring_t *r, int wait_ms)
         ssize_t got = recv(r->live[i].fd, buf, sizeof buf, MSG_DONTWAIT);
         if (got > 0) {
             atomic_store(&r->live[i].last_ms, (int64_t)hc_now_ms());
-            if (memchr(buf, LIVE_BYE, (size_t)got))
+            if (memchr(buf, LIVE_BYE, (size_t)got)) {
+                atomic_store(&r->live[i].left_ms, (int64_t)hc_now_ms());
                 atomic_store(&r->live[i].state, HC_RING_LIVE_LEFT);
+            }
         } else if (got == 0) {
             live_closed(r, i, "closed its liveness link (process exited or was killed)");
         } else if (errno != EAGAIN && errno != EINTR) {
@@ -273,6 +275,29 @@ hcoll_status_t hc_ring_live_check(hc_ring_t *r)
                               hc_tp_rank(&r->p.tp, peer), link_name[i], quiet, r->p.tp.rail,
                               r->p.tp.ifname, r->p.tp.bind_addr,
                               r->p.liveness_ms);
+    }
+    return HCOLL_SUCCESS;
+}
+
+hcoll_status_t hc_ring_live_left_check(hc_ring_t *r, int need_next, int need_prev)
+{
+    const double now = hc_now_ms();
+    for (int i = 0; i < 2; i++) {
+        ring_live_t *l = &r->live[i];
+        if (!(i == 0 ? need_next : need_prev) || atomic_load(&l->state) != HC_RING_LIVE_LEFT)
+            continue;
+        /* Data sent before the goodbye may still be on its way on the
+         * data path: wait until the goodbye is old and nothing moved. */
+        double since = now - (double)atomic_load(&l->left_ms);
+        if (since < HC_RING_LEFT_GRACE_MS || now - r->last_activity < HC_RING_LEFT_GRACE_MS)
+            continue;
+        return hc_err_set(RING_ERRBUF(r), HC_NET, RING_LOGRANK(r), HCOLL_ERR_PEER_FAILED,
+                          "ring: rank %d (%s) destroyed its communicator %.0f ms ago while "
+                          "this operation still needs it: the ranks did not make the same "
+                          "calls (did that rank stop early after an error of its own?); "
+                          "seen on rail %d (%s)",
+                          hc_tp_rank(&r->p.tp, i == 0 ? r->next : r->prev), link_name[i], since,
+                          r->p.tp.rail, r->p.tp.ifname);
     }
     return HCOLL_SUCCESS;
 }

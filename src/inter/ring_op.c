@@ -389,6 +389,18 @@ hcoll_status_t hc_ring_bcast_start(hc_ring_t *r, void *buf, size_t count, hcoll_
     return start_chunked(r);
 }
 
+/* What this unfinished operation still waits for from each neighbour:
+ * next takes puts and returns credits, prev sends messages and the
+ * descriptor. */
+static hcoll_status_t op_left_check(hc_ring_t *r)
+{
+    const ring_op_t *o = &r->op;
+    const size_t m = o->g.nmsg;
+    int need_next = r->puts_out > 0 || r->nbusy > 0 || o->rs_next < m || o->ag_next < m;
+    int need_prev = o->rs_nrecv < m || o->ag_nrecv < m || !(o->g.gather || o->have_desc);
+    return hc_ring_live_left_check(r, need_next, need_prev);
+}
+
 hcoll_status_t hc_ring_progress(hc_ring_t *r, int wait_ms, int *done_out)
 {
     hcoll_status_t st = HCOLL_SUCCESS;
@@ -416,6 +428,7 @@ hcoll_status_t hc_ring_progress(hc_ring_t *r, int wait_ms, int *done_out)
             if (op_complete(r))
                 break;
             HC_CHECK(hc_ring_live_check(r), out);
+            HC_CHECK(op_left_check(r), out);
             double now = hc_now_ms();
             if (r->op_timeout_ms > 0 && now - r->last_activity > r->op_timeout_ms) {
                 st = op_timed_out(r);

@@ -116,6 +116,7 @@ typedef struct ring_live {
     int fd;
     atomic_int state;      /* HC_RING_LIVE_* */
     atomic_llong last_ms;  /* when the last byte arrived (hc_now_ms) */
+    atomic_llong left_ms;  /* LEFT: when the goodbye arrived */
     char why[112];         /* DEAD: what happened, written before state */
 } ring_live_t;
 
@@ -179,6 +180,11 @@ hcoll_status_t hc_ring_live_listen(hc_ring_t *r, uint32_t *ip_out, uint32_t *por
 hcoll_status_t hc_ring_live_connect(hc_ring_t *r, uint32_t next_ip, uint32_t next_port);
 /* HCOLL_ERR_PEER_FAILED (recorded) when a neighbour is dead. */
 hcoll_status_t hc_ring_live_check(hc_ring_t *r);
+/* An operation that still needs next (need_next) or prev (need_prev) after
+ * that neighbour said goodbye can never finish: PEER_FAILED once the
+ * goodbye is HC_RING_LEFT_GRACE_MS old and nothing moved since. */
+#define HC_RING_LEFT_GRACE_MS 500
+hcoll_status_t hc_ring_live_left_check(hc_ring_t *r, int need_next, int need_prev);
 /* Close the links; graceful: with a goodbye. */
 void hc_ring_live_close(hc_ring_t *r, int graceful);
 
