@@ -442,7 +442,8 @@ START_TEST(early_destroy)
      * that rank's own failure. */
     int named = 0;
     for (int r = 0; r < 3; r++)
-        named |= strstr(a->msg[r], "rank 3") && strstr(a->msg[r], "destroyed its communicator");
+        named |= strstr(a->msg[r], "rank 3") != NULL &&
+                 strstr(a->msg[r], "destroyed its communicator") != NULL;
     ck_assert_msg(named, "no rank named rank 3's early destroy: '%s' / '%s' / '%s'", a->msg[0],
                   a->msg[1], a->msg[2]);
     hct_shared_free(a, sizeof *a);

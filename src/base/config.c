@@ -150,8 +150,10 @@ static const hc_knob_t knobs[] = {
       "1: before any data moves, every host collective agrees across all ranks on its "
       "arguments (collective, count, dtype, op, root, operation number) and on each rank "
       "being able to take part, so that a mismatch or a failed registration fails that call "
-      "on every rank alike; costs one small all-reduce per call. 0: no check (ranks must "
-      "agree; a mismatch may then hang or mix data). Must be equal on every rank." },
+      "on every rank alike; costs one small all-reduce per call. Device reduce-scatter, "
+      "all-gather and broadcast also compare among the node's ranks at call time (the call "
+      "waits for them). 0: no check (ranks must agree; a mismatch may then hang or mix "
+      "data). Must be equal on every rank." },
     { "HCOLL_IB_QPS_PER_PEER", HC_KNOB_INT, "1", 1, 4, NULL, 0, 0, OFF(ib_qps_per_peer),
       "RC queue pairs per peer over verbs (NCCL_IB_QPS_PER_CONNECTION); puts go round robin "
       "over them, so that a LAG or an ECMP fabric spreads them over its links. Two ranks "

@@ -239,7 +239,9 @@ hcoll_status_t hc_dev_nccl_open(hc_coll_dev_t *d, const char *name, hc_intra_t *
  * (hc_coll_dev_agree; the broadcast's through hc_coll_bcast_agree): a
  * difference anywhere, the node's included, fails the call alike on every
  * rank with HCOLL_ERR_MISMATCH, the ring is skipped and the gates open
- * onto copies that put back what they took.
+ * onto copies that put back what they took. With HCOLL_CHECK_ARGS=0 the
+ * call-time comparison is not made (no segment): the caller never waits
+ * for the node's other ranks, and ranks must agree.
  */
 static hcoll_status_t dev_agree_open(hc_coll_dev_t *d, uint64_t nonce)
 {
@@ -351,7 +353,9 @@ hcoll_status_t hc_coll_dev_setup(hc_coll_dev_t *d, int dev)
     if (plan_needs_nccl(d->plan) &&
         (st = hc_dev_nccl_open(d, "nccl", &d->nccl)) != HCOLL_SUCCESS)
         goto clean_gpu;
-    if (plan_needs_nccl(d->plan) && (st = dev_agree_open(d, nonce)) != HCOLL_SUCCESS)
+    /* HCOLL_CHECK_ARGS=0 drops the call-time wait among the node's ranks. */
+    if (plan_needs_nccl(d->plan) && c->params.check_args &&
+        (st = dev_agree_open(d, nonce)) != HCOLL_SUCCESS)
         goto clean_nccl;
     if (all_gdr)
         dev_enable_gdr(d);

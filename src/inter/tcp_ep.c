@@ -168,8 +168,11 @@ hcoll_status_t hc_tcp_put(hc_ep_t *ep, hc_mr_t *lmr, size_t loff, const hc_rkey_
     ep->corrupt = HC_TCP_CORRUPT_NONE;
     tcp_sock_t *s = &ep->socks[ep->rr++ % (unsigned)ep->nsocks];
     if (s->fd < 0 || !s->in_epoll)
-        return hc_tcp_fail(tr, HCOLL_ERR_PEER_FAILED, "put to rank %d: connection is closed",
-                           hc_tp_rank(&tr->p, ep->peer));
+        return hc_tcp_fail(tr, HCOLL_ERR_PEER_FAILED, "put to rank %d: connection is closed%s",
+                           hc_tp_rank(&tr->p, ep->peer),
+                           ep->bye ? " (that rank destroyed its communicator: it said goodbye "
+                                     "while this rank still had data for it)"
+                                   : "");
     hcoll_status_t st = sock_enqueue(s, &e);
     if (st != HCOLL_SUCCESS)
         return st;
