@@ -7,6 +7,7 @@ that a test never hangs.
 A rank function returns normally for success; an exception (assert) prints
 its traceback on stderr and fails the rank."""
 import os
+import random
 import signal
 import socket
 import sys
@@ -25,7 +26,25 @@ def env_setup(liveness_ms=3000):
 
 
 def free_port():
-    """A TCP port free on loopback now (for HCOLL_ROOT)."""
+    """A TCP port free on loopback now (for HCOLL_ROOT), below the kernel's
+    ephemeral range: a port from bind(0) is an ephemeral one, which any
+    connection made before rank 0 binds it (the bootstrap's, the data
+    path's) may be given as its own local port."""
+    low = 32768
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    rng = random.Random(os.getpid() ^ time.monotonic_ns())
+    for _ in range(200):
+        port = rng.randrange(10000, max(10001, low - 1))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

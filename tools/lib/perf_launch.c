@@ -20,6 +20,7 @@
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "perf_rank.h"
@@ -37,19 +38,38 @@ int hp_launcher_rank(void)
     return -1;
 }
 
-static int free_loopback_port(void)
+/* A port free on loopback now, below the kernel's ephemeral range: one
+ * from bind(0) is ephemeral, and any connection the ranks make before rank
+ * 0 binds it may be given it as its local port. */
+static int try_bind(int port)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
+                              .sin_port = htons((uint16_t)port) };
     socklen_t sl = sizeof sa;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 ||
-        getsockname(fd, (struct sockaddr *)&sa, &sl) != 0) {
-        if (fd >= 0)
-            close(fd);
-        return -1;
+    int ok = fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+             getsockname(fd, (struct sockaddr *)&sa, &sl) == 0;
+    if (fd >= 0)
+        close(fd);
+    return ok ? ntohs(sa.sin_port) : -1;
+}
+
+static int free_loopback_port(void)
+{
+    int low = 32768;
+    FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+    if (f) {
+        if (fscanf(f, "%d", &low) != 1)
+            low = 32768;
+        fclose(f);
     }
-    close(fd);
-    return ntohs(sa.sin_port);
+    unsigned seed = (unsigned)getpid() ^ (unsigned)time(NULL);
+    for (int i = 0; low > 10001 && i < 200; i++) {
+        int port = try_bind(10000 + (int)(rand_r(&seed) % (unsigned)(low - 10001)));
+        if (port > 0)
+            return port;
+    }
+    return try_bind(0);
 }
 
 /* Rank r of the -np job, in the forked child: the library's env launch
