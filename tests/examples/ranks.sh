@@ -10,8 +10,10 @@
 # and its exit status to DIR/rc.r (124: killed at DEADLINE seconds).
 # Returns 0 when every rank exited 0.
 
+# A loopback port below the ephemeral range (tests/python/ranks.py says why).
 ex_free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+  python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); import ranks; print(ranks.free_port())' \
+    "$(dirname "${BASH_SOURCE[0]}")/../python"
 }
 
 ex_ranks() {
