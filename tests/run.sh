@@ -67,6 +67,13 @@ for s in tests/*.test.sh; do
 done
 
 echo
+# Repeat why each failed, so that the end of the output (often all a CI
+# report keeps) says it too.
+for n in "${failed_names[@]}"; do
+  echo "-- $n:"
+  grep -E 'check failed|:[FE]:|FAIL|timed out|Assertion|ERROR' "$log_dir/$n.log" | head -8 |
+    sed 's/^/   /'
+done
 [ ${#failed_names[@]} -gt 0 ] && echo "failed: ${failed_names[*]} (logs in $log_dir)"
 echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ] && [ ${#failed_names[@]} -eq 0 ]

@@ -518,6 +518,8 @@ static int sample(rank_ctx_t *c, double now_s, int warm_steps_done)
                 p.arena_bytes >> 10);
         return 1;
     }
+    if (p.fds > st->base.fds || p.threads > st->base.threads)
+        p = hct_proc_settle(st->base.fds, st->base.threads);
     if (p.fds > st->base.fds || p.threads > st->base.threads) {
         fprintf(stderr, "rank %d: fds %d -> %d, threads %d -> %d since the warm-up\n", c->rank,
                 st->base.fds, p.fds, st->base.threads, p.threads);

@@ -11,6 +11,7 @@
 #include <malloc.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct hct_proc {
     long rss_kb;     /* VmRSS */
@@ -62,6 +63,23 @@ static inline hct_proc_t hct_proc_sample(void)
     struct mallinfo2 mi = mallinfo2();
     s.heap_bytes = (long)(mi.uordblks + mi.hblkhd);
     s.arena_bytes = (long)(mi.arena + mi.hblkhd);
+    return s;
+}
+
+/*
+ * A sample taken once the process holds at most `fds` fds and `threads`
+ * threads, or after 2 s. pthread_join returns when the kernel clears the
+ * thread's tid, which is before the task leaves /proc/self/task; on a busy
+ * machine a joined thread can stay listed for a while. A thread or fd that
+ * really leaked is still there after 2 s.
+ */
+static inline hct_proc_t hct_proc_settle(int fds, int threads)
+{
+    hct_proc_t s = hct_proc_sample();
+    for (int i = 0; i < 200 && (s.fds > fds || s.threads > threads); i++) {
+        usleep(10000);
+        s = hct_proc_sample();
+    }
     return s;
 }
 

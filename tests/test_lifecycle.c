@@ -81,7 +81,7 @@ static int allreduce_check(hcoll_comm_t c, int myval, int expect)
 /* What this rank holds now against the warm-up sample; 0 when nothing grew. */
 static int no_growth(int rank, const char *what, const hct_proc_t *a, int cycles)
 {
-    hct_proc_t b = hct_proc_sample();
+    hct_proc_t b = hct_proc_settle(a->fds, a->threads);
     printf("rank %d %s: %d cycles: fds %d -> %d, threads %d -> %d, RSS %ld -> %ld kB, malloc "
            "in use %ld -> %ld B\n", rank, what, cycles, a->fds, b.fds, a->threads, b.threads,
            a->rss_kb, b.rss_kb, a->heap_bytes, b.heap_bytes);
