@@ -111,8 +111,9 @@ static void run_shape(const char *name, const int *node_sizes, int nnodes, hct_r
 /* ---- late ranks, 1000 in a row, async ------------------------------------- */
 
 /* The others leave only after the late rank entered (the shared clock is
- * CLOCK_MONOTONIC), so each of their barriers lasts about LATE_MS; the
- * shm sync before may release ranks some ms apart on a loaded host. */
+ * CLOCK_MONOTONIC). How long their barriers last is not checked: a loaded
+ * host can release a rank from the shm sync after the late one entered
+ * (CI at load 36 saw 300 ms), and then it passes at once, rightly. */
 static int one_late(world_t *w, hcoll_comm_t comm, int rank, int late, int round)
 {
     HCT_REQUIRE(hct_barrier_wait(&w->bar, w->nranks, TIMEOUT_MS) == 0, "sync");
@@ -120,15 +121,11 @@ static int one_late(world_t *w, hcoll_comm_t comm, int rank, int late, int round
         usleep(LATE_MS * 1000);
         w->late_in[round] = hct_now_ms();
     }
-    const double t = hct_now_ms();
     HCT_OK(comm, hcoll_barrier(comm));
     const double out = hct_now_ms(), in = w->late_in[round];
     HCT_REQUIRE(rank == late || (in > 0 && out >= in),
                 "%s rank %d: left %.0f ms before late rank %d entered", w->name, rank,
                 in > 0 ? in - out : -1.0, late);
-    HCT_REQUIRE(rank == late || out - t >= LATE_MS / 2,
-                "%s rank %d: its barrier took %.0f ms with rank %d %d ms late", w->name, rank,
-                out - t, late, LATE_MS);
     return 0;
 }
 
@@ -304,12 +301,14 @@ static int rank_abort(int rank, int nranks, void *argp)
     if (rank == 0) {
         pthread_join(th, NULL);
         HCT_REQUIRE(st == HCOLL_ERR_ABORTED, "%s rank 0: %s", w->name, hcoll_status_name(st));
-        HCT_REQUIRE(dt < 300, "%s: the abort took %.0f ms to end the barrier", w->name, dt);
+        /* No operation timeout: only the abort can end it. 5 s tells that
+         * from a hang on a host at load 30 (600 ms seen). */
+        HCT_REQUIRE(dt < 5000, "%s: the abort took %.0f ms to end the barrier", w->name, dt);
         return 0;
     }
     HCT_REQUIRE(st == HCOLL_ERR_PEER_FAILED || st == HCOLL_ERR_ABORTED, "%s rank %d: %s (%s)",
                 w->name, rank, hcoll_status_name(st), hcoll_comm_last_error(comm));
-    HCT_REQUIRE(w->event_ms > 0 && dt < 1000, "%s rank %d heard of the abort after %.0f ms: %s",
+    HCT_REQUIRE(w->event_ms > 0 && dt < 5000, "%s rank %d heard of the abort after %.0f ms: %s",
                 w->name, rank, dt, hcoll_comm_last_error(comm));
     hcoll_comm_destroy(comm);
     return 0;
