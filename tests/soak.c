@@ -19,8 +19,9 @@
  *   resources    each rank samples its RSS, threads and open fds; after the
  *                warm-up (every collective at the largest size, in place
  *                and out of place, reduce-scatter with a scaled op, see
- *                step(); then 10 % of the run) none may grow: RSS by at
- *                most 5 %, fds and threads not at all
+ *                step(); then 10 % of the run) none may grow: RSS and
+ *                malloc's bytes in use by at most 5 %, fds and threads
+ *                not at all
  *
  * Every rank draws the same sequence from the seed (printed), so ranks agree
  * on each call without talking; they agree to stop with an all-reduce.
@@ -513,7 +514,10 @@ static int sample(rank_ctx_t *c, double now_s, int warm_steps_done)
     }
     if (p.rss_kb > st->max.rss_kb)
         st->max.rss_kb = p.rss_kb;
-    if (p.rss_kb > st->base.rss_kb * (1 + RSS_SLACK)) {
+    /* malloc's bytes in use too: a leaked buffer that is never written
+     * stays out of the RSS. */
+    if (p.rss_kb > st->base.rss_kb * (1 + RSS_SLACK) ||
+        p.heap_bytes > st->base.heap_bytes * (1 + RSS_SLACK)) {
         fprintf(stderr, "rank %d: RSS %ld kB, %.1f %% above %ld kB after the warm-up (anon "
                 "%ld -> %ld kB, shmem %ld -> %ld kB, malloc in use %ld -> %ld kB, held %ld -> %ld kB)\n",
                 c->rank, p.rss_kb, 100.0 * (p.rss_kb - st->base.rss_kb) / st->base.rss_kb,
