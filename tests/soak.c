@@ -723,8 +723,12 @@ int main(int argc, char **argv)
     printf("soak: %d x %d ranks, %.1f min, sizes 0..%d MiB, seed %" PRIu64
            " (rerun: -s %" PRIu64 ")\n", nodes, per_node, minutes, max_mib, seed, seed);
     fflush(stdout);
+    /* The last resort only: a rank waiting for a peer fails after its
+     * op_timeout_ms (2 min) by itself. On a loaded host the warm-up's
+     * twelve 64 MiB calls alone took over 3 minutes (a 1-minute run was
+     * killed in them, making progress), hence 10 minutes' slack. */
     hct_opts_t opts = { .nranks = nranks, .ranks_per_node = per_node,
-                        .timeout_ms = (int)(w->seconds * 1000) + 180000 };
+                        .timeout_ms = (int)(w->seconds * 1000) + 600000 };
     hct_result_t res[MAX_RANKS];
     double t0 = hct_now_ms();
     hct_run(&opts, rank_main, w, res);
