@@ -22,7 +22,10 @@
  *   - fork: a communicator belongs to the process that created it. In a
  *     forked child, every call on it (destroy and abort included) fails with
  *     HCOLL_ERR_INVALID_ARG and leaves the parent's connections, threads and
- *     segments alone; the child may create communicators of its own.
+ *     segments alone; the child may create communicators of its own. So do
+ *     calls on the parent's requests (hcoll_test, hcoll_wait, ...; message
+ *     in hcoll_comm_last_error(NULL)). A unique id made before the fork
+ *     may be used in the child, which listens on a socket of its own.
  *   - Configuration comes from an hcoll_config_t (explicit fields win), then
  *     the HCOLL_* environment variables, then built-in defaults; run
  *     `hcoll_info --env` for the full list.

@@ -96,13 +96,57 @@ static struct {
     unsigned long seq;
     struct {
         int fd; /* 0: free slot (fd 0 is never a socket we made: stdin) */
+        int pid; /* the process that parked it */
         unsigned long seq;
         unsigned char secret[HC_UID_SECRET_BYTES];
     } e[HC_UID_PARKED_MAX];
 } parked = { .lock = PTHREAD_MUTEX_INITIALIZER };
+static pthread_once_t parked_atfork_once = PTHREAD_ONCE_INIT;
+
+/* With parked.lock held: drop the entries another process parked (this
+ * is its forked child), closing this process's copies of their fds. */
+static void parked_drop_inherited(void)
+{
+    const int me = (int)getpid();
+    for (int i = 0; i < HC_UID_PARKED_MAX; i++)
+        if (parked.e[i].fd > 0 && parked.e[i].pid != me) {
+            close(parked.e[i].fd);
+            parked.e[i].fd = 0;
+            hc_secure_zero(parked.e[i].secret, HC_UID_SECRET_BYTES);
+        }
+}
+
+/* fork: the table is taken whole (prepare) so that the child gets it
+ * consistent, and the child closes its copies at once. Those copies are
+ * the parent's very sockets: a child that took one for its own rank 0
+ * would listen on the parent's socket, which then accepts in the parent
+ * for ever after; one that just lives on (a data loader) would keep the
+ * socket, listening once the parent's rank 0 listens, open after the
+ * parent closed it. */
+static void parked_prefork(void)
+{
+    pthread_mutex_lock(&parked.lock);
+}
+
+static void parked_postfork_parent(void)
+{
+    pthread_mutex_unlock(&parked.lock);
+}
+
+static void parked_postfork_child(void)
+{
+    parked_drop_inherited();
+    pthread_mutex_unlock(&parked.lock);
+}
+
+static void parked_atfork(void)
+{
+    pthread_atfork(parked_prefork, parked_postfork_parent, parked_postfork_child);
+}
 
 void hc_uid_park(const unsigned char secret[HC_UID_SECRET_BYTES], int fd)
 {
+    pthread_once(&parked_atfork_once, parked_atfork);
     pthread_mutex_lock(&parked.lock);
     int slot = -1;
     for (int i = 0; i < HC_UID_PARKED_MAX && slot < 0; i++)
@@ -116,6 +160,7 @@ void hc_uid_park(const unsigned char secret[HC_UID_SECRET_BYTES], int fd)
         close(parked.e[slot].fd);
     }
     parked.e[slot].fd = fd;
+    parked.e[slot].pid = (int)getpid();
     parked.e[slot].seq = ++parked.seq;
     memcpy(parked.e[slot].secret, secret, HC_UID_SECRET_BYTES);
     pthread_mutex_unlock(&parked.lock);
@@ -125,6 +170,9 @@ int hc_uid_take(const unsigned char secret[HC_UID_SECRET_BYTES])
 {
     int fd = -1;
     pthread_mutex_lock(&parked.lock);
+    /* A child forked without the atfork handlers (a raw clone) still
+     * never takes its parent's socket. */
+    parked_drop_inherited();
     for (int i = 0; i < HC_UID_PARKED_MAX; i++) {
         if (parked.e[i].fd > 0 && hc_ct_equal(parked.e[i].secret, secret, HC_UID_SECRET_BYTES)) {
             fd = parked.e[i].fd;

@@ -29,7 +29,12 @@
  * bootstrap; it is guarded by a mutex, and an entry is reachable only with
  * its 256-bit secret, so no communicator can see another's. Entries never
  * taken are closed when the table is full (oldest first) or at process
- * exit.
+ * exit. Each entry records the process that parked it: a forked child
+ * closes its copies at once (a pthread_atfork handler; hc_uid_take drops
+ * them too, for a child made without the handlers), so it neither listens
+ * on its parent's socket (a rank 0 forked from the id's maker binds its
+ * own, as any other process does) nor keeps that socket open after the
+ * parent has closed it.
  */
 #ifndef HC_BOOT_UID_H
 #define HC_BOOT_UID_H

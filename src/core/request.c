@@ -6,6 +6,7 @@
 #include "core/coll.h"
 
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "base/err.h"
 #include "base/log.h"
@@ -19,6 +20,21 @@ void hc_request_init(struct hcoll_request *rq, const void *owner)
     pthread_mutex_init(&rq->lock, NULL);
     pthread_cond_init(&rq->cond, NULL);
     rq->owner = owner;
+    rq->owner_pid = (int)getpid();
+}
+
+/* In a forked child, a request is a copy that nothing will complete: its
+ * executor's thread exists only in the parent, so a wait would last
+ * forever, and its lock may have been held by that thread at the fork.
+ * Every call on it is refused, before the lock is touched. */
+static hcoll_status_t refuse_forked(const struct hcoll_request *rq, const char *what)
+{
+    if ((int)getpid() == rq->owner_pid)
+        return HCOLL_SUCCESS;
+    return hc_err_set(NULL, HC_COLL, -1, HCOLL_ERR_INVALID_ARG,
+                      "%s in a forked child (pid %d) of the request's process %d: refused, "
+                      "only that process can complete it",
+                      what, (int)getpid(), rq->owner_pid);
 }
 
 void hc_request_destroy(struct hcoll_request *rq)
@@ -78,6 +94,9 @@ void hc_request_complete(struct hcoll_request *rq, hcoll_status_t st)
 
 hcoll_status_t hc_request_set_callback(struct hcoll_request *rq, hcoll_request_cb_t cb, void *arg)
 {
+    hcoll_status_t fst = refuse_forked(rq, "hcoll_request_set_callback");
+    if (fst != HCOLL_SUCCESS)
+        return fst;
     pthread_mutex_lock(&rq->lock);
     if (rq->cb_set) {
         pthread_mutex_unlock(&rq->lock);
@@ -101,6 +120,9 @@ hcoll_status_t hc_request_set_callback(struct hcoll_request *rq, hcoll_request_c
 
 hcoll_status_t hc_request_test(struct hcoll_request *rq, int *done_out)
 {
+    hcoll_status_t fst = refuse_forked(rq, "hcoll_test");
+    if (fst != HCOLL_SUCCESS)
+        return fst;
     pthread_mutex_lock(&rq->lock);
     int done = rq->done;
     hcoll_status_t st = done ? rq->status : HCOLL_SUCCESS;
@@ -117,6 +139,9 @@ static int in_own_callback(const struct hcoll_request *rq)
 
 hcoll_status_t hc_request_wait(struct hcoll_request *rq)
 {
+    hcoll_status_t fst = refuse_forked(rq, "hcoll_wait");
+    if (fst != HCOLL_SUCCESS)
+        return fst;
     pthread_mutex_lock(&rq->lock);
     if (!rq->done && hc_request_in_callback(rq->owner)) {
         pthread_mutex_unlock(&rq->lock);
@@ -139,6 +164,11 @@ hcoll_status_t hc_request_wait(struct hcoll_request *rq)
 
 hcoll_status_t hc_request_free(struct hcoll_request *rq)
 {
+    /* The child's copy is left alone too, as a forked child leaves its
+     * parent's communicators: its memory goes with the child. */
+    hcoll_status_t fst = refuse_forked(rq, "hcoll_request_free");
+    if (fst != HCOLL_SUCCESS)
+        return fst;
     pthread_mutex_lock(&rq->lock);
     int own = in_own_callback(rq);
     if (own)
@@ -158,6 +188,9 @@ hcoll_status_t hc_request_free(struct hcoll_request *rq)
 
 hcoll_status_t hc_request_times(struct hcoll_request *rq, hcoll_stage_times_t *times_out)
 {
+    hcoll_status_t fst = refuse_forked(rq, "hcoll_request_stage_times");
+    if (fst != HCOLL_SUCCESS)
+        return fst;
     /* The executor writes times without the lock, before it marks the
      * request done under it: read them only once done (ThreadSanitizer). */
     hcoll_stage_times_t t;

@@ -37,6 +37,7 @@ struct hcoll_request {
 
     /* Completion callback (hcoll_request_set_callback). */
     const void *owner;       /* the executor it belongs to (compared only) */
+    int owner_pid;           /* the process it was issued in (fork) */
     hcoll_request_cb_t cb;
     void *cb_arg;
     int cb_set;              /* set once, never cleared */
