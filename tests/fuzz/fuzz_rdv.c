@@ -175,7 +175,7 @@ static void client_auth(client_t *c, const hc_boot_t *b)
         unsigned bit = take8();
         a[12 + HC_BWIRE_NONCE_BYTES + bit / 8] ^= (unsigned char)(1u << (bit % 8));
     }
-    send_all(c->fd, m, sizeof m);
+    client_send(c, m, sizeof m); /* a second one is bytes after the first */
     /* Only the first can be read as an AUTH; it may still be refused (a
      * duplicate rank). */
     if (c->auths++ == 0 && !(mode & 8) && nranks == NR && rec_len == REC && rank >= 1 &&
