@@ -33,7 +33,8 @@
 #include "boot/hmac.h"
 #include "boot/io.h"
 
-/* How one handshake attempt ended, when it did not succeed. */
+/* How one handshake attempt ended, when it did not succeed (the values
+ * rendezvous.h gives for hc_boot_client_handshake). */
 enum hs_end {
     HS_FATAL,      /* recorded: the error of init */
     HS_DROPPED,    /* closed or silent before AUTH_OK: retry */
@@ -210,8 +211,8 @@ static hcoll_status_t client_answer(hc_boot_t *b, int fd, const unsigned char *n
 
 /* One attempt at the handshake on a new connection: HELLO, CHALLENGE,
  * AUTH (with a fresh nonce), the answer. On failure *end says what to do. */
-static hcoll_status_t client_handshake(hc_boot_t *b, int fd, size_t rec_len, double deadline,
-                                       int *end, char *why, size_t whylen)
+hcoll_status_t hc_boot_client_handshake(hc_boot_t *b, int fd, size_t rec_len, double deadline,
+                                        int *end, char *why, size_t whylen)
 {
     unsigned char nonce_s[HC_BWIRE_NONCE_BYTES];
     hcoll_status_t st = client_challenge(b, fd, deadline, nonce_s, end, why, whylen);
@@ -242,8 +243,8 @@ static hcoll_status_t client_handshake(hc_boot_t *b, int fd, size_t rec_len, dou
 
 /* Wait for the table (or the root's verdict) up to the init deadline,
  * showing the root that this rank is alive and watching that it is. */
-static hcoll_status_t client_wait_table(hc_boot_t *b, int fd, unsigned char *recs,
-                                        size_t len, double deadline)
+hcoll_status_t hc_boot_client_wait_table(hc_boot_t *b, int fd, unsigned char *recs, size_t len,
+                                         double deadline)
 {
     const char *what = "init: waiting for every rank to join";
     const int live = b->liveness_ms > 0;
@@ -287,7 +288,7 @@ static hcoll_status_t client_join(hc_boot_t *b, size_t rec_len, double arrive, i
         HC_CHECK(client_connect(b, arrive, &fd), out);
         tries++;
         *deadline_out = hc_now_ms() + (double)b->timeout_ms;
-        st = client_handshake(b, fd, rec_len, *deadline_out, &end, why, sizeof why);
+        st = hc_boot_client_handshake(b, fd, rec_len, *deadline_out, &end, why, sizeof why);
         if (st == HCOLL_SUCCESS) {
             *fd_out = fd;
             return st;
@@ -342,7 +343,7 @@ hcoll_status_t hc_boot_client_rendezvous(hc_boot_t *b, const void *rec, size_t r
     }
     /* The root is the one that knows who is missing: give its verdict a
      * moment past our own deadline to arrive. */
-    st = client_wait_table(b, fd, recs, (size_t)b->nranks * rec_len,
+    st = hc_boot_client_wait_table(b, fd, recs, (size_t)b->nranks * rec_len,
                            arrive + HC_BOOT_VERDICT_GRACE_MS);
     if (st != HCOLL_SUCCESS)
         goto out;

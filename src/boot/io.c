@@ -333,8 +333,15 @@ int hc_bio_take_beat(int fd)
 {
     unsigned char hb[HC_BWIRE_HDR_BYTES];
     ssize_t n = recv(fd, hb, sizeof hb, MSG_PEEK | MSG_DONTWAIT);
+    if (n > 0 && n < (ssize_t)sizeof hb) {
+        /* Part of a header: the rest is on its way, unless the peer has
+         * shut its side (then the waits that call this would spin on the
+         * readable socket until their deadline). */
+        struct pollfd p = { fd, POLLRDHUP, 0 };
+        return poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) ? -1 : 0;
+    }
     if (n != (ssize_t)sizeof hb)
-        return n > 0 || (n < 0 && (errno == EAGAIN || errno == EINTR)) ? 0 : -1;
+        return n < 0 && (errno == EAGAIN || errno == EINTR) ? 0 : -1;
     hc_bwire_hdr_t h;
     char why[96];
     hc_bwire_unpack(hb, &h);

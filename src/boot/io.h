@@ -87,7 +87,8 @@ hcoll_status_t hc_bio_err(hc_boot_t *b, hcoll_status_t st, int who, const char *
 /* Heartbeats while the rendezvous waits (liveness_ms > 0): the interval
  * (liveness / 8, 5 ms .. 1 s); send one without blocking; take one that
  * is next on fd: 1 taken, 0 not all there yet, -1 something else is next
- * (a message, EOF, an error: read it the ordinary way). */
+ * (a message, EOF, part of a header and then EOF, an error: read it the
+ * ordinary way). */
 int hc_bio_beat_ms(const hc_boot_t *b);
 void hc_bio_beat_nb(int fd);
 int hc_bio_take_beat(int fd);

@@ -148,6 +148,29 @@ static int pend_oldest_fresh(const root_ctx_t *rc)
 
 static int root_pend_progress(root_ctx_t *rc, int i);
 
+/* A new connection (fd non-blocking): a fresh pending entry, evicting
+ * the oldest fresh one when they are at their cap; its HELLO is read at
+ * once when it is already there. */
+static void root_adopt(root_ctx_t *rc, int fd, double now)
+{
+    if (rc->nfresh == HC_BOOT_PENDING_MAX)
+        pend_drop(rc, pend_oldest_fresh(rc),
+                  "too many connections that sent nothing valid (at most %d); dropping "
+                  "the oldest", HC_BOOT_PENDING_MAX);
+    pend_t *p = &rc->pend[rc->npend++];
+    memset(p, 0, sizeof *p);
+    p->fd = fd;
+    p->state = P_HELLO;
+    p->rank = -1;
+    p->born = rc->born_seq++;
+    p->deadline = now + rc->auth_ms;
+    rc->nfresh++;
+    hc_bio_peer_str(fd, p->peer, sizeof p->peer);
+    hc_bio_nodelay(fd);
+    HC_TRACE(HC_BOOT, 0, "bootstrap: connection from %s", p->peer);
+    root_pend_progress(rc, rc->npend - 1);
+}
+
 /* Accept at most HC_BOOT_ACCEPT_BATCH connections, and read each one's
  * HELLO at once when it is already there (a rank that waited in the
  * backlog). */
@@ -177,22 +200,7 @@ static void root_accept(root_ctx_t *rc, double now)
             return;
         }
         rc->emfile_pause_ms = ROOT_EMFILE_PAUSE_MIN_MS;
-        if (rc->nfresh == HC_BOOT_PENDING_MAX)
-            pend_drop(rc, pend_oldest_fresh(rc),
-                      "too many connections that sent nothing valid (at most %d); dropping "
-                      "the oldest", HC_BOOT_PENDING_MAX);
-        pend_t *p = &rc->pend[rc->npend++];
-        memset(p, 0, sizeof *p);
-        p->fd = fd;
-        p->state = P_HELLO;
-        p->rank = -1;
-        p->born = rc->born_seq++;
-        p->deadline = now + rc->auth_ms;
-        rc->nfresh++;
-        hc_bio_peer_str(fd, p->peer, sizeof p->peer);
-        hc_bio_nodelay(fd);
-        HC_TRACE(HC_BOOT, 0, "bootstrap: connection from %s", p->peer);
-        root_pend_progress(rc, rc->npend - 1);
+        root_adopt(rc, fd, now);
     }
 }
 
@@ -536,11 +544,10 @@ static hcoll_status_t root_session_key(hc_boot_t *b)
     return HCOLL_SUCCESS;
 }
 
-hcoll_status_t hc_boot_root_rendezvous(hc_boot_t *b, int lfd, const void *rec, size_t rec_len,
-                                       unsigned char *recs)
+hcoll_status_t hc_boot_root_open(hc_boot_t *b, const void *rec, size_t rec_len,
+                                 unsigned char *recs, hc_boot_root_t **rc_out)
 {
     hcoll_status_t st = HCOLL_SUCCESS;
-    const double t0 = hc_now_ms(), deadline = t0 + (double)b->init_timeout_ms;
     root_ctx_t *rc = calloc(1, sizeof *rc);
     struct pollfd *pf = calloc((size_t)b->nranks + ROOT_PEND_CAP + 2, sizeof *pf);
     char *claimed = calloc((size_t)b->nranks, 1);
@@ -555,9 +562,9 @@ hcoll_status_t hc_boot_root_rendezvous(hc_boot_t *b, int lfd, const void *rec, s
     rc->recs = recs;
     rc->claimed = claimed;
     rc->heard = heard;
-    rc->lfd = lfd;
+    rc->lfd = -1;
     rc->emfile_pause_ms = ROOT_EMFILE_PAUSE_MIN_MS;
-    rc->deadline = deadline;
+    rc->deadline = hc_now_ms() + (double)b->init_timeout_ms;
     rc->pf = pf;
     claimed[0] = 1;
     memcpy(recs, rec, rec_len);
@@ -565,6 +572,58 @@ hcoll_status_t hc_boot_root_rendezvous(hc_boot_t *b, int lfd, const void *rec, s
         double a = (double)b->timeout_ms / 4;
         rc->auth_ms = a < 1000 ? 1000 : a > 10000 ? 10000 : a;
     }
+    *rc_out = rc;
+    return HCOLL_SUCCESS;
+
+clean_ctx:
+    free(claimed);
+    free(heard);
+    free(pf);
+    free(rc);
+    return st;
+}
+
+void hc_boot_root_adopt(hc_boot_root_t *rc, int fd)
+{
+    root_adopt(rc, fd, hc_now_ms());
+}
+
+int hc_boot_root_serve(hc_boot_root_t *rc)
+{
+    int fds[ROOT_PEND_CAP], n = rc->npend;
+    for (int k = 0; k < n; k++)
+        fds[k] = rc->pend[k].fd;
+    /* Progress reorders the table: find each connection again. */
+    for (int k = 0; k < n; k++)
+        for (int i = 0; i < rc->npend; i++)
+            if (rc->pend[i].fd == fds[k]) {
+                root_pend_progress(rc, i);
+                break;
+            }
+    return rc->nreg;
+}
+
+void hc_boot_root_close(hc_boot_root_t *rc)
+{
+    if (!rc)
+        return;
+    while (rc->npend > 0)
+        pend_drop(rc, 0, NULL);
+    free(rc->claimed);
+    free(rc->heard);
+    free(rc->pf);
+    free(rc);
+}
+
+hcoll_status_t hc_boot_root_rendezvous(hc_boot_t *b, int lfd, const void *rec, size_t rec_len,
+                                       unsigned char *recs)
+{
+    hcoll_status_t st = HCOLL_SUCCESS;
+    const double t0 = hc_now_ms(), deadline = t0 + (double)b->init_timeout_ms;
+    root_ctx_t *rc = NULL;
+    HC_CHECK(hc_boot_root_open(b, rec, rec_len, recs, &rc), clean_lfd);
+    rc->lfd = lfd;
+    rc->deadline = deadline;
 
     while (rc->nreg < b->nranks - 1) {
         double now = hc_now_ms();
@@ -613,11 +672,9 @@ clean_ranks:
         }
     }
 clean_ctx:
+    hc_boot_root_close(rc);
+clean_lfd:
     if (lfd >= 0)
         close(lfd);
-    free(claimed);
-    free(heard);
-    free(pf);
-    free(rc);
     return st;
 }

@@ -242,14 +242,16 @@ hcoll_status_t hc_ring_on_rs(hc_ring_t *r, uint32_t imm)
     int slot = IMM_SLOT(imm);
     if (o->g.gather)
         return on_gather(r, m);
-    /* An all-gather alone takes no reduce-scatter data: prev started
-     * another phase (it may be here before next's descriptor says so). */
-    if (o->phase == HC_RING_PHASE_AG)
+    /* An all-gather alone or a broadcast (which has no rs_done) takes no
+     * reduce-scatter data: prev started another phase or collective (it
+     * may be here before next's descriptor says so). */
+    if (o->phase == HC_RING_PHASE_AG || o->bcast)
         return ring_fail(r, hc_err_set(RING_ERRBUF(r), HC_NET, RING_LOGRANK(r), HCOLL_ERR_MISMATCH,
                                        "ring: rank %d sent reduce-scatter data in operation %llu, "
-                                       "which this rank runs as an all-gather: every rank must "
-                                       "call the same",
-                                       hc_tp_rank(&r->p.tp, r->prev), (unsigned long long)r->seq));
+                                       "which this rank runs as %s: every rank must call the "
+                                       "same",
+                                       hc_tp_rank(&r->p.tp, r->prev), (unsigned long long)r->seq,
+                                       o->bcast ? "a broadcast" : "an all-gather"));
     if (m >= o->g.nmsg || o->rs_done[m] || slot >= r->nslots)
         return ring_fail(r, hc_err_set(RING_ERRBUF(r), HC_NET, RING_LOGRANK(r), HCOLL_ERR_NETWORK,
                                        "ring: unexpected reduce-scatter message %zu slot %d "

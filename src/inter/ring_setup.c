@@ -104,7 +104,9 @@ hcoll_status_t hc_ring_create(const hc_ring_params_t *params, hc_ring_t **ring_o
     r->ep_next = eps[0];
     r->ep_prev = n == 2 ? eps[0] : eps[1];
 
-    r->slots = aligned_alloc(64, (size_t)r->nslots * r->chunk_bytes);
+    /* aligned_alloc wants a whole number of alignments (C11; ASan checks):
+     * a chunk under 64 bytes is only a multiple of 8. */
+    r->slots = aligned_alloc(64, ((size_t)r->nslots * r->chunk_bytes + 63) & ~(size_t)63);
     r->ctrl = aligned_alloc(64, 2 * DESC_SLOTS * DESC_BYTES);
     r->gvec = r->chunk_bytes / (size_t)n & ~(size_t)63;
     r->gbuf = aligned_alloc(64, 2 * (size_t)n * r->gvec + 64);

@@ -35,6 +35,13 @@ __attribute__((constructor)) static void fuzz_quiet(void)
     setenv("HCOLL_DEBUG", "NONE", 0);
 }
 
+/* FUZZ_VERBOSE=1: targets say what an input did (for writing seeds). */
+#define FUZZ_SAY(...)                                                         \
+    do {                                                                      \
+        if (getenv("FUZZ_VERBOSE"))                                           \
+            fprintf(stderr, __VA_ARGS__);                                     \
+    } while (0)
+
 /* data as a NUL-terminated string (cut at the first NUL); free() it. */
 static inline char *fuzz_str(const uint8_t *data, size_t size)
 {
