@@ -29,6 +29,7 @@
 #include "core/ringdrv.h"
 #include "inter/dissem.h"
 #include "inter/rd.h"
+#include "intra/intra.h"
 
 /* Largest all-reduce (bytes) that takes rd, by plan: measured on 2 x 2,
  * 3 x 1 and 3 x 2 emulated nodes over TCP loopback (hcoll_info --tune; see
@@ -200,8 +201,12 @@ hcoll_status_t hc_coll_rd_run(hc_coll_t *co, void *buf, size_t count, hcoll_dtyp
         if (atomic_load(&c->aborted))
             return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_ABORTED,
                               "communicator aborted during the all-reduce");
+        /* A local rank that failed or aborted dooms the call (its
+         * segment is poisoned): the ring driver's check. */
+        if ((st = hc_intra_health(co->intra, "(seen from the all-reduce)")) != HCOLL_SUCCESS)
+            return st;
         /* Only once a slice went by without the end, as the ring driver:
-         * a call that is not held up pays nothing for the checks. */
+         * a call that is not held up pays nothing for the others. */
         if (slice > 0) {
             if ((st = hc_coll_peers_alive(co, "(seen from the all-reduce)")) != HCOLL_SUCCESS)
                 return st;
