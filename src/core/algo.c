@@ -31,17 +31,23 @@
 #include "inter/rd.h"
 #include "intra/intra.h"
 
-/* Largest all-reduce (bytes) that takes rd, by plan: measured on 2 x 2,
- * 3 x 1 and 3 x 2 emulated nodes over TCP loopback (hcoll_info --tune; see
- * docs/design.md, "Algorithm choice"). The flat plan has no intra step,
- * so rd's log2(N) messages compete with a ring over every rank. */
+/* Largest all-reduce (bytes) that takes rd, by plan and node count (the
+ * first row that matches), measured with hcoll_info --tune over TCP
+ * loopback on the shared 2-core host (docs/design.md, "Algorithm choice"):
+ *   4 x 1: rd 1.11-2.32x faster than the ring from 1 KiB to 256 KiB, the ring
+ *          1.75x faster at 1 MiB: rd up to 256 KiB;
+ *   2 x 2: the ring (its fused variant) faster at every size, 0.53-0.86x:
+ *          with two nodes both send one message per call, and the ring's
+ *          costs less; three nodes fold into two (three messages against
+ *          the ring's two hops): the ring. */
 static const struct {
     enum hc_plan plan;
+    int min_nodes;
     uint64_t rd_max;
 } crossover[] = {
-    { HC_PLAN_RING, 64 << 10 },
-    { HC_PLAN_FLAT, 64 << 10 },
-    { HC_PLAN_3STAGE, 64 << 10 },
+    { HC_PLAN_RING, 4, 256 << 10 },
+    { HC_PLAN_FLAT, 4, 256 << 10 },
+    { HC_PLAN_3STAGE, 4, 256 << 10 },
 };
 
 /* Slots of the recursive doubling: vectors up to the crossover go in one
@@ -51,10 +57,9 @@ static const struct {
 
 uint64_t hc_algo_default_rd_max(enum hc_plan plan, int nnodes, int local_size)
 {
-    (void)nnodes;
     (void)local_size;
     for (size_t i = 0; i < sizeof crossover / sizeof crossover[0]; i++)
-        if (crossover[i].plan == plan)
+        if (crossover[i].plan == plan && nnodes >= crossover[i].min_nodes)
             return crossover[i].rd_max;
     return 0;
 }
