@@ -820,6 +820,20 @@ HCOLL_API hcoll_status_t hcoll_request_stage_times(hcoll_request_t req,
 HCOLL_API hcoll_status_t hcoll_comm_last_stage_times(hcoll_comm_t comm,
                                                      hcoll_stage_times_t *times_out);
 
+/*
+ * hcoll_comm_last_algo: the name of the algorithm that the communicator's
+ * most recently finished collective ran (as hcoll_comm_last_stage_times
+ * picks it): "rd" (fused intra-node step and recursive doubling across
+ * nodes), "ring" (the pipelined three stages or flat ring), "fused-ring"
+ * (fused intra-node step and a whole-vector ring, below HCOLL_SMALL_BYTES),
+ * "intra" (one node), "copy" (one rank), "chain" (a broadcast), "dissem"
+ * (a barrier without the argument agreement), "ring-rsag" (reduce-scatter,
+ * all-gather). comm: in. *name_out: out, a static string. Returns
+ * HCOLL_ERR_INVALID_ARG before the first collective (or NULL arguments).
+ * Non-blocking, local, thread-safe.
+ */
+HCOLL_API hcoll_status_t hcoll_comm_last_algo(hcoll_comm_t comm, const char **name_out);
+
 /* ------------------------------------------------------------------------ */
 /* Registered buffers                                                         */
 /* ------------------------------------------------------------------------ */

@@ -96,6 +96,9 @@ awk '$4 != "allreduce" || $10 != "0" || $14 != "0" { bad = 1 } END { exit bad }'
 # --stages: intra RS / inter / intra AG in us and %, from hcoll_comm_last_stage_times
 awk '$18 !~ /^[0-9.]+$/ || $19 !~ /^[0-9.]+$/ || $20 !~ /^[0-9.]+$/ || $21 !~ /^[0-9.]+$/ { bad = 1 }
      END { exit bad }' <<<"$rows" || fail "-p: stage columns not filled"
+# the algorithm column (hcoll_comm_last_algo): every row names one; 1 MiB is the ring
+awk '$23 !~ /^(rd|ring|fused-ring)$/ || ($1 == 1048576 && $23 != "ring") { bad = 1 } END { exit bad }' \
+  <<<"$rows" || fail "algo column missing or 1 MiB not the ring"
 grep -q '2 nodes x 2 ranks/node' <<<"$out" || fail "emulated nodes not seen"
 grep -q '^# Out of bounds values : 0 OK' <<<"$out" || fail "footer"
 grep -q '^# Avg bus bandwidth    : ' <<<"$out" || fail "avg busbw footer"

@@ -10,6 +10,12 @@
  *   hcoll_info --memreg [MIB [N]]   count registrations: two ranks of this
  *                         host all-reduce N times a registered buffer of
  *                         MIB MiB (64, 100) over HCOLL_NET's transport
+ *   hcoll_info --tune [NP [RPN]]   measure the all-reduce crossover between
+ *                         recursive doubling and the ring on this machine:
+ *                         hcoll_perf -np NP (4) --ranks-per-node RPN (2),
+ *                         1 KiB..1 MiB, under HCOLL_ALGO=rd and =ring,
+ *                         alternately, twice; prints the table and the
+ *                         HCOLL_ALGO line that reproduces the choice
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +24,7 @@
 #include <unistd.h>
 
 #include "base/config.h"
+#include "core/algo.h"
 #include "base/reduce.h"
 #include "gdr/gdr.h"
 #include "inter/ib/ib.h"
@@ -251,16 +258,108 @@ static int memreg_probe(size_t mib, int iters)
     return bad;
 }
 
+/* ------------------------------------------------------------------------ */
+/* --tune                                                                     */
+/* ------------------------------------------------------------------------ */
+
+#define TUNE_SIZES 6 /* 1K 4K 16K 64K 256K 1M */
+#define TUNE_REPS 2
+
+/* One hcoll_perf sweep under HCOLL_ALGO=algo: per size, the mean of its
+ * out-of-place and in-place times (us) into us[], keeping the minimum. */
+static int tune_sweep(const char *perf, const char *algo, int np, int rpn,
+                      double us[TUNE_SIZES])
+{
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd,
+             "HCOLL_ALGO=%s '%s' -np %d --ranks-per-node %d -b 1K -e 1M -f 4 -n 100 -w 10 "
+             "-c 0 2>/dev/null",
+             algo, perf, np, rpn);
+    FILE *f = popen(cmd, "r");
+    if (!f)
+        return -1;
+    char line[1024];
+    int rows = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long long bytes;
+        double oop, ip;
+        char skip[6][32];
+        /* size count type coll redop impl | time algbw busbw #wrong | time ... */
+        if (sscanf(line, " %llu %31s %31s %31s %31s %31s %lf %31s %31s %31s %lf", &bytes,
+                   skip[0], skip[1], skip[2], skip[3], skip[4], &oop, skip[5], skip[5], skip[5],
+                   &ip) != 11)
+            continue;
+        for (int k = 0; k < TUNE_SIZES; k++)
+            if (bytes == (1024ull << (2 * k))) {
+                double t = (oop + ip) / 2;
+                if (us[k] < 0 || t < us[k])
+                    us[k] = t;
+                rows++;
+            }
+    }
+    int rc = pclose(f);
+    return rc == 0 && rows == TUNE_SIZES ? 0 : -1;
+}
+
+static int tune(int np, int rpn)
+{
+    char self[4096], perf[4096 + 16];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0)
+        return fprintf(stderr, "hcoll_info: --tune: cannot find this program\n"), 1;
+    self[n] = '\0';
+    char *slash = strrchr(self, '/');
+    if (slash)
+        *slash = '\0';
+    snprintf(perf, sizeof perf, "%s/hcoll_perf", slash ? self : ".");
+    if (access(perf, X_OK) != 0)
+        return fprintf(stderr, "hcoll_info: --tune needs %s\n", perf), 1;
+    double rd[TUNE_SIZES], ring[TUNE_SIZES];
+    for (int k = 0; k < TUNE_SIZES; k++)
+        rd[k] = ring[k] = -1;
+    printf("# hcoll_info --tune: all-reduce float32 sum, %d ranks, %d per emulated node, over "
+           "%s; us per call (mean of out of place and in place, best of %d runs alternating)\n",
+           np, rpn, "HCOLL_NET's transport on loopback", TUNE_REPS);
+    fflush(stdout);
+    for (int r = 0; r < TUNE_REPS; r++)
+        if (tune_sweep(perf, "rd", np, rpn, rd) || tune_sweep(perf, "ring", np, rpn, ring))
+            return fprintf(stderr, "hcoll_info: --tune: hcoll_perf failed\n"), 1;
+    uint64_t cross = 0;
+    printf("#%11s  %10s  %10s  %8s  %s\n", "size (B)", "rd (us)", "ring (us)", "ring/rd",
+           "faster");
+    for (int k = 0; k < TUNE_SIZES; k++) {
+        const uint64_t b = 1024ull << (2 * k);
+        if (rd[k] <= ring[k])
+            cross = b;
+        printf("%12llu  %10.1f  %10.1f  %8.2f  %s\n", (unsigned long long)b, rd[k], ring[k],
+               ring[k] / rd[k], rd[k] <= ring[k] ? "rd" : "ring");
+    }
+    const int nodes = np / rpn;
+    const uint64_t dflt = hc_algo_default_rd_max(
+        nodes == 1 ? HC_PLAN_INTRA : rpn == 1 ? HC_PLAN_RING : HC_PLAN_3STAGE, nodes, rpn);
+    printf("# crossover: rd up to %llu bytes (the built-in table says %llu for this layout)\n",
+           (unsigned long long)cross, (unsigned long long)dflt);
+    if (cross == 0)
+        printf("HCOLL_ALGO=allreduce=ring\n");
+    else
+        printf("HCOLL_ALGO=allreduce=rd:%lluK\n", (unsigned long long)(cross >> 10));
+    return 0;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f, "usage: hcoll_info [--env | --build | --rdma | --help] [--sysfs-root DIR]\n"
                "       hcoll_info --memreg [MIB [N]]\n"
+               "       hcoll_info --tune [NP [RPN]]\n"
                "  --env     every HCOLL_* knob with its value, default and help\n"
                "  --build   library version and build options\n"
                "  --rdma    RDMA devices, ports, rates, GIDs, NIC per local rank, GPUDirect\n"
                "  --sysfs-root DIR  read /sys and /proc under DIR (a fixture tree)\n"
                "  --memreg  count registrations: two ranks of this host all-reduce N times\n"
-               "            (100) a registered buffer of MIB MiB (64) over HCOLL_NET\n");
+               "            (100) a registered buffer of MIB MiB (64) over HCOLL_NET\n"
+               "  --tune [NP [RPN]]  measure the all-reduce crossover between recursive\n"
+               "            doubling and the ring with hcoll_perf -np NP (4) --ranks-per-node\n"
+               "            RPN (2); prints the table and the HCOLL_ALGO line for it\n");
 }
 
 int main(int argc, char **argv)
@@ -284,6 +383,15 @@ int main(int argc, char **argv)
                 return 2;
             }
             return memreg_probe((size_t)mib, (int)n);
+        }
+        else if (strcmp(argv[i], "--tune") == 0) {
+            long np = i + 1 < argc ? strtol(argv[i + 1], NULL, 10) : 4;
+            long rpn = i + 2 < argc ? strtol(argv[i + 2], NULL, 10) : 2;
+            if (np < 2 || np > 64 || rpn < 1 || rpn > np || np % rpn) {
+                fprintf(stderr, "hcoll_info: --tune takes NP (2..64) and RPN dividing it\n");
+                return 2;
+            }
+            return tune((int)np, (int)rpn);
         }
         else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             usage(stdout);

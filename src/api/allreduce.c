@@ -102,6 +102,22 @@ HCOLL_API hcoll_status_t hcoll_comm_last_stage_times(hcoll_comm_t comm,
     return HCOLL_SUCCESS;
 }
 
+HCOLL_API hcoll_status_t hcoll_comm_last_algo(hcoll_comm_t comm, const char **name_out)
+{
+    if (!comm || !name_out)
+        return hc_err_set(NULL, HC_COLL, -1, HCOLL_ERR_INVALID_ARG, "%s is NULL",
+                          comm ? "name_out" : "comm");
+    hcoll_status_t st = hc_comm_ready(comm, "last_algo");
+    if (st != HCOLL_SUCCESS)
+        return st;
+    const char *name = comm->coll ? hc_coll_last_algo(comm->coll) : NULL;
+    if (!name)
+        return hc_err_set(&comm->err, HC_COLL, comm->rank, HCOLL_ERR_INVALID_ARG,
+                          "no collective has finished on this communicator yet");
+    *name_out = name;
+    return HCOLL_SUCCESS;
+}
+
 /* PREMUL_SUM ops: a table in the communicator (core/redop.c). */
 static hcoll_status_t op_entry(hcoll_comm_t comm, const char *what)
 {

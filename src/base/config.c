@@ -163,6 +163,18 @@ static const hc_knob_t knobs[] = {
       "Host reduction kernel set: auto (the fastest this CPU runs), generic (16-byte vectors, "
       "software fp16) or avx2 (AVX2+F16C); init fails if the set asked for cannot run here. "
       "For tests: every set gives the same bits." },
+    /* Algorithm choice by size (core/algo.c, inter/rd.c). */
+    { "HCOLL_ALGO", HC_KNOB_STR, "auto", 0, 0, NULL, 0, 0, OFF(algo),
+      "All-reduce algorithm across nodes: auto (the measured crossover table: recursive "
+      "doubling up to it, the ring above), ring, rd, or rd:SIZE (rd up to SIZE bytes); each "
+      "may be written allreduce=... . Must be equal on every rank." },
+    /* 0, measured: hcoll_perf -np 4 --ranks-per-node 2 -b 4K, HCOLL_ALGO=rd, on the
+     * shared 2-core host (load 50): spin 0 338-400 us per call, spin 50 498-802 us;
+     * a spinning rank takes the core its peer needs. Worth trying on hosts with
+     * a core per rank to spare. */
+    { "HCOLL_SPIN_US", HC_KNOB_INT, "0", 0, 1000000, NULL, 0, 0, OFF(spin_us),
+      "How long the recursive doubling of small all-reduces polls its connections without "
+      "sleeping, microseconds, before it sleeps in the kernel; 0: sleep at once." },
 };
 
 #undef OFF

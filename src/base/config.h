@@ -55,6 +55,9 @@ typedef struct hc_params {
     int64_t check_args;                   /* 1: ranks agree on every host call's arguments */
     int64_t ib_qps_per_peer;              /* verbs: RC QPs per peer, puts striped over them */
     int64_t ib_relaxed_ordering;          /* -1 auto, 0 off, 1 on */
+    /* Algorithm choice by size (core/algo.c). */
+    char algo[HC_PARAM_STR_MAX];          /* HCOLL_ALGO, parsed by core/algo.c */
+    int64_t spin_us;                      /* latency path: poll this long before sleeping */
 } hc_params_t;
 
 typedef enum hc_knob_kind {

@@ -42,6 +42,7 @@
 #include "base/err.h"
 #include "base/log.h"
 #include "base/reduce.h"
+#include "inter/rd.h"
 #include "inter/ring.h"
 #include "intra/intra.h"
 #include "boot/hmac.h" /* the data connections' hello MAC */
@@ -159,6 +160,7 @@ static hcoll_status_t execute(hc_coll_t *co, struct hcoll_request *rq)
     if (st != HCOLL_SUCCESS) {
         hc_ring_fail(co->ring, st);
         hc_dissem_fail(co->dissem, st);
+        hc_rd_fail(co->rd, st);
     }
 
     pthread_mutex_lock(&co->lock);
@@ -167,6 +169,7 @@ static hcoll_status_t execute(hc_coll_t *co, struct hcoll_request *rq)
     if (st == HCOLL_SUCCESS) {
         co->last_times = rq->times;
         co->have_last_times = 1;
+        co->last_algo = co->cur_algo;
     }
     pthread_mutex_unlock(&co->lock);
     if (st != HCOLL_SUCCESS)
@@ -421,6 +424,14 @@ int hc_coll_last_times(hc_coll_t *co, hcoll_stage_times_t *times_out)
     return have;
 }
 
+const char *hc_coll_last_algo(hc_coll_t *co)
+{
+    pthread_mutex_lock(&co->lock);
+    enum hc_algo a = co->have_last_times ? co->last_algo : HC_ALGO_NONE;
+    pthread_mutex_unlock(&co->lock);
+    return a == HC_ALGO_NONE ? NULL : hc_algo_name(a);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Creation and teardown                                                      */
 /* ------------------------------------------------------------------------ */
@@ -462,7 +473,10 @@ void hc_coll_destroy(hc_coll_t *co, int aborting)
         hc_ring_fail(co->ring, HCOLL_ERR_ABORTED);
     if (aborting)
         hc_dissem_fail(co->dissem, HCOLL_ERR_ABORTED);
+    if (aborting)
+        hc_rd_fail(co->rd, HCOLL_ERR_ABORTED);
     hc_dissem_destroy(co->dissem);
+    hc_rd_destroy(co->rd);
     hc_ring_destroy(co->ring);
     hc_intra_destroy(co->intra);
     free(co->intra_ag.members);
@@ -490,15 +504,16 @@ static const hc_iface_t *rail_iface(const struct hcoll_comm *c, int r)
 static hcoll_status_t knobs_agree(hc_coll_t *co)
 {
     struct hcoll_comm *c = co->comm;
-    static const char *const names[2] = { "HCOLL_SMALL_BYTES", "HCOLL_CHECK_ARGS" };
-    uint64_t mine[2] = { co->small_bytes, (uint64_t)co->check_args };
-    uint64_t(*all)[2] = calloc((size_t)c->nranks, sizeof *all);
+    static const char *const names[3] = { "HCOLL_SMALL_BYTES", "HCOLL_CHECK_ARGS",
+                                          "HCOLL_ALGO's rd limit" };
+    uint64_t mine[3] = { co->small_bytes, (uint64_t)co->check_args, co->algo.rd_max };
+    uint64_t(*all)[3] = calloc((size_t)c->nranks, sizeof *all);
     if (!all)
         return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_NO_MEMORY,
                           "no memory for the set-up exchange");
     hcoll_status_t st = hc_boot_allgather(c->boot, mine, all, sizeof mine);
     for (int r = 0; st == HCOLL_SUCCESS && r < c->nranks; r++)
-        for (int k = 0; st == HCOLL_SUCCESS && k < 2; k++)
+        for (int k = 0; st == HCOLL_SUCCESS && k < 3; k++)
             if (all[r][k] != mine[k])
                 st = hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_MISMATCH,
                                 "%s is %llu on rank %d but %llu on rank %d; it must be equal "
@@ -559,7 +574,10 @@ static hcoll_status_t ring_setup(hc_coll_t *co, int nmembers, int position)
         .liveness_ms = (int)c->params.liveness_ms,
     };
     HC_CHECK(hc_ring_create(&rp, &co->ring), out);
-    st = hc_coll_barrier_setup(co, ops, &rp.tp, group_allgather, &co->ring_ag, op_timeout(c));
+    HC_CHECK(hc_coll_barrier_setup(co, ops, &rp.tp, group_allgather, &co->ring_ag,
+                                   op_timeout(c)),
+             out);
+    st = hc_coll_rd_setup(co, ops, &rp.tp, group_allgather, &co->ring_ag, op_timeout(c));
 out:
     return st;
 }
@@ -580,6 +598,12 @@ hcoll_status_t hc_coll_create(struct hcoll_comm *c)
     co->small_bytes = (size_t)c->params.small_bytes;
     co->check_args = c->params.check_args != 0;
     c->coll = co;
+    char amsg[HC_ERRMSG_MAX];
+    if (hc_algo_parse(c->params.algo, co->plan, c->nnodes, c->local_size, &co->algo, amsg,
+                      sizeof amsg) != HCOLL_SUCCESS) {
+        st = hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG, "%s", amsg);
+        goto out;
+    }
 
     if (c->rank == 0)
         HC_INFO(HC_INIT, c->rank, "all-reduce plan: %s (%d nodes x %d ranks%s)",

@@ -124,6 +124,9 @@ hcoll_status_t hc_coll_peers_alive(hc_coll_t *co, const char *what);
 /* The stage times of the last collective that succeeded: 1 and
  * *times_out, or 0 when none has finished yet. */
 int hc_coll_last_times(hc_coll_t *co, hcoll_stage_times_t *times_out);
+/* The algorithm of the most recently finished operation ("rd", "ring",
+ * ... algo.h), or NULL before the first. Thread-safe. */
+const char *hc_coll_last_algo(hc_coll_t *co);
 
 /* Requests (hcoll.h's hcoll_test, hcoll_wait, hcoll_request_free,
  * hcoll_request_stage_times and hcoll_request_set_callback, on a request

@@ -14,6 +14,7 @@
 
 #include "base/err.h"
 #include "boot/boot.h"
+#include "core/algo.h"
 #include "core/coll.h"
 #include "core/coll_dev.h"
 #include "core/live.h"
@@ -66,6 +67,13 @@ struct hc_coll {
     uint64_t opseq;        /* operations executed, counted alike on every rank */
     void **rsag_blk;        /* a piece's blocks of sendbuf / recvbuf in that order */
     int check_args;         /* HCOLL_CHECK_ARGS: the agreement before every host call */
+    /* Algorithm choice (algo.c): HCOLL_ALGO or the table; the recursive
+     * doubling's own transport instance (NULL under HCOLL_ALGO=ring or
+     * without inter-node stage); what the last operation ran. */
+    hc_algo_conf_t algo;
+    struct hc_rd *rd;
+    enum hc_algo last_algo; /* under lock */
+    enum hc_algo cur_algo;  /* the running operation's, under the executor role */
 };
 
 /* Run one host-buffer operation of any kind as the executor (the caller
@@ -116,5 +124,16 @@ hcoll_status_t hc_coll_barrier_setup(hc_coll_t *co, const hc_transport_ops_t *op
                                      void *ag_ctx, int op_timeout_ms);
 /* One barrier as operation co->opseq; its stage times go to *times. */
 hcoll_status_t hc_coll_barrier(hc_coll_t *co, hcoll_stage_times_t *times);
+
+/* Recursive doubling (algo.c): connect its partners among the ring's
+ * ranks on a transport instance of its own, as the barrier's (nothing
+ * under HCOLL_ALGO=ring). Collective over those ranks, after the ring. */
+hcoll_status_t hc_coll_rd_setup(hc_coll_t *co, const hc_transport_ops_t *ops,
+                                const hc_transport_params_t *tp, hc_allgather_fn allgather,
+                                void *ag_ctx, int op_timeout_ms);
+/* One recursive-doubling all-reduce of buf in place among the ring's
+ * ranks, driven on this thread to its end, an error or an abort. */
+hcoll_status_t hc_coll_rd_run(hc_coll_t *co, void *buf, size_t count, hcoll_dtype_t dtype,
+                              hcoll_op_t op);
 
 #endif

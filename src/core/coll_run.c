@@ -200,14 +200,47 @@ static hcoll_status_t run_3stage(hc_coll_t *co, const hc_coll_args_t *rq, hcoll_
     return st;
 }
 
+/* Recursive doubling (algo.c): the fused intra step where there is one,
+ * else this rank's (scaled) input copied into recvbuf; then rd across
+ * nodes in recvbuf on this thread; integer AVG divided at the end. */
+static hcoll_status_t run_rd(hc_coll_t *co, const hc_coll_args_t *rq, hcoll_stage_times_t *tm)
+{
+    struct hcoll_comm *c = co->comm;
+    double t = hc_now_us();
+    hcoll_status_t st = HCOLL_SUCCESS;
+    const void *src = prescale(rq, 0, rq->count);
+    if (co->plan == HC_PLAN_3STAGE) {
+        st = co->intra->ops->allreduce(co->intra, src, rq->recvbuf, rq->count, rq->dtype,
+                                       rq->op, NULL);
+        tm->intra_rs_us = tm->intra_ag_us = (hc_now_us() - t) / 2;
+        if (st != HCOLL_SUCCESS)
+            return st;
+    } else if (src != rq->recvbuf && rq->count > 0) {
+        memcpy(rq->recvbuf, src, rq->count * hcoll_dtype_size(rq->dtype));
+    }
+    t = hc_now_us();
+    st = hc_coll_rd_run(co, rq->recvbuf, rq->count, rq->dtype, rq->op);
+    tm->inter_us = hc_now_us() - t;
+    if (st == HCOLL_SUCCESS)
+        hc_reduce_avg_finish(rq->recvbuf, rq->count, rq->dtype, rq->op, c->nranks);
+    return st;
+}
+
 static hcoll_status_t run_allreduce(hc_coll_t *co, const hc_coll_args_t *rq, hcoll_stage_times_t *tm)
 {
     struct hcoll_comm *c = co->comm;
     double t0 = hc_now_us(), t;
     hcoll_status_t st = HCOLL_SUCCESS;
-    /* The same on every rank: count and dtype must be, and so must the knob. */
-    const int small = rq->count * hcoll_dtype_size(rq->dtype) <= co->small_bytes;
+    /* The same on every rank: count and dtype must be, and so must the knobs. */
+    const size_t bytes = rq->count * hcoll_dtype_size(rq->dtype);
+    const int small = bytes <= co->small_bytes;
+    co->cur_algo = hc_algo_allreduce(&co->algo, co->plan, bytes, co->small_bytes);
     memset(tm, 0, sizeof *tm);
+    if (co->cur_algo == HC_ALGO_RD) {
+        st = run_rd(co, rq, tm);
+        tm->total_us = hc_now_us() - t0;
+        return st;
+    }
 
     switch (co->plan) {
     case HC_PLAN_SINGLE:
@@ -418,6 +451,9 @@ static hcoll_status_t pin_buffers(hc_coll_t *co, const hc_coll_args_t *a, hc_mr_
     } else if (a->kind == HC_COLL_ALLREDUCE) {
         if (co->plan == HC_PLAN_3STAGE && bytes > co->small_bytes)
             return HCOLL_SUCCESS;
+        /* Recursive doubling sends from its own registered slots. */
+        if (hc_algo_allreduce(&co->algo, co->plan, bytes, co->small_bytes) == HC_ALGO_RD)
+            return HCOLL_SUCCESS;
         if (!hc_ring_registers(co->ring, a->count, a->dtype, HC_RING_PHASE_ALLREDUCE))
             return HCOLL_SUCCESS;
         /* The ring and flat plans send from sendbuf itself (unscaled). */
@@ -455,14 +491,24 @@ hcoll_status_t hc_coll_run(hc_coll_t *co, const hc_coll_args_t *a, hcoll_stage_t
     memset(tm, 0, sizeof *tm); /* the check is not a stage */
     switch (a->kind) {
     case HC_COLL_ALLREDUCE: st = run_allreduce(co, a, tm); break;
-    case HC_COLL_BROADCAST: st = run_broadcast(co, a, tm); break;
+    case HC_COLL_BROADCAST:
+        st = run_broadcast(co, a, tm);
+        co->cur_algo = co->plan == HC_PLAN_SINGLE ? HC_ALGO_COPY
+                       : co->plan == HC_PLAN_INTRA ? HC_ALGO_INTRA
+                                                   : HC_ALGO_CHAIN;
+        break;
     case HC_COLL_BARRIER:
         /* The agreement is itself a barrier: an all-reduce, which no rank
          * leaves before every rank has entered it. */
         st = co->check_args && co->plan != HC_PLAN_SINGLE ? HCOLL_SUCCESS
                                                           : hc_coll_barrier(co, tm);
+        if (!co->check_args || co->plan == HC_PLAN_SINGLE) /* else: the agreement's */
+            co->cur_algo = co->plan == HC_PLAN_SINGLE ? HC_ALGO_COPY : HC_ALGO_DISSEM;
         break;
-    default: st = hc_coll_run_rsag(co, a, tm); break;
+    default:
+        st = hc_coll_run_rsag(co, a, tm);
+        co->cur_algo = HC_ALGO_RSAG;
+        break;
     }
     unpin_buffers(co, pins);
     tm->total_us = hc_now_us() - t0;

@@ -160,6 +160,7 @@ typedef struct hp_row {
     int have_stages;
     double stage_us[HP_NSTAGES];
     double ratio;        /* peer rows: hcoll busbw / this busbw; < 0 none */
+    char algo[12];       /* hcoll rows: hcoll_comm_last_algo of the timed calls; "-" */
 } hp_row_t;
 
 /* Fill the derived columns of one all-reduce result from bytes, time and

@@ -354,6 +354,7 @@ static hp_row_t *row_new(hp_perf_t *p, const char *impl, uint64_t bytes, size_t 
     hp_row_t *r = &p->rows[p->nrows++];
     memset(r, 0, sizeof *r);
     snprintf(r->impl, sizeof r->impl, "%s", impl);
+    snprintf(r->algo, sizeof r->algo, "-");
     r->coll = p->o.coll;
     r->bytes = bytes;
     r->count = count;
@@ -395,6 +396,10 @@ void hp_run_size(hp_perf_t *p, uint64_t want_bytes)
     for (int i = 0; i < p->o.warmup; i++)
         hcoll_call(p, 1, count);
     t[1] = hcoll_time(p, 1, count, calls, NULL, NULL);
+    /* Before anything else runs on comm (the sums of times and #wrong). */
+    const char *algo = NULL;
+    if (hcoll_comm_last_algo(p->comm, &algo) != HCOLL_SUCCESS)
+        algo = "?";
     for (int k = 0; k < HP_NSTAGES; k++)
         t[2 + k] = st_n ? st_us[k] / st_n : -1;
 
@@ -413,6 +418,7 @@ void hp_run_size(hp_perf_t *p, uint64_t want_bytes)
     hp_reduce_sum(p, w, 4);
 
     hp_row_t *h = row_new(p, "hcoll", bytes, count);
+    snprintf(h->algo, sizeof h->algo, "%s", algo);
     hp_coll_result_fill(&h->oop, p->o.coll, (double)bytes, t[0] * 1e6, p->nranks,
                         checked ? w[0] : -1);
     hp_coll_result_fill(&h->ip, p->o.coll, (double)bytes, t[1] * 1e6, p->nranks,

@@ -66,6 +66,7 @@ void hp_print_row(const hp_perf_t *p, const hp_row_t *r)
         }
         printf("  %8s %8s %8s  %5s %5s %5s", us[0], us[1], us[2], pc[0], pc[1], pc[2]);
     }
+    printf("  %10s", r->algo[0] ? r->algo : "-");
     if (p->peer) {
         if (r->ratio >= 0)
             printf("  %9.2f", r->ratio);
@@ -81,12 +82,14 @@ void hp_print_header(const hp_perf_t *p)
     printf("#\n#%66s  %-35s  %-35s  %-15s", "", "out-of-place", "in-place", "NIC");
     if (p->o.stages)
         printf("  %-45s", "stages: intra RS / inter / intra AG");
+    printf("  %10s", "");
     printf("\n#%11s  %12s  %8s  %14s  %6s  %5s", "size", "count", "type", "coll", "redop", "impl");
     for (int k = 0; k < 2; k++)
         printf("  %9s  %7s  %7s  %6s", "time", "algbw", "busbw", "#wrong");
     printf("  %7s  %6s", "nicbw", "%line");
     if (p->o.stages)
         printf("  %8s %8s %8s  %5s %5s %5s", "rs", "inter", "ag", "rs%", "int%", "ag%");
+    printf("  %10s", "algo");
     if (p->peer)
         printf("  %9s", "hcoll/peer");
     printf("\n#%11s  %12s  %8s  %14s  %6s  %5s", "(B)", "(elements)", "", "", "", "");
@@ -95,6 +98,7 @@ void hp_print_header(const hp_perf_t *p)
     printf("  %7s  %6s", "(GB/s)", "");
     if (p->o.stages)
         printf("  %8s %8s %8s  %5s %5s %5s", "(us)", "(us)", "(us)", "", "", "");
+    printf("  %10s", "");
     if (p->peer)
         printf("  %9s", "(busbw)");
     printf("\n");

@@ -1,0 +1,68 @@
+/*
+ * Algorithm choice by size (algo.c): which algorithm a host collective
+ * runs, from one table of measured crossovers, overridden by HCOLL_ALGO.
+ *
+ *   all-reduce, across nodes (ring, flat and three-stage plans):
+ *     bytes <= crossover   rd    fused intra-node step (three stages), then
+ *                                recursive doubling across nodes (inter/rd.h),
+ *                                on the executor's thread
+ *     bytes >  crossover   ring  what the ring plans do: up to
+ *                                HCOLL_SMALL_BYTES the fused step and a
+ *                                whole-vector ring ("fused-ring"), above it
+ *                                the pipelined three stages or flat ring
+ *
+ * The choice depends only on the bytes and on settings every rank agreed on
+ * at init (the rd limit is compared then), so every rank picks alike.
+ */
+#ifndef HC_CORE_ALGO_H
+#define HC_CORE_ALGO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/coll.h"
+#include "hcoll.h"
+
+/* What ran; recorded per call (hcoll_comm_last_algo). */
+enum hc_algo {
+    HC_ALGO_NONE = 0,   /* nothing yet */
+    HC_ALGO_COPY,       /* one rank */
+    HC_ALGO_INTRA,      /* one node: shared memory only */
+    HC_ALGO_RING,       /* pipelined three stages, or the flat ring */
+    HC_ALGO_FUSED_RING, /* fused intra step + whole-vector ring (HCOLL_SMALL_BYTES) */
+    HC_ALGO_RD,         /* fused intra step + recursive doubling */
+    HC_ALGO_CHAIN,      /* broadcast: the ring's chain */
+    HC_ALGO_DISSEM,     /* barrier: dissemination (without the agreement) */
+    HC_ALGO_RSAG,       /* reduce-scatter / all-gather: the ring's phases */
+};
+
+/* HCOLL_ALGO, parsed: all-reduces of at most rd_max bytes take rd
+ * (0: never; UINT64_MAX: always). */
+typedef struct hc_algo_conf {
+    uint64_t rd_max;
+    int forced;          /* set by HCOLL_ALGO rather than the table */
+} hc_algo_conf_t;
+
+/* The table's crossover for this plan and layout (nodes x ranks per node). */
+uint64_t hc_algo_default_rd_max(enum hc_plan plan, int nnodes, int local_size);
+
+/* Parse HCOLL_ALGO into *out (the table's crossover for this plan and
+ * layout where it says auto). Accepted: "", "auto", "ring", "rd", "rd:SIZE"
+ * (rd up to SIZE bytes, then ring), each optionally as "allreduce=..."; a
+ * comma list of such entries, the last winning. Bad: HCOLL_ERR_INVALID_ARG
+ * with the reason in msg (nothing recorded: the caller does). */
+hcoll_status_t hc_algo_parse(const char *s, enum hc_plan plan, int nnodes, int local_size,
+                             hc_algo_conf_t *out, char *msg, size_t msglen);
+
+/* The all-reduce algorithm for bytes on this plan. small_bytes:
+ * HCOLL_SMALL_BYTES (the ring's fused variant up to it). */
+enum hc_algo hc_algo_allreduce(const hc_algo_conf_t *conf, enum hc_plan plan, size_t bytes,
+                               size_t small_bytes);
+
+/* "rd", "ring", ... for messages and hcoll_perf's column. */
+const char *hc_algo_name(enum hc_algo a);
+
+/* The slot size of the recursive doubling for this configuration. */
+size_t hc_algo_rd_seg(const hc_algo_conf_t *conf);
+
+#endif

@@ -1,0 +1,84 @@
+/*
+ * Recursive-doubling all-reduce among N ranks over any transport
+ * (transport.h), on a transport instance of its own: the latency path
+ * across nodes for small vectors (core/algo.c chooses it).
+ *
+ *   P = the largest power of two <= N; positions p >= P are "extra"
+ *
+ *   fold    extra p sends its vector to p - P, which reduces it in
+ *   rounds  k = 0 .. log2(P)-1, among positions < P: exchange the whole
+ *           vector with p ^ 2^k, both reduce (lower position's vector
+ *           first, so both hold the same bits)
+ *   unfold  p - P sends the result back to extra p
+ *
+ *   N = 6 (P = 4):  fold   4→0 5→1
+ *                   k=0    0↔1 2↔3
+ *                   k=1    0↔2 1↔3
+ *                   unfold 0→4 1→5
+ *
+ * Every rank ends with the same bits: after round k the 2^(k+1) positions
+ * of a block hold one value, reduced in one fixed tree (lower block's
+ * value op upper block's), whatever position computed it. The tree is not
+ * the ring's chain, so rd and the ring may differ in the last bits of a
+ * floating sum (never between ranks of one call).
+ *
+ * Each message is one put of the vector into a staging slot of the
+ * receiver (slot = round, plus one for the fold), whose immediate names
+ * the operation and the slot. A partner can be at most one operation
+ * ahead (it cannot finish operation s+1 without this rank's data of s+1),
+ * so slots are kept twice, by the operation's parity, and an early arrival
+ * is remembered for the next operation. Vectors longer than a slot go in
+ * segments of seg_bytes, each one operation. Sources are staged in a
+ * registered send area (no per-call registration of user memory), and an
+ * operation ends only when its puts are locally complete.
+ *
+ * Threading: one thread at a time (the executor's); hc_rd_fail from it.
+ */
+#ifndef HC_INTER_RD_H
+#define HC_INTER_RD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "inter/transport.h"
+
+typedef struct hc_rd hc_rd_t;
+
+typedef struct hc_rd_params {
+    const hc_transport_ops_t *ops;  /* from hc_transport_select, as the ring's */
+    /* tp.rank/tp.nranks: position and size; nsocks_perpeer is forced to 1
+     * (small messages, and one socket keeps them in order). */
+    hc_transport_params_t tp;
+    hc_allgather_fn allgather;      /* address and key exchange among the N */
+    void *ag_ctx;
+    /* How long a step waits for a partner that is alive but has not
+     * arrived: > 0 ms, < 0 no limit, 0 tp.timeout_ms. */
+    int op_timeout_ms;
+    size_t seg_bytes;               /* one slot; >= 64, a multiple of 8 */
+    int spin_us;                    /* poll without sleeping this long first */
+} hc_rd_params_t;
+
+/* Connect to every partner and register the slots. Collective over the N
+ * ranks; blocks up to tp.timeout_ms. N = 1 connects nothing. */
+hcoll_status_t hc_rd_create(const hc_rd_params_t *p, hc_rd_t **out);
+
+/* Start an all-reduce of buf (count elements, in place). op is reduced as
+ * hc_reduce does (AVG sums; the caller finishes it). Non-blocking. */
+hcoll_status_t hc_rd_start(hc_rd_t *d, void *buf, size_t count, hcoll_dtype_t dtype,
+                           hcoll_op_t op);
+
+/* Drive it: returns when done (*done_out = 1) or after waiting about
+ * wait_ms with nothing arriving (first spinning spin_us). HCOLL_ERR_TIMEOUT
+ * (recorded, naming the awaited rank) after op_timeout_ms in one step; the
+ * transport's error (sticky) when a partner failed. */
+hcoll_status_t hc_rd_progress(hc_rd_t *d, int wait_ms, int *done_out);
+
+/* The communicator failed: reset the connections so that partners fail at
+ * once. Later calls return st. NULL: no-op. */
+void hc_rd_fail(hc_rd_t *d, hcoll_status_t st);
+
+/* Close; an idle, healthy instance says goodbye, anything else resets.
+ * Local. NULL: no-op. */
+void hc_rd_destroy(hc_rd_t *d);
+
+#endif
