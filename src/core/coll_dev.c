@@ -201,7 +201,7 @@ static void dev_enable_gdr(hc_coll_dev_t *d)
 /* An NCCL communicator over the node's local ranks, on the device's
  * context: collective over the node (every local rank makes the same
  * call). name tells the set-up exchanges of several apart. */
-hcoll_status_t hc_dev_nccl_open(hc_coll_dev_t *d, const char *name, hc_intra_t **out)
+static hcoll_status_t hc_dev_nccl_open(hc_coll_dev_t *d, const char *name, hc_intra_t **out)
 {
     struct hcoll_comm *c = d->c;
     const hc_intra_params_t ip = {
@@ -451,7 +451,6 @@ void hc_coll_dev_destroy(hc_coll_dev_t *d, int aborting)
             HC_WARN(HC_GDR, c->rank,
                     "a CUDA stream is still inside a device call; hcoll's device memory "
                     "is left allocated");
-            hc_gdr_dev_leak_flag(d->gpu);
         }
         if (d->v_buf && !stuck) /* else a stream may still use it */
             hc_gdr_dev_free(d->gpu, d->v_buf);

@@ -154,10 +154,6 @@ hcoll_status_t hc_dev_local_agree(hc_coll_dev_t *d, const hc_dev_op_t *o, int *a
 hcoll_status_t hc_dev_prescale(hc_coll_dev_t *d, const hc_dev_op_t *o, const void *sendbuf,
                                void *recvbuf, size_t count, void *stream);
 
-/* An NCCL communicator over the node's local ranks on the device's
- * context, named name (coll_dev.c); collective over the node. */
-hcoll_status_t hc_dev_nccl_open(hc_coll_dev_t *d, const char *name, hc_intra_t **out);
-
 /* The frame of every device call's stream work (coll_dev.c). begin: the
  * device's context made current, stream checked to be on the device, and
  * *ev_done_out made (on failure nothing is left). end: with st ==
