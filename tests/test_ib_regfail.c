@@ -9,6 +9,10 @@
  *          buffers, the reduce-scatter's and all-gather's permuted vector
  *          (per piece), the broadcast chain's shard
  * on 2x2 (three stages, several pieces) and 3x1 (the ring of every rank).
+ *   device (emulated CUDA driver, staged through pinned host memory): the
+ *          staging buffers, registered at the device path's set-up (the
+ *          first device call), which then fails on every rank, naming the
+ *          registration; host calls go on
  * Every rank must return an error, the odd rank's message naming the
  * registration and the others' naming that rank and the registration; no
  * recvbuf may change; and the next 3 calls of that kind on the same
@@ -29,6 +33,7 @@
 
 #include "common/mockib.h"
 #include "common/ranks.h"
+#include "gpu/gpuhelp.h"
 #include "hc_build.h"
 #include "hcoll.h"
 
@@ -237,6 +242,82 @@ START_TEST(regfail_host_3x1)
 }
 END_TEST
 
+/* ---- device buffers, staged ---------------------------------------------- */
+
+static int rank_dev_staged(int rank, int nranks, void *argp)
+{
+    world_t *w = argp;
+    setenv("HCOLL_NET", "ib", 1);
+    setenv("HCOLL_SOCKET_IFNAME", "=lo", 1);
+    setenv("HCOLL_SYSFS_ROOT", "tests/fixtures/sysfs-mockib", 1);
+    setenv("HCMOCK_IB_SYSFS", "tests/fixtures/sysfs-mockib", 1);
+    setenv("HCOLL_NET_GDR_LEVEL", "LOC", 1); /* stage 2 through host memory */
+    const hc_cu_api_t *cu = gpu_open(0);
+    HCT_REQUIRE(cu && gpu_mock_driver(), "rank %d: no mock GPU", rank);
+    hcoll_unique_id_t id;
+    hcoll_config_t cfg = HCOLL_CONFIG_INITIALIZER;
+    cfg.timeout_ms = 20000;
+    cfg.net = "ib";
+    HCT_REQUIRE(hct_share_unique_id(&w->slot, rank, 20000, &id) == 0, "no unique id");
+    hcoll_comm_t comm;
+    HCT_OK(NULL, hcoll_comm_init(&comm, nranks, rank, &id, &cfg));
+    const int odd = nranks - 1;
+    const size_t n = 100000;
+    hc_cu_dptr_t d;
+    GPU_OK(cu->mem_alloc(&d, n * sizeof(int32_t)));
+    void *stream;
+    GPU_OK(cu->stream_create(&stream, HC_CU_STREAM_NON_BLOCKING));
+    if (rank == odd)
+        setenv("HCMOCK_IB_REG_FAIL", "12", 1);
+    void *p = (void *)(uintptr_t)d;
+    hcoll_status_t st = hcoll_allreduce(comm, p, p, n, HCOLL_INT32, HCOLL_SUM, stream);
+    unsetenv("HCMOCK_IB_REG_FAIL");
+    const char *msg = hcoll_comm_last_error(comm);
+    fprintf(stderr, "rank %d: first device all-reduce, rank %d's registrations refused: %s: %s\n",
+            rank, odd, hcoll_status_name(st), msg);
+    HCT_REQUIRE(st != HCOLL_SUCCESS, "rank %d: the device set-up went through", rank);
+    char want[64];
+    snprintf(want, sizeof want, "rank %d could not set up", odd);
+    HCT_REQUIRE(rank == odd ? strstr(msg, "registering") != NULL : strstr(msg, want) != NULL,
+                "rank %d: the message does not name the registration: %s", rank, msg);
+    GPU_OK(cu->stream_synchronize(stream));
+    hcoll_status_t ae = HCOLL_ERR_INTERNAL;
+    HCT_OK(comm, hcoll_comm_get_async_error(comm, &ae));
+    HCT_REQUIRE(ae == HCOLL_SUCCESS, "rank %d: the communicator failed: %s (%s)", rank,
+                hcoll_status_name(ae), hcoll_comm_last_error(comm));
+    /* Host calls go on, bit for bit. */
+    int32_t *in = malloc(AR_COUNT * sizeof *in), *out = malloc(AR_COUNT * sizeof *out);
+    HCT_REQUIRE(in && out, "no memory");
+    for (int it = 1; it <= 3; it++) {
+        HCT_OK(comm, call(comm, K_ALLREDUCE, rank, nranks, it, in, out));
+        if (check_ok(K_ALLREDUCE, rank, nranks, it, out))
+            return 1;
+    }
+    free(in);
+    free(out);
+    GPU_OK(cu->stream_destroy(stream));
+    GPU_OK(cu->mem_free(d));
+    HCT_OK(comm, hcoll_comm_destroy(comm));
+    return 0;
+}
+
+START_TEST(regfail_dev_staged_setup)
+{
+    char cuda[4096];
+    if (!hct_mock_cuda_built(cuda, sizeof cuda)) {
+        printf("SKIP: needs the emulated CUDA driver (%s)\n", cuda);
+        return;
+    }
+    world_t *w = hct_shared_alloc(sizeof *w);
+    ck_assert_ptr_nonnull(w);
+    hct_opts_t o = { .nranks = 2, .ranks_per_node = 1, .timeout_ms = 90000 };
+    hct_result_t res[MAX_RANKS];
+    int bad = hct_run(&o, rank_dev_staged, w, res);
+    ck_assert_msg(bad == 0, "%d rank(s) failed (see stderr)", bad);
+    hct_shared_free(w, sizeof *w);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("ib_regfail");
@@ -244,6 +325,7 @@ static Suite *suite(void)
     tcase_set_timeout(t, TEST_TIMEOUT_S);
     tcase_add_test(t, regfail_host_2x2);
     tcase_add_test(t, regfail_host_3x1);
+    tcase_add_test(t, regfail_dev_staged_setup);
     suite_add_tcase(s, t);
     return s;
 }

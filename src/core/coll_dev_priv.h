@@ -109,12 +109,16 @@ struct hc_coll_dev {
     int ready;
     hcoll_status_t setup_failed; /* sticky */
     int dev;            /* ordinal, -1 before the set-up */
-    hc_gdr_dev_t *gpu;  /* context, internal stream, flag, staging, kernels */
+    hc_gdr_dev_t *gpu;  /* context, internal stream, staging, kernels */
     hc_intra_t *nccl;   /* NCCL stages, all issued by the caller's thread */
     hc_intra_t *agree;  /* plans with NCCL: the node's call-time argument check */
     int gdr;                  /* stage ② on device memory (GPUDirect ring) */
     hc_gdr_gate_t *gate;      /* staged plans: hcoll's gated stream (gdr/gate.h) */
     hc_ring_devops_t devops;  /* the ring's device operations (ctx = gpu) */
+    /* Staged plans: the two staging buffers, registered with the ring's
+     * transport from set-up to teardown, so that no device call registers
+     * them (a refusal fails the set-up, never a ring half-way). */
+    hc_mr_t *stage_pin[2];
 
     /* Reduce-scatter / all-gather: the permuted vector (device memory),
      * reused; v_free is recorded behind a call's last use of it, and the
