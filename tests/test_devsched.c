@@ -1,7 +1,6 @@
 /*
- * The device executor's schedule, on the CPU (core/devsched.h): the stream
- * flag sequence (in-order release, the GPU's cyclic compare across
- * wrap-around), the staging schedule (every piece copied in, reduced,
+ * The device executor's schedule, on the CPU (core/devsched.h): the staging
+ * schedule (every piece copied in, reduced,
  * copied out, in the documented order, and a staging buffer never refilled
  * before it was copied out), and the segment and piece sizes at their
  * boundaries.
@@ -11,62 +10,6 @@
 #include <stdlib.h>
 
 #include "core/devsched.h"
-
-START_TEST(seq_in_order)
-{
-    hc_devseq_t s;
-    hc_devseq_init(&s, 0);
-    ck_assert_uint_eq(hc_devseq_pending(&s), 0);
-    /* Nothing issued: nothing to release. */
-    ck_assert_int_eq(hc_devseq_release(&s, 1), -1);
-    uint32_t a = hc_devseq_issue(&s), b = hc_devseq_issue(&s), c = hc_devseq_issue(&s);
-    ck_assert_uint_eq(a, 1);
-    ck_assert_uint_eq(b, 2);
-    ck_assert_uint_eq(c, 3);
-    ck_assert_uint_eq(hc_devseq_pending(&s), 3);
-    /* The flag at its initial value holds every stream. */
-    ck_assert(!hc_devseq_passes(0, a));
-    /* Out of order is refused and changes nothing. */
-    ck_assert_int_eq(hc_devseq_release(&s, b), -1);
-    ck_assert_int_eq(hc_devseq_release(&s, a), 0);
-    ck_assert_int_eq(hc_devseq_release(&s, a), -1); /* twice */
-    /* flag = a releases a, not b or c. */
-    ck_assert(hc_devseq_passes(a, a));
-    ck_assert(!hc_devseq_passes(a, b));
-    ck_assert(!hc_devseq_passes(a, c));
-    ck_assert_int_eq(hc_devseq_release(&s, b), 0);
-    ck_assert_int_eq(hc_devseq_release(&s, c), 0);
-    /* flag = c releases everything before it too (destroy's safety net). */
-    ck_assert(hc_devseq_passes(c, a) && hc_devseq_passes(c, b) && hc_devseq_passes(c, c));
-    ck_assert_uint_eq(hc_devseq_pending(&s), 0);
-}
-END_TEST
-
-START_TEST(seq_wraparound)
-{
-    /* 2^32 operations later the numbers wrap; GEQ is cyclic on the GPU
-     * ((int32_t)(flag - seq) >= 0), so order survives the wrap. */
-    hc_devseq_t s;
-    hc_devseq_init(&s, UINT32_MAX - 3);
-    uint32_t seqs[6];
-    for (int i = 0; i < 6; i++)
-        seqs[i] = hc_devseq_issue(&s);
-    ck_assert_uint_eq(seqs[2], UINT32_MAX);
-    ck_assert_uint_eq(seqs[3], 0);
-    ck_assert_uint_eq(seqs[4], 1);
-    ck_assert_uint_eq(hc_devseq_pending(&s), 6);
-    uint32_t flag = UINT32_MAX - 3; /* initial value */
-    for (int i = 0; i < 6; i++) {
-        for (int j = 0; j < 6; j++)
-            ck_assert_int_eq(hc_devseq_passes(flag, seqs[j]), j < i);
-        ck_assert_int_eq(hc_devseq_release(&s, seqs[i]), 0);
-        flag = seqs[i];
-    }
-    for (int j = 0; j < 6; j++)
-        ck_assert(hc_devseq_passes(flag, seqs[j]));
-    ck_assert_uint_eq(hc_devseq_pending(&s), 0);
-}
-END_TEST
 
 /* Run the schedule against a model of one in-order internal stream and
  * two staging buffers, checking the invariants the host stage relies on. */
@@ -137,44 +80,6 @@ START_TEST(staging_schedule)
     static const size_t n[] = { 0, 1, 2, 3, 4, 17, 64 };
     for (size_t i = 0; i < sizeof n / sizeof n[0]; i++)
         check_schedule(n[i]);
-}
-END_TEST
-
-START_TEST(seq_cyclic_compare)
-{
-    /* The GPU's GEQ is (int32_t)(flag - seq) >= 0: half the number space
-     * ahead passes, the other half does not, across the wrap too. */
-    static const uint32_t seqs[] = { 0, 1, 0x7fffffffu, 0x80000000u, UINT32_MAX - 1, UINT32_MAX };
-    for (size_t i = 0; i < sizeof seqs / sizeof seqs[0]; i++) {
-        uint32_t s = seqs[i];
-        ck_assert(hc_devseq_passes(s, s));
-        ck_assert(hc_devseq_passes(s + 1, s));
-        ck_assert(hc_devseq_passes(s + 0x7fffffffu, s));
-        ck_assert(!hc_devseq_passes(s - 1, s));
-        ck_assert(!hc_devseq_passes(s + 0x80000000u, s));
-    }
-    /* An unsigned compare would get these wrong. */
-    ck_assert(hc_devseq_passes(0, UINT32_MAX));
-    ck_assert(!hc_devseq_passes(UINT32_MAX, 0));
-    ck_assert(hc_devseq_passes(3, UINT32_MAX - 3));
-}
-END_TEST
-
-START_TEST(seq_pending_across_wrap)
-{
-    hc_devseq_t s;
-    hc_devseq_init(&s, UINT32_MAX);
-    ck_assert_uint_eq(hc_devseq_pending(&s), 0);
-    ck_assert_int_eq(hc_devseq_release(&s, 0), -1); /* nothing issued yet */
-    ck_assert_uint_eq(hc_devseq_issue(&s), 0);
-    ck_assert_uint_eq(hc_devseq_issue(&s), 1);
-    ck_assert_uint_eq(hc_devseq_pending(&s), 2);
-    ck_assert_int_eq(hc_devseq_release(&s, 1), -1); /* not the oldest */
-    ck_assert_int_eq(hc_devseq_release(&s, 0), 0);
-    ck_assert_uint_eq(hc_devseq_pending(&s), 1);
-    ck_assert_int_eq(hc_devseq_release(&s, 1), 0);
-    ck_assert_uint_eq(hc_devseq_pending(&s), 0);
-    ck_assert_int_eq(hc_devseq_release(&s, 2), -1); /* not issued */
 }
 END_TEST
 
@@ -284,13 +189,7 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("devsched");
-    TCase *tc = tcase_create("seq");
-    tcase_add_test(tc, seq_in_order);
-    tcase_add_test(tc, seq_wraparound);
-    tcase_add_test(tc, seq_cyclic_compare);
-    tcase_add_test(tc, seq_pending_across_wrap);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("schedule");
+    TCase *tc = tcase_create("schedule");
     tcase_add_test(tc, staging_schedule);
     tcase_add_test(tc, staging_order_exact);
     tcase_add_test(tc, stage_bytes_bounds);

@@ -76,17 +76,6 @@ START_TEST(level_decision)
 }
 END_TEST
 
-START_TEST(flush_decision)
-{
-    ck_assert_int_eq(hc_gdr_flush_needed(-1, 8), 1);  /* Ampere */
-    ck_assert_int_eq(hc_gdr_flush_needed(-1, 7), 1);  /* Volta */
-    ck_assert_int_eq(hc_gdr_flush_needed(-1, 9), 0);  /* Hopper */
-    ck_assert_int_eq(hc_gdr_flush_needed(-1, 10), 0); /* Blackwell */
-    ck_assert_int_eq(hc_gdr_flush_needed(0, 8), 0);
-    ck_assert_int_eq(hc_gdr_flush_needed(1, 9), 1);
-}
-END_TEST
-
 /* The write-ordering attribute decides where the driver gives it; the
  * generation only where it does not (-1); the knob always wins. */
 START_TEST(flush_decision_ordering)
@@ -134,7 +123,6 @@ int main(void)
     tcase_add_test(tc, peermem_and_dmabuf_probe);
     tcase_add_test(tc, registration_path);
     tcase_add_test(tc, level_decision);
-    tcase_add_test(tc, flush_decision);
     tcase_add_test(tc, flush_decision_ordering);
     tcase_add_test(tc, host_pointers_without_driver);
     suite_add_tcase(s, tc);

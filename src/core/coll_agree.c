@@ -119,10 +119,12 @@ hcoll_status_t hc_agree_judge(const int64_t w[HC_AGREE_WORDS], const hc_coll_arg
             return verdict;
         const int who = (int)(w[W_VERDICT] & RANK_MASK);
         const hcoll_status_t st = (hcoll_status_t)(w[W_VERDICT] >> RANK_BITS);
+        /* HCOLL_ERR_RDMA: a verdict's registration failed (coll_pin.c). */
         return hc_err_set(err, HC_COLL, rank, st,
-                          "%s: rank %d could not take part (%s; its error says why); nothing "
-                          "moved on any rank and the communicator stays usable",
-                          what, who, hcoll_status_name(st));
+                          "%s: rank %d could not take part (%s%s; its error says why); "
+                          "nothing moved on any rank and the communicator stays usable",
+                          what, who, hcoll_status_name(st),
+                          st == HCOLL_ERR_RDMA ? ": registering its buffers failed" : "");
     }
     for (int f = 0; f < FP_N; f++) {
         const int64_t hi = w[2 * f] >> RANK_BITS, lo = VAL_MASK - (w[2 * f + 1] >> RANK_BITS);

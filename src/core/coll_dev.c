@@ -201,7 +201,7 @@ static void dev_enable_gdr(hc_coll_dev_t *d)
 /* An NCCL communicator over the node's local ranks, on the device's
  * context: collective over the node (every local rank makes the same
  * call). name tells the set-up exchanges of several apart. */
-hcoll_status_t hc_dev_nccl_open(hc_coll_dev_t *d, const char *name, hc_intra_t **out)
+static hcoll_status_t hc_dev_nccl_open(hc_coll_dev_t *d, const char *name, hc_intra_t **out)
 {
     struct hcoll_comm *c = d->c;
     const hc_intra_params_t ip = {
@@ -322,6 +322,26 @@ hcoll_status_t hc_coll_dev_agree(hc_coll_dev_t *d, const hc_dev_op_t *o, int *ag
                       hcoll_dtype_name((hcoll_dtype_t)mine[4]), (long long)mine[6]);
 }
 
+/* The staging buffers pinned with the ring's transport (verbs; nothing
+ * over TCP), before the set-up's hello: a registration the NIC or the
+ * locked-memory limit refuses is this rank's failed half, and every rank
+ * fails the set-up alike. */
+static hcoll_status_t dev_pin_staging(hc_coll_dev_t *d)
+{
+    hcoll_status_t st = HCOLL_SUCCESS;
+    for (int i = 0; i < 2 && st == HCOLL_SUCCESS; i++)
+        st = hc_ring_mem_pin(d->ring, d->gpu->stage[i], d->stage_bytes, &d->stage_pin[i]);
+    return st;
+}
+
+static void dev_unpin_staging(hc_coll_dev_t *d)
+{
+    for (int i = 0; i < 2; i++) {
+        hc_ring_mem_unpin(d->ring, d->stage_pin[i]);
+        d->stage_pin[i] = NULL;
+    }
+}
+
 /* Collective over all ranks: every rank reports whether its half worked,
  * so that one rank's missing GPU fails the call everywhere at once instead
  * of leaving the others in the ring until the timeout. */
@@ -340,6 +360,11 @@ hcoll_status_t hc_coll_dev_setup(hc_coll_dev_t *d, int dev)
     if (local == HCOLL_SUCCESS && plan_stages(d->plan)) {
         hc_gdr_dev_push(d->gpu);
         local = hc_gdr_gate_open(cu, &d->rp, &d->gate);
+        if (local == HCOLL_SUCCESS && (local = dev_pin_staging(d)) != HCOLL_SUCCESS) {
+            dev_unpin_staging(d);
+            hc_gdr_gate_close(d->gate, (int)c->params.timeout_ms);
+            d->gate = NULL;
+        }
         hc_gdr_dev_pop(d->gpu);
         if (local != HCOLL_SUCCESS) {
             hc_gdr_dev_close(d->gpu);
@@ -374,6 +399,7 @@ clean_nccl:
     d->nccl = NULL;
 clean_gpu:
     if (local == HCOLL_SUCCESS) {
+        dev_unpin_staging(d);
         hc_gdr_dev_push(d->gpu);
         hc_gdr_gate_close(d->gate, (int)c->params.timeout_ms);
         hc_gdr_dev_pop(d->gpu);
@@ -451,7 +477,6 @@ void hc_coll_dev_destroy(hc_coll_dev_t *d, int aborting)
             HC_WARN(HC_GDR, c->rank,
                     "a CUDA stream is still inside a device call; hcoll's device memory "
                     "is left allocated");
-            hc_gdr_dev_leak_flag(d->gpu);
         }
         if (d->v_buf && !stuck) /* else a stream may still use it */
             hc_gdr_dev_free(d->gpu, d->v_buf);
@@ -460,6 +485,7 @@ void hc_coll_dev_destroy(hc_coll_dev_t *d, int aborting)
             hc_ring_disable_device(d->ring);
         hc_gdr_gate_close(d->gate, stuck ? 0 : drain_ms);
         hc_gdr_dev_pop(d->gpu);
+        dev_unpin_staging(d);
         hc_gdr_dev_close(d->gpu);
     } else {
         hc_gdr_evlist_drain(&d->done, NULL, 0, &d->rp);

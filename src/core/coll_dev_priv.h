@@ -109,12 +109,16 @@ struct hc_coll_dev {
     int ready;
     hcoll_status_t setup_failed; /* sticky */
     int dev;            /* ordinal, -1 before the set-up */
-    hc_gdr_dev_t *gpu;  /* context, internal stream, flag, staging, kernels */
+    hc_gdr_dev_t *gpu;  /* context, internal stream, staging, kernels */
     hc_intra_t *nccl;   /* NCCL stages, all issued by the caller's thread */
     hc_intra_t *agree;  /* plans with NCCL: the node's call-time argument check */
     int gdr;                  /* stage ② on device memory (GPUDirect ring) */
     hc_gdr_gate_t *gate;      /* staged plans: hcoll's gated stream (gdr/gate.h) */
     hc_ring_devops_t devops;  /* the ring's device operations (ctx = gpu) */
+    /* Staged plans: the two staging buffers, registered with the ring's
+     * transport from set-up to teardown, so that no device call registers
+     * them (a refusal fails the set-up, never a ring half-way). */
+    hc_mr_t *stage_pin[2];
 
     /* Reduce-scatter / all-gather: the permuted vector (device memory),
      * reused; v_free is recorded behind a call's last use of it, and the
@@ -153,10 +157,6 @@ hcoll_status_t hc_dev_local_agree(hc_coll_dev_t *d, const hc_dev_op_t *o, int *a
 /* recvbuf = scalar * sendbuf on stream, for o->ro.dev_scale (coll_dev_enq.c). */
 hcoll_status_t hc_dev_prescale(hc_coll_dev_t *d, const hc_dev_op_t *o, const void *sendbuf,
                                void *recvbuf, size_t count, void *stream);
-
-/* An NCCL communicator over the node's local ranks on the device's
- * context, named name (coll_dev.c); collective over the node. */
-hcoll_status_t hc_dev_nccl_open(hc_coll_dev_t *d, const char *name, hc_intra_t **out);
 
 /* The frame of every device call's stream work (coll_dev.c). begin: the
  * device's context made current, stream checked to be on the device, and

@@ -3,7 +3,8 @@
  * plane's life) and coll_run.c (what one operation of each kind does), its
  * part coll_rsag.c (reduce-scatter, all-gather), and by nothing else.
  * Calls go one way: coll.c -> coll_run.c -> coll_rsag.c (and coll.c ->
- * coll_rsag.c, which frees its buffers at destroy).
+ * coll_rsag.c, which frees its buffers at destroy; coll_run.c ->
+ * coll_pin.c -> coll_rsag.c, what a call will register).
  */
 #ifndef HC_CORE_COLL_PRIV_H
 #define HC_CORE_COLL_PRIV_H
@@ -113,6 +114,26 @@ hcoll_status_t hc_coll_bcast_agree(hc_coll_t *co, const hc_coll_args_t *a,
 /* Run one host reduce-scatter or all-gather whose arguments every rank
  * agreed on, as hc_coll_run (coll_rsag.c; coll_run.c -> coll_rsag.c). */
 hcoll_status_t hc_coll_run_rsag(hc_coll_t *co, const hc_coll_args_t *a, hcoll_stage_times_t *times);
+
+/* The ranges an operation's ring jobs will register, pinned before the
+ * agreement (coll_pin.c; coll_run.c -> coll_pin.c -> coll_rsag.c). */
+typedef struct hc_coll_pins {
+    hc_coll_t *co;
+    hc_mr_t **mr; /* what hc_ring_mem_pin kept */
+    size_t n, cap;
+} hc_coll_pins_t;
+/* Pin what a will register (verbs host or GPUDirect ranges; nothing where
+ * the ring registers nothing or HCOLL_CHECK_ARGS=0): the first failure,
+ * recorded, is this rank's verdict. *pins is set either way and must be
+ * released with hc_coll_unpin after the operation. */
+hcoll_status_t hc_coll_pin(hc_coll_t *co, const hc_coll_args_t *a, hc_coll_pins_t *pins);
+void hc_coll_unpin(hc_coll_pins_t *pins);
+/* fn(arg, p, bytes) for every range a ring job of the reduce-scatter or
+ * all-gather a registers (coll_rsag.c; makes its permuted vector first);
+ * stops at fn's first failure and returns it. */
+typedef hcoll_status_t (*hc_coll_range_fn)(void *arg, const void *p, size_t bytes);
+hcoll_status_t hc_coll_rsag_ring_ranges(hc_coll_t *co, const hc_coll_args_t *a,
+                                        hc_coll_range_fn fn, void *arg);
 
 /* Free what reduce-scatter and all-gather keep in co (hc_coll_destroy). */
 void hc_coll_rsag_free(hc_coll_t *co);

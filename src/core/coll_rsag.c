@@ -404,6 +404,31 @@ static hcoll_status_t run_pipelined(const rsag_t *x, size_t npieces)
     return st;
 }
 
+/* Before the agreement (coll_pin.c): the ranges every piece's ring job
+ * will register. The permuted vector is made here already (kept between
+ * calls, so the run finds it again), and its failure is a verdict too. */
+hcoll_status_t hc_coll_rsag_ring_ranges(hc_coll_t *co, const hc_coll_args_t *a,
+                                        hc_coll_range_fn fn, void *arg)
+{
+    rsag_t x;
+    hcoll_stage_times_t tm;
+    if (a->count == 0)
+        return HCOLL_SUCCESS;
+    hcoll_status_t st = rsag_setup(&x, co, a, &tm);
+    if (st != HCOLL_SUCCESS || !x.use_ring)
+        return st;
+    const size_t npieces = (x.B + x.P - 1) / x.P;
+    for (size_t k = 0; k < npieces && st == HCOLL_SUCCESS; k++) {
+        const hc_ringdrv_op_t job = ring_job(&x, k);
+        if (!hc_ring_registers(co->ring, job.count, job.dtype, job.phase))
+            continue;
+        st = fn(arg, job.dst, job.count * x.es);
+        if (st == HCOLL_SUCCESS && job.src != job.dst)
+            st = fn(arg, job.src, job.count * x.es);
+    }
+    return st;
+}
+
 hcoll_status_t hc_coll_run_rsag(hc_coll_t *co, const hc_coll_args_t *a, hcoll_stage_times_t *tm)
 {
     rsag_t x;

@@ -418,74 +418,19 @@ static hcoll_status_t run_broadcast(hc_coll_t *co, const hc_coll_args_t *a,
 /* Reduce-scatter and all-gather: the arguments, then coll_rsag.c             */
 /* ------------------------------------------------------------------------ */
 
-/* This rank's side of the registrations an operation will need (verbs:
- * the user's host buffers, registered per operation): pinned here, before
- * the agreement, so that a failure (the locked-memory limit) is this
- * rank's verdict and fails the call on every rank before anything moves,
- * instead of failing the ring half-way. Only where the ring registers that
- * whole range anyway (the ring and flat plans, the latency path, a
- * broadcast's shard), so the operation's own registration hits the pinned
- * entry and nothing more is locked. The three-stage pipeline registers a
- * shard per piece as it goes, and a failure there still fails the
- * communicator. pins[2] are set (NULL: nothing kept). */
-static hcoll_status_t pin_buffers(hc_coll_t *co, const hc_coll_args_t *a, hc_mr_t *pins[2])
-{
-    struct hcoll_comm *c = co->comm;
-    pins[0] = pins[1] = NULL;
-    const size_t bytes = a->count * hcoll_dtype_size(a->dtype);
-    if (!co->ring || bytes == 0 || !co->check_args)
-        return HCOLL_SUCCESS;
-    unsigned char *base = a->recvbuf;
-    size_t len = bytes;
-    const void *send = NULL;
-    if (a->kind == HC_COLL_BROADCAST) {
-        if (!hc_ring_registers(co->ring, bytes, HCOLL_UINT8, -1))
-            return HCOLL_SUCCESS;
-        if (co->plan == HC_PLAN_3STAGE) { /* as run_broadcast cuts it */
-            const size_t es = bytes % 8 == 0 ? 8 : bytes % 4 == 0 ? 4 : 1;
-            size_t soff, slen;
-            hc_intra_shard(bytes / es, c->local_size, c->local_rank, &soff, &slen);
-            base += soff * es;
-            len = slen * es;
-        }
-    } else if (a->kind == HC_COLL_ALLREDUCE) {
-        if (co->plan == HC_PLAN_3STAGE && bytes > co->small_bytes)
-            return HCOLL_SUCCESS;
-        /* Recursive doubling sends from its own registered slots. */
-        if (hc_algo_allreduce(&co->algo, co->plan, bytes, co->small_bytes) == HC_ALGO_RD)
-            return HCOLL_SUCCESS;
-        if (!hc_ring_registers(co->ring, a->count, a->dtype, HC_RING_PHASE_ALLREDUCE))
-            return HCOLL_SUCCESS;
-        /* The ring and flat plans send from sendbuf itself (unscaled). */
-        if (co->plan != HC_PLAN_3STAGE && !a->ro.scaled && a->sendbuf != a->recvbuf)
-            send = a->sendbuf;
-    } else {
-        return HCOLL_SUCCESS;
-    }
-    hcoll_status_t st = len ? hc_ring_mem_pin(co->ring, base, len, &pins[0]) : HCOLL_SUCCESS;
-    if (st == HCOLL_SUCCESS && send)
-        st = hc_ring_mem_pin(co->ring, (void *)send, bytes, &pins[1]);
-    return st;
-}
-
-static void unpin_buffers(hc_coll_t *co, hc_mr_t *pins[2])
-{
-    for (int i = 0; i < 2; i++)
-        if (pins[i])
-            hc_ring_mem_unpin(co->ring, pins[i]);
-}
-
 hcoll_status_t hc_coll_run(hc_coll_t *co, const hc_coll_args_t *a, hcoll_stage_times_t *tm,
                            int *agreed_out)
 {
     *agreed_out = 0;
     const double t0 = hc_now_us();
     memset(tm, 0, sizeof *tm);
-    hc_mr_t *pins[2];
-    const hcoll_status_t verdict = pin_buffers(co, a, pins);
+    /* What the call will register, first (coll_pin.c): a failure is this
+     * rank's verdict. */
+    hc_coll_pins_t pins;
+    const hcoll_status_t verdict = hc_coll_pin(co, a, &pins);
     hcoll_status_t st = hc_coll_agree(co, a, verdict, tm, agreed_out);
     if (st != HCOLL_SUCCESS) {
-        unpin_buffers(co, pins);
+        hc_coll_unpin(&pins);
         return st;
     }
     memset(tm, 0, sizeof *tm); /* the check is not a stage */
@@ -510,7 +455,7 @@ hcoll_status_t hc_coll_run(hc_coll_t *co, const hc_coll_args_t *a, hcoll_stage_t
         co->cur_algo = HC_ALGO_RSAG;
         break;
     }
-    unpin_buffers(co, pins);
+    hc_coll_unpin(&pins);
     tm->total_us = hc_now_us() - t0;
     return st;
 }

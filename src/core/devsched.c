@@ -4,34 +4,6 @@
 #include "core/devsched.h"
 
 
-void hc_devseq_init(hc_devseq_t *s, uint32_t start)
-{
-    s->issued = s->released = start;
-}
-
-uint32_t hc_devseq_issue(hc_devseq_t *s)
-{
-    return ++s->issued;
-}
-
-int hc_devseq_release(hc_devseq_t *s, uint32_t seq)
-{
-    if (seq != s->released + 1 || hc_devseq_pending(s) == 0)
-        return -1;
-    s->released = seq;
-    return 0;
-}
-
-int hc_devseq_passes(uint32_t flag, uint32_t seq)
-{
-    return (int32_t)(flag - seq) >= 0;
-}
-
-uint32_t hc_devseq_pending(const hc_devseq_t *s)
-{
-    return s->issued - s->released;
-}
-
 void hc_devstage_init(hc_devstage_t *s, size_t npieces)
 {
     s->npieces = npieces;

@@ -1,7 +1,6 @@
 /*
  * The device executor's schedule, free of CUDA so that tests check it on
- * any host: the numbers the caller's stream waits for, the order of the
- * host stage's copies and ring runs through two staging buffers, and how a
+ * any host: the order of the host stage's copies and ring runs through two staging buffers, and how a
  * call is cut into segments and pieces.
  */
 #ifndef HC_CORE_DEVSCHED_H
@@ -9,30 +8,6 @@
 
 #include <stddef.h>
 #include <stdint.h>
-
-/* ---- Stream release sequence --------------------------------------------
- * Every staged operation gets the next 32-bit sequence number s; the user's
- * stream waits until (int32_t)(flag - s) >= 0 (CU_STREAM_WAIT_VALUE_GEQ, a
- * cyclic compare), and the host stage writes flag = s when it is done.
- * Operations are released strictly in issue order, so writing s releases
- * s and everything before it, and never anything after it. */
-typedef struct hc_devseq {
-    uint32_t issued;   /* last number handed out */
-    uint32_t released; /* last number written to the flag */
-} hc_devseq_t;
-
-/* Both start at start (the flag's initial value). */
-void hc_devseq_init(hc_devseq_t *s, uint32_t start);
-/* The next operation's number. */
-uint32_t hc_devseq_issue(hc_devseq_t *s);
-/* Record that the flag now holds seq: 0, or -1 (nothing recorded) when seq
- * is not the oldest unreleased number. */
-int hc_devseq_release(hc_devseq_t *s, uint32_t seq);
-/* Does a stream waiting for seq pass with this flag value? (What the GPU
- * evaluates.) */
-int hc_devseq_passes(uint32_t flag, uint32_t seq);
-/* Numbers issued and not released yet. */
-uint32_t hc_devseq_pending(const hc_devseq_t *s);
 
 /* ---- Staging schedule ---------------------------------------------------
  * The host stage moves its range through two pinned buffers:

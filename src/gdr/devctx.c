@@ -1,6 +1,6 @@
 /*
- * One GPU for the device executor (devctx.h): open/close, the flag, the
- * staging copies and the device memory operations of a GPUDirect ring.
+ * One GPU for the device executor (devctx.h): open/close, callers'
+ * streams, and the device memory operations of a GPUDirect ring.
  */
 #include "gdr/devctx.h"
 
@@ -107,48 +107,27 @@ static void dev_free_locals(hc_gdr_dev_t *g)
         HC_WARN(HC_GDR, g->rp.rank, "hcoll's internal stream did not drain within %d ms; its "
                 "staging buffers are left allocated", DEV_CLOSE_DRAIN_MS);
     for (int i = 0; i < 2; i++) {
-        if (g->ev_d2h[i])
-            cu->event_destroy(g->ev_d2h[i]);
         if (idle)
             hc_gdr_pin_put(g->cudev, g->stage[i], g->stage_bytes);
-        g->ev_d2h[i] = g->stage[i] = NULL;
+        g->stage[i] = NULL;
     }
     if (g->ev_fence)
         cu->event_destroy(g->ev_fence);
-    /* Stream-ordered: cuMemFree would wait for every stream of the context,
-     * the application's included, and destroy must not hang on those. */
-    if (g->flag && g->istream)
-        dev_put(g, g->flag, g->istream, "the stream flag");
-    else if (g->flag)
-        HC_WARN(HC_GDR, g->rp.rank, "the stream flag could not be freed; left allocated");
     if (g->istream)
         cu->stream_destroy(g->istream);
     g->ev_fence = g->istream = NULL;
-    g->flag = 0;
 }
 
-/* Everything after the context: stream, flag, fence, staging, kernels. */
+/* Everything after the context: stream, fence, staging, kernels. */
 static hcoll_status_t dev_make_locals(hc_gdr_dev_t *g)
 {
     hcoll_status_t st = HCOLL_SUCCESS;
     const hc_cu_api_t *cu = g->cu;
     CU_TRY(g, cu->stream_create(&g->istream, HC_CU_STREAM_NON_BLOCKING), "cuStreamCreate", out);
-    CU_TRY(g, hc_gdr_dbuf_get(cu, g->cudev, 256, &g->flag), "cuMemAlloc (stream flag)", out);
-    /* The flag is 0 before any stream waits on it (fresh memory holds
-     * anything). On the internal stream, not with cuMemsetD32: that goes on
-     * the legacy stream, which is unordered with non-blocking streams and
-     * refused while a blocking stream of the context is being captured. */
-    static const uint32_t zero = 0;
-    CU_TRY(g, cu->memcpy_htod_async(g->flag, &zero, sizeof zero, g->istream),
-           "cuMemcpyHtoDAsync (stream flag)", out);
-    CU_TRY(g, cu->stream_synchronize(g->istream), "cuStreamSynchronize (stream flag)", out);
     CU_TRY(g, cu->event_create(&g->ev_fence, HC_CU_EVENT_DISABLE_TIMING), "cuEventCreate", out);
-    for (int i = 0; g->stage_bytes && i < 2; i++) {
+    for (int i = 0; g->stage_bytes && i < 2; i++)
         CU_TRY(g, hc_gdr_pin_get(cu, g->cudev, g->stage_bytes, &g->stage[i]),
                "cuMemHostAlloc (staging)", out);
-        CU_TRY(g, cu->event_create(&g->ev_d2h[i], HC_CU_EVENT_DISABLE_TIMING), "cuEventCreate",
-               out);
-    }
     /* The kernels are optional: only AVG on one node and a GPUDirect ring
      * need them. */
     if (hc_gdr_kern_shared(g->cudev, &g->kern, g->kern_why, sizeof g->kern_why) != HCOLL_SUCCESS)
@@ -204,36 +183,6 @@ void hc_gdr_dev_close(hc_gdr_dev_t *g)
     hc_gdr_dev_pop(g);
     g->cu->primary_release(g->cudev);
     free(g);
-}
-
-void hc_gdr_dev_leak_flag(hc_gdr_dev_t *g)
-{
-    g->flag = 0;
-}
-
-hcoll_status_t hc_gdr_dev_stream_wait(hc_gdr_dev_t *g, void *stream, uint32_t seq)
-{
-    hc_cu_res_t r = g->cu->stream_wait_value32(stream, g->flag, seq, HC_CU_STREAM_WAIT_VALUE_GEQ);
-    return r == HC_CU_SUCCESS ? HCOLL_SUCCESS : hc_gdr_cu_fail(&g->rp, r, "cuStreamWaitValue32");
-}
-
-hcoll_status_t hc_gdr_dev_write_flag(hc_gdr_dev_t *g, uint32_t seq)
-{
-    hc_cu_res_t r = istream_mark(g, g->cu->stream_write_value32(g->istream, g->flag, seq,
-                                                                HC_CU_STREAM_WRITE_VALUE_DEFAULT));
-    return r == HC_CU_SUCCESS
-               ? HCOLL_SUCCESS
-               : hc_gdr_cu_fail(&g->rp, r, "cuStreamWriteValue32 (releasing the caller's stream)");
-}
-
-hcoll_status_t hc_gdr_dev_fence(hc_gdr_dev_t *g, int timeout_ms, int check_abort,
-                                const char *what)
-{
-    hcoll_status_t st;
-    CU_TRY(g, g->cu->event_record(g->ev_fence, g->istream), "cuEventRecord", out);
-    st = hc_gdr_event_wait(g->cu, g->ev_fence, timeout_ms, check_abort, &g->rp, what);
-out:
-    return st;
 }
 
 static hcoll_status_t capture_refused(const hc_gdr_report_t *rp)
@@ -344,50 +293,6 @@ out:
     return st;
 }
 
-hcoll_status_t hc_gdr_dev_stage_in(hc_gdr_dev_t *g, int buf, const void *src, size_t bytes)
-{
-    hcoll_status_t st = HCOLL_SUCCESS;
-    CU_TRY(g, istream_mark(g, g->cu->memcpy_dtoh_async(g->stage[buf], dptr(src), bytes,
-                                                       g->istream)),
-           "cuMemcpyDtoHAsync (staging)", out);
-    CU_TRY(g, g->cu->event_record(g->ev_d2h[buf], g->istream), "cuEventRecord", out);
-out:
-    return st;
-}
-
-hcoll_status_t hc_gdr_dev_stage_wait(hc_gdr_dev_t *g, int buf, int timeout_ms)
-{
-    return hc_gdr_event_wait(g->cu, g->ev_d2h[buf], timeout_ms, 1, &g->rp,
-                             "a copy into staging");
-}
-
-hcoll_status_t hc_gdr_dev_stage_out(hc_gdr_dev_t *g, int buf, void *dst, size_t bytes)
-{
-    hcoll_status_t st = HCOLL_SUCCESS;
-    CU_TRY(g, istream_mark(g, g->cu->memcpy_htod_async(dptr(dst), g->stage[buf], bytes,
-                                                       g->istream)),
-           "cuMemcpyHtoDAsync (staging)", out);
-out:
-    return st;
-}
-
-hcoll_status_t hc_gdr_dev_stage_copy(hc_gdr_dev_t *g, int buf, size_t off, void *dev,
-                                     size_t bytes, int to_host)
-{
-    hcoll_status_t st = HCOLL_SUCCESS;
-    unsigned char *h = (unsigned char *)g->stage[buf] + off;
-    if (to_host) {
-        CU_TRY(g, istream_mark(g, g->cu->memcpy_dtoh_async(h, dptr(dev), bytes, g->istream)),
-               "cuMemcpyDtoHAsync (staging)", out);
-        CU_TRY(g, g->cu->event_record(g->ev_d2h[buf], g->istream), "cuEventRecord", out);
-    } else {
-        CU_TRY(g, istream_mark(g, g->cu->memcpy_htod_async(dptr(dev), h, bytes, g->istream)),
-               "cuMemcpyHtoDAsync (staging)", out);
-    }
-out:
-    return st;
-}
-
 void hc_gdr_dev_free_async(hc_gdr_dev_t *g, void *p, void *stream)
 {
     dev_put(g, dptr(p), stream, "device memory");
@@ -436,7 +341,7 @@ hcoll_status_t hc_gdr_dev_alloc(hc_gdr_dev_t *g, size_t bytes, void **out)
 void hc_gdr_dev_free(hc_gdr_dev_t *g, void *p)
 {
     hc_gdr_dev_push(g);
-    /* Stream-ordered, like the flag: never waits for other streams. */
+    /* Stream-ordered: never waits for the application's streams. */
     dev_put(g, dptr(p), g->istream, "device slots");
     hc_gdr_dev_pop(g);
 }

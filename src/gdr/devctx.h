@@ -1,11 +1,8 @@
 /*
  * One GPU as the device executor uses it: the retained primary context
- * (the one the CUDA runtime uses), an internal non-blocking stream, a
- * 32-bit flag in device memory that callers' streams wait on, two pinned
- * staging buffers with their copy events, and the reduction kernels.
- *
- *   caller's stream ── wait(flag >= s) ──►            (hc_gdr_dev_stream_wait)
- *   istream: D2H(buf) ─ev─► … H2D(buf) … write(flag = s) ─fence─►
+ * (the one the CUDA runtime uses), an internal non-blocking stream, two
+ * pinned staging buffers, and the reduction kernels. Callers' streams
+ * wait on events and gates (gate.h), never on work submitted after them.
  *
  * Every function pushes the context itself where it needs it, so that
  * hcoll's threads and the caller's (whose current context is the
@@ -30,47 +27,29 @@ typedef struct hc_gdr_dev {
     int cudev;       /* its CUdevice */
     void *ctx;       /* retained primary context */
     void *istream;   /* internal, non-blocking */
-    hc_cu_dptr_t flag;
     size_t stage_bytes; /* each of the two buffers; 0: none */
     void *stage[2];
-    void *ev_d2h[2];
     void *ev_fence;  /* istream past its last work, recorded at each enqueue */
     int fence_lost;  /* a record of it failed: close cannot tell */
     hc_gdr_kern_t *kern; /* NULL: not loaded, kern_why says why */
     char kern_why[200];
 } hc_gdr_dev_t;
 
-/* Open GPU `ordinal`: retain its primary context, make the stream, the
- * flag (0 on return) and, with stage_bytes > 0, the staging buffers; load
+/* Open GPU `ordinal`: retain its primary context, make the stream and,
+ * with stage_bytes > 0, the staging buffers; load
  * the kernels when possible (optional). Nothing collective. */
 hcoll_status_t hc_gdr_dev_open(const hc_cu_api_t *cu, int ordinal, size_t stage_bytes,
                                const hc_gdr_report_t *rp, hc_gdr_dev_t **out);
 
-/* Free everything open made and release the context. The flag goes
- * stream-ordered (never waiting for the application's streams), or stays
- * allocated after hc_gdr_dev_leak_flag. NULL is a no-op. */
+/* Free everything open made and release the context (never waiting for
+ * the application's streams). NULL is a no-op. */
 void hc_gdr_dev_close(hc_gdr_dev_t *g);
-
-/* A stream may still wait on the flag: never free it. */
-void hc_gdr_dev_leak_flag(hc_gdr_dev_t *g);
 
 /* Make g's context current on this thread / restore the previous one. */
 void hc_gdr_dev_push(hc_gdr_dev_t *g);
 /* hc_gdr_dev_push that reports a failure (then nothing is pushed). */
 hcoll_status_t hc_gdr_dev_enter(hc_gdr_dev_t *g);
 void hc_gdr_dev_pop(hc_gdr_dev_t *g);
-
-/* ---- The flag ---- */
-
-/* Make stream wait until (int32_t)(flag - seq) >= 0. */
-hcoll_status_t hc_gdr_dev_stream_wait(hc_gdr_dev_t *g, void *stream, uint32_t seq);
-
-/* Write seq to the flag behind everything on the internal stream. */
-hcoll_status_t hc_gdr_dev_write_flag(hc_gdr_dev_t *g, uint32_t seq);
-
-/* Wait until the internal stream has done everything enqueued so far. */
-hcoll_status_t hc_gdr_dev_fence(hc_gdr_dev_t *g, int timeout_ms, int check_abort,
-                                const char *what);
 
 /* ---- Callers' streams (context pushed by the caller) ---- */
 
@@ -105,19 +84,8 @@ hcoll_status_t hc_gdr_dev_scale_async(hc_gdr_dev_t *g, void *dst, const void *sr
                                       hcoll_dtype_t dtype, const void *dev_scalar, uint64_t kbits,
                                       void *stream);
 
-/* ---- Staging (context pushed by the caller) ---- */
+/* ---- More on callers' streams (context pushed by the caller) ---- */
 
-/* Copy bytes from device src into staging buffer buf on the internal
- * stream, and record buf's copy event. */
-hcoll_status_t hc_gdr_dev_stage_in(hc_gdr_dev_t *g, int buf, const void *src, size_t bytes);
-/* Wait for buf's copy event. */
-hcoll_status_t hc_gdr_dev_stage_wait(hc_gdr_dev_t *g, int buf, int timeout_ms);
-/* Copy bytes from staging buffer buf to device dst on the internal stream. */
-hcoll_status_t hc_gdr_dev_stage_out(hc_gdr_dev_t *g, int buf, void *dst, size_t bytes);
-/* As stage_in (to_host; buf's copy event recorded after it) or stage_out,
- * at byte offset off of the staging buffer. */
-hcoll_status_t hc_gdr_dev_stage_copy(hc_gdr_dev_t *g, int buf, size_t off, void *dev,
-                                     size_t bytes, int to_host);
 /* Free device memory of hc_gdr_dev_alloc behind stream's work. */
 void hc_gdr_dev_free_async(hc_gdr_dev_t *g, void *p, void *stream);
 /* Make stream wait for ev's latest record (cuStreamWaitEvent). */

@@ -479,10 +479,3 @@ int hc_gdr_level_allows(int dist, int level, int gpu, const char *hca, int log_r
         snprintf(line, linelen, "%s", buf);
     return on;
 }
-
-int hc_gdr_flush_needed(int64_t knob, int cc_major)
-{
-    if (knob == 0 || knob == 1)
-        return (int)knob;
-    return cc_major > 0 && cc_major < 9;
-}

@@ -56,11 +56,6 @@ const char *hc_gdr_reg_name(int reg);
 int hc_gdr_level_allows(int dist, int level, int gpu, const char *hca, int log_rank, char *line,
                         size_t linelen);
 
-/* Flush read after a GPUDirect write lands: HCOLL_GDR_FLUSH 1/0 force it,
- * -1 (auto) wants it before Hopper (compute capability major < 9), where
- * the PCIe writes may still be in flight when the completion arrives. */
-int hc_gdr_flush_needed(int64_t knob, int cc_major);
-
 /* ---- CUDA driver (dlopen) ---------------------------------------------- */
 
 /* 1 when libcuda.so.1 loaded and cuInit succeeded; why (may be NULL) gets

@@ -94,6 +94,9 @@
  *   HCMOCK_IB_TRACE        1: print every drop, NAK and timeout on stderr
  *   HCMOCK_IB_DMABUF       0: no dma-buf import (EOPNOTSUPP); default 1
  *   HCMOCK_IB_MEMLOCK_KB   locked-memory limit for host MRs (default none)
+ *   HCMOCK_IB_REG_FAIL     an errno (12 ENOMEM, 95 EOPNOTSUPP...): every
+ *                          registration, host or device, fails with it
+ *                          while set (the dma-buf probe with fd -1 excepted)
  *   HCMOCK_IB_GDR_LAZY     1: device writes visible only after a flush read
  *   HCMOCK_IB_COPY_ON_FORK 1: the kernel copies pinned pages at fork
  *   HCMOCK_IB_RO           0: a provider that refuses IBV_ACCESS_RELAXED_ORDERING
@@ -165,6 +168,7 @@ enum stat_id {
     ST_MISALIGNED, /* writes of more than 64 bytes whose source or target is not on a
                     * 64-byte boundary (the NIC splits them at cache lines) */
     ST_RO_REGS, /* registered with IBV_ACCESS_RELAXED_ORDERING */
+    ST_REG_INJECTED, /* registrations failed by HCMOCK_IB_REG_FAIL */
     /* objects alive now (a leak shows as non-zero after teardown) */
     ST_LIVE_CTX, ST_LIVE_PD, ST_LIVE_MR, ST_LIVE_CQ, ST_LIVE_QP, ST_COUNT
 };
@@ -174,6 +178,7 @@ static const char *const stat_names[ST_COUNT] = {
     "qps_created", "mr_registrations", "memlock_failures", "device_reg_without_peermem",
     "dmabuf_registrations", "gdr_writes_held", "async_events", "unsafe_forks",
     "post_send_calls", "cq_events", "misaligned_writes", "relaxed_ordering_registrations",
+    "injected_reg_failures",
     "live_contexts",
     "live_pds", "live_mrs", "live_cqs", "live_qps",
 };
@@ -207,6 +212,18 @@ static void reg_cost(size_t len)
     struct timespec ts = { (time_t)(ns / 1e9), (long)(ns - (double)(time_t)(ns / 1e9) * 1e9) };
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
         ;
+}
+
+/* HCMOCK_IB_REG_FAIL: a registration refused as the kernel may refuse
+ * one (a test sets it around one call). 1 with errno set when it is. */
+static int reg_injected(void)
+{
+    const int e = env_int("HCMOCK_IB_REG_FAIL", 0);
+    if (e <= 0)
+        return 0;
+    stat_add(ST_REG_INJECTED, 1);
+    errno = e;
+    return 1;
 }
 
 static void trace(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -1194,6 +1211,8 @@ HCMOCK_API struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t lengt
         errno = EINVAL;
         return NULL;
     }
+    if (reg_injected())
+        return NULL;
     const int write = access & (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                                 IBV_ACCESS_REMOTE_ATOMIC);
     dev2host_fn f = dev2host();
@@ -1263,6 +1282,8 @@ HCMOCK_API struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, 
         errno = EBADF;
         return NULL;
     }
+    if (reg_injected())
+        return NULL;
     if (!pd || !access_valid(access) || length == 0 ||
         ((access & IBV_ACCESS_RELAXED_ORDERING) && env_int("HCMOCK_IB_RO", 1) == 0)) {
         errno = EINVAL;

@@ -289,10 +289,6 @@ hcoll_status_t ib_async_poll(hc_transport_t *tr);
 
 /* An RC QP with its own CQ, in INIT. Returns 0, or -1 (errno set). */
 int ib_qp_create(hc_transport_t *tr, struct ibv_cq **cq_out, struct ibv_qp **qp_out);
-/* The completion channel of the endpoints' CQs, made on first use (NULL
- * when libibverbs has none or it cannot be made: waits then sleep in
- * steps). */
-struct ibv_comp_channel *ib_chan_get(hc_transport_t *tr);
 /* Take and acknowledge every event queued on the channel (never blocks):
  * before a CQ is destroyed, since destroy waits for acknowledgements. */
 void ib_chan_drain(hc_transport_t *tr);

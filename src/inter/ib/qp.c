@@ -84,7 +84,10 @@ int ib_qp_connect(hc_transport_t *tr, struct ibv_qp *qp, const ib_addr_t *peer, 
                                 IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
 }
 
-struct ibv_comp_channel *ib_chan_get(hc_transport_t *tr)
+/* The completion channel of the endpoints' CQs, made on first use (NULL
+ * when libibverbs has none or it cannot be made: waits then sleep in
+ * steps). */
+static struct ibv_comp_channel *ib_chan_get(hc_transport_t *tr)
 {
     if (tr->chan || !tr->v->create_comp_channel || !tr->v->get_cq_event ||
         !tr->v->ack_cq_events || !tr->v->destroy_comp_channel)

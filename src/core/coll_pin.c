@@ -1,0 +1,139 @@
+/*
+ * What an operation will register, pinned before the argument agreement
+ * (coll_run.c), so that a registration failure is this rank's verdict and
+ * fails that call alike on every rank before anything moves, and never
+ * the ring half-way (design: "The verdict: registration").
+ *
+ *   pin set   every range a ring job of the call registers (verbs: the
+ *             transport pins it, hc_ring_mem_pin; TCP: nothing)
+ *     ring, flat all-reduce   recvbuf (and sendbuf when the ring sends from it)
+ *     latency path            recvbuf (the ring over the node's sum)
+ *     three-stage all-reduce  the shard of recvbuf of every piece (S/L bytes)
+ *     broadcast               the chain's range (the shard, three stages)
+ *     reduce-scatter, gather  each piece's ring job (coll_rsag.c)
+ *   agreement verdict = the first pin that failed (already recorded)
+ *   the operation         its own mr_reg hits the pinned entries
+ *   after it              every pin released
+ *
+ * Only the ranges the ring registers whole anyway (never a contiguous
+ * cover of the shards, which would lock L times more), so nothing more is
+ * locked at once than one call's ring ranges: S/L for a three-stage call,
+ * S for the ring plan, as before. Where a job registers nothing (gather
+ * mode, TCP, a one-rank ring) nothing is pinned.
+ */
+#include "core/coll_priv.h"
+
+#include <stdlib.h>
+
+#include "core/comm.h"
+#include "base/err.h"
+#include "base/log.h"
+
+/* One range into the set (nothing where the transport keeps none). */
+static hcoll_status_t pins_add(void *arg, const void *p, size_t bytes)
+{
+    hc_coll_pins_t *s = arg;
+    struct hcoll_comm *c = s->co->comm;
+    if (bytes == 0)
+        return HCOLL_SUCCESS;
+    if (s->n == s->cap) {
+        const size_t cap = s->cap ? 2 * s->cap : 8;
+        hc_mr_t **m = realloc(s->mr, cap * sizeof *m);
+        if (!m)
+            return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_NO_MEMORY,
+                              "no memory to pin %zu ranges before the call", cap);
+        s->mr = m;
+        s->cap = cap;
+    }
+    hc_mr_t *pin = NULL;
+    hcoll_status_t st = hc_ring_mem_pin(s->co->ring, (void *)p, bytes, &pin);
+    if (st == HCOLL_SUCCESS && pin)
+        s->mr[s->n++] = pin;
+    return st;
+}
+
+/* The three-stage all-reduce's ring jobs: piece k's shard of recvbuf, cut
+ * as run_3stage cuts it. */
+static hcoll_status_t pin_3stage_shards(hc_coll_pins_t *s, const hc_coll_args_t *a)
+{
+    hc_coll_t *co = s->co;
+    struct hcoll_comm *c = co->comm;
+    const size_t es = hcoll_dtype_size(a->dtype);
+    const int L = c->local_size;
+    size_t piece = co->piece_bytes / es;
+    if (piece < (size_t)L)
+        piece = (size_t)L;
+    hcoll_status_t st = HCOLL_SUCCESS;
+    for (size_t off = 0; off < a->count && st == HCOLL_SUCCESS; off += piece) {
+        const size_t n = a->count - off < piece ? a->count - off : piece;
+        size_t soff, slen;
+        hc_intra_shard(n, L, c->local_rank, &soff, &slen);
+        if (hc_ring_registers(co->ring, slen, a->dtype, HC_RING_PHASE_ALLREDUCE))
+            st = pins_add(s, (unsigned char *)a->recvbuf + (off + soff) * es, slen * es);
+    }
+    return st;
+}
+
+static hcoll_status_t pin_allreduce(hc_coll_pins_t *s, const hc_coll_args_t *a)
+{
+    hc_coll_t *co = s->co;
+    const size_t bytes = a->count * hcoll_dtype_size(a->dtype);
+    /* Recursive doubling sends from its own registered slots (as
+     * run_allreduce chooses it). */
+    if (hc_algo_allreduce(&co->algo, co->plan, bytes, co->small_bytes) == HC_ALGO_RD)
+        return HCOLL_SUCCESS;
+    if (co->plan == HC_PLAN_3STAGE && bytes > co->small_bytes)
+        return pin_3stage_shards(s, a);
+    if (!hc_ring_registers(co->ring, a->count, a->dtype, HC_RING_PHASE_ALLREDUCE))
+        return HCOLL_SUCCESS;
+    hcoll_status_t st = pins_add(s, a->recvbuf, bytes);
+    /* The ring and flat plans send from sendbuf itself (unscaled). */
+    if (st == HCOLL_SUCCESS && co->plan != HC_PLAN_3STAGE && !a->ro.scaled &&
+        a->sendbuf != a->recvbuf)
+        st = pins_add(s, a->sendbuf, bytes);
+    return st;
+}
+
+static hcoll_status_t pin_broadcast(hc_coll_pins_t *s, const hc_coll_args_t *a)
+{
+    hc_coll_t *co = s->co;
+    struct hcoll_comm *c = co->comm;
+    const size_t bytes = a->count * hcoll_dtype_size(a->dtype);
+    if (!hc_ring_registers(co->ring, bytes, HCOLL_UINT8, -1))
+        return HCOLL_SUCCESS;
+    unsigned char *base = a->recvbuf;
+    size_t len = bytes;
+    if (co->plan == HC_PLAN_3STAGE) { /* as run_broadcast cuts it */
+        const size_t es = bytes % 8 == 0 ? 8 : bytes % 4 == 0 ? 4 : 1;
+        size_t soff, slen;
+        hc_intra_shard(bytes / es, c->local_size, c->local_rank, &soff, &slen);
+        base += soff * es;
+        len = slen * es;
+    }
+    return pins_add(s, base, len);
+}
+
+hcoll_status_t hc_coll_pin(hc_coll_t *co, const hc_coll_args_t *a, hc_coll_pins_t *s)
+{
+    s->co = co;
+    s->mr = NULL;
+    s->n = s->cap = 0;
+    if (!co->ring || a->count == 0 || !co->check_args)
+        return HCOLL_SUCCESS;
+    switch (a->kind) {
+    case HC_COLL_ALLREDUCE: return pin_allreduce(s, a);
+    case HC_COLL_BROADCAST: return pin_broadcast(s, a);
+    case HC_COLL_REDUCE_SCATTER:
+    case HC_COLL_ALLGATHER: return hc_coll_rsag_ring_ranges(co, a, pins_add, s);
+    default: return HCOLL_SUCCESS;
+    }
+}
+
+void hc_coll_unpin(hc_coll_pins_t *s)
+{
+    for (size_t i = 0; i < s->n; i++)
+        hc_ring_mem_unpin(s->co->ring, s->mr[i]);
+    free(s->mr);
+    s->mr = NULL;
+    s->n = s->cap = 0;
+}

@@ -1,0 +1,350 @@
+/*
+ * A registration that fails fails that call only (issue 19 item 3), on the
+ * emulated libibverbs (HCOLL_NET=ib) through the public API.
+ *
+ * One rank (the last, on another node than rank 0) has every registration
+ * refused during one call (HCMOCK_IB_REG_FAIL: ENOMEM as a locked-memory
+ * limit gives, or EOPNOTSUPP), at each place a call registers in turn:
+ *   host   the three-stage all-reduce's pipelined shards, the ring plan's
+ *          buffers, the reduce-scatter's and all-gather's permuted vector
+ *          (per piece), the broadcast chain's shard
+ * on 2x2 (three stages, several pieces) and 3x1 (the ring of every rank).
+ *   device (emulated CUDA driver, staged through pinned host memory): the
+ *          staging buffers, registered at the device path's set-up (the
+ *          first device call), which then fails on every rank, naming the
+ *          registration; host calls go on
+ * Every rank must return an error, the odd rank's message naming the
+ * registration and the others' naming that rank and the registration; no
+ * recvbuf may change; and the next 3 calls of that kind on the same
+ * communicator must succeed bit for bit (integers).
+ *
+ * Before the fix the three-stage all-reduce, the reduce-scatter and the
+ * all-gather registered inside the running ring: the failure broke the
+ * ring, and every later call failed.
+ */
+#include <check.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/mockib.h"
+#include "common/ranks.h"
+#include "gpu/gpuhelp.h"
+#include "hc_build.h"
+#include "hcoll.h"
+
+#if HCOLL_BUILD_VERBS
+
+#define TEST_TIMEOUT_S 120
+#define MAX_RANKS 4
+#define SENTINEL 0x5a5a5a5a
+#define AR_COUNT (96 * 1024 + 5) /* int32: past HCOLL_SMALL_BYTES, many pieces */
+#define RSAG_COUNT 20003         /* int32 per rank */
+#define BC_BYTES (300 * 1024 + 3)
+
+enum kind { K_ALLREDUCE, K_REDUCE_SCATTER, K_ALLGATHER, K_BROADCAST, K_COUNT };
+static const char *const kind_name[K_COUNT] = { "allreduce", "reduce_scatter", "allgather",
+                                                "broadcast" };
+
+typedef struct world {
+    hct_id_slot_t slot;
+} world_t;
+
+static uint64_t mock_stat(const char *name)
+{
+    void *h = dlopen("libibverbs.so.1", RTLD_NOLOAD | RTLD_NOW);
+    uint64_t (*stat)(const char *) = h ? (uint64_t(*)(const char *))dlsym(h, "hcmock_verbs_stat")
+                                       : NULL;
+    uint64_t v = stat ? stat(name) : UINT64_MAX;
+    if (h)
+        dlclose(h);
+    return v;
+}
+
+static int32_t val(int rank, size_t i, int it)
+{
+    return (int32_t)((size_t)rank * 7 + i % 1009 + (size_t)it * 3);
+}
+
+/* One call of kind k (iteration it), with fresh inputs; returns its
+ * status. The buffers: in (the input), out (the output, SENTINEL first). */
+static hcoll_status_t call(hcoll_comm_t comm, enum kind k, int rank, int nranks, int it,
+                           int32_t *in, int32_t *out)
+{
+    switch (k) {
+    case K_ALLREDUCE:
+        for (size_t i = 0; i < AR_COUNT; i++) {
+            in[i] = val(rank, i, it);
+            out[i] = SENTINEL;
+        }
+        return hcoll_allreduce(comm, in, out, AR_COUNT, HCOLL_INT32, HCOLL_SUM, NULL);
+    case K_REDUCE_SCATTER:
+        for (size_t i = 0; i < (size_t)nranks * RSAG_COUNT; i++)
+            in[i] = val(rank, i, it);
+        for (size_t i = 0; i < RSAG_COUNT; i++)
+            out[i] = SENTINEL;
+        return hcoll_reduce_scatter(comm, in, out, RSAG_COUNT, HCOLL_INT32, HCOLL_SUM, NULL);
+    case K_ALLGATHER:
+        for (size_t i = 0; i < RSAG_COUNT; i++)
+            in[i] = val(rank, i, it);
+        for (size_t i = 0; i < (size_t)nranks * RSAG_COUNT; i++)
+            out[i] = SENTINEL;
+        return hcoll_allgather(comm, in, out, RSAG_COUNT, HCOLL_INT32, NULL);
+    default: {
+        unsigned char *o = (unsigned char *)out;
+        for (size_t i = 0; i < BC_BYTES; i++)
+            o[i] = rank == 0 ? (unsigned char)(i * 13 + (size_t)it) : 0x5a;
+        /* Rooted at rank 0: the chain reaches the odd rank's node last. */
+        return hcoll_broadcast(comm, o, o, BC_BYTES, HCOLL_UINT8, 0, NULL);
+    }
+    }
+}
+
+/* The output of a call that went through, exactly. */
+static int check_ok(enum kind k, int rank, int nranks, int it, const int32_t *out)
+{
+    switch (k) {
+    case K_ALLREDUCE:
+        for (size_t i = 0; i < AR_COUNT; i++) {
+            int32_t want = 0;
+            for (int r = 0; r < nranks; r++)
+                want += val(r, i, it);
+            HCT_REQUIRE(out[i] == want, "rank %d: allreduce %d: [%zu] = %d, want %d", rank, it, i,
+                        out[i], want);
+        }
+        break;
+    case K_REDUCE_SCATTER:
+        for (size_t i = 0; i < RSAG_COUNT; i++) {
+            int32_t want = 0;
+            for (int r = 0; r < nranks; r++)
+                want += val(r, (size_t)rank * RSAG_COUNT + i, it);
+            HCT_REQUIRE(out[i] == want, "rank %d: reduce_scatter %d: [%zu] = %d, want %d", rank,
+                        it, i, out[i], want);
+        }
+        break;
+    case K_ALLGATHER:
+        for (size_t i = 0; i < (size_t)nranks * RSAG_COUNT; i++) {
+            const int32_t want = val((int)(i / RSAG_COUNT), i % RSAG_COUNT, it);
+            HCT_REQUIRE(out[i] == want, "rank %d: allgather %d: [%zu] = %d, want %d", rank, it, i,
+                        out[i], want);
+        }
+        break;
+    default: {
+        const unsigned char *o = (const unsigned char *)out;
+        for (size_t i = 0; i < BC_BYTES; i++)
+            HCT_REQUIRE(o[i] == (unsigned char)(i * 13 + (size_t)it),
+                        "rank %d: broadcast %d: byte %zu is %u", rank, it, i, o[i]);
+    }
+    }
+    return 0;
+}
+
+/* After the failed call: recvbuf as it was (nothing moved). */
+static int check_untouched(enum kind k, int rank, int nranks, const int32_t *out)
+{
+    if (k == K_BROADCAST) {
+        const unsigned char *o = (const unsigned char *)out;
+        for (size_t i = 0; i < BC_BYTES && rank != 0; i++)
+            HCT_REQUIRE(o[i] == 0x5a, "rank %d: broadcast: byte %zu is %u after the failure",
+                        rank, i, o[i]);
+        return 0;
+    }
+    const size_t n = k == K_ALLREDUCE    ? AR_COUNT
+                     : k == K_ALLGATHER ? (size_t)nranks * RSAG_COUNT
+                                        : RSAG_COUNT;
+    for (size_t i = 0; i < n; i++)
+        HCT_REQUIRE(out[i] == SENTINEL, "rank %d: %s: recvbuf[%zu] is %d after the failure", rank,
+                    kind_name[k], i, out[i]);
+    return 0;
+}
+
+static int rank_host(int rank, int nranks, void *argp)
+{
+    world_t *w = argp;
+    setenv("HCOLL_NET", "ib", 1);
+    setenv("HCOLL_SOCKET_IFNAME", "=lo", 1);
+    hcoll_unique_id_t id;
+    hcoll_config_t cfg = HCOLL_CONFIG_INITIALIZER;
+    cfg.timeout_ms = 20000;
+    cfg.net = "ib";
+    cfg.chunk_bytes = 4096; /* pieces of 32 KiB on 2x2: many of them */
+    HCT_REQUIRE(hct_share_unique_id(&w->slot, rank, 20000, &id) == 0, "no unique id");
+    hcoll_comm_t comm;
+    HCT_OK(NULL, hcoll_comm_init(&comm, nranks, rank, &id, &cfg));
+    const int odd = nranks - 1;
+    const size_t cap = (size_t)nranks * RSAG_COUNT > AR_COUNT ? (size_t)nranks * RSAG_COUNT
+                                                              : AR_COUNT;
+    int32_t *in = malloc(cap * sizeof *in), *out = malloc(cap * sizeof *out + BC_BYTES);
+    HCT_REQUIRE(in && out, "no memory");
+    for (int k = 0; k < K_COUNT; k++) {
+        const int err = k % 2 ? EOPNOTSUPP : ENOMEM;
+        char inj[16];
+        snprintf(inj, sizeof inj, "%d", err);
+        const uint64_t before = mock_stat("injected_reg_failures");
+        if (rank == odd)
+            setenv("HCMOCK_IB_REG_FAIL", inj, 1);
+        hcoll_status_t st = call(comm, (enum kind)k, rank, nranks, 0, in, out);
+        unsetenv("HCMOCK_IB_REG_FAIL");
+        const char *msg = hcoll_comm_last_error(comm);
+        fprintf(stderr, "rank %d: %s with rank %d's registrations refused (%s): %s: %s\n", rank,
+                kind_name[k], odd, strerror(err), hcoll_status_name(st), msg);
+        HCT_REQUIRE(st != HCOLL_SUCCESS, "rank %d: %s went through", rank, kind_name[k]);
+        HCT_REQUIRE(rank != odd || mock_stat("injected_reg_failures") > before,
+                    "rank %d: %s registered nothing", rank, kind_name[k]);
+        char want[64];
+        snprintf(want, sizeof want, "rank %d could not take part", odd);
+        HCT_REQUIRE(rank == odd ? strstr(msg, "registering") && strstr(msg, strerror(err))
+                                : strstr(msg, want) && strstr(msg, "registering its buffers"),
+                    "rank %d: %s: the message does not name the registration: %s", rank,
+                    kind_name[k], msg);
+        if (check_untouched((enum kind)k, rank, nranks, out))
+            return 1;
+        /* The same communicator goes on. */
+        for (int it = 1; it <= 3; it++) {
+            HCT_OK(comm, call(comm, (enum kind)k, rank, nranks, it, in, out));
+            if (check_ok((enum kind)k, rank, nranks, it, out))
+                return 1;
+        }
+    }
+    HCT_OK(comm, hcoll_comm_destroy(comm));
+    free(in);
+    free(out);
+    return 0;
+}
+
+static void run_host(int nranks, int per_node)
+{
+    world_t *w = hct_shared_alloc(sizeof *w);
+    ck_assert_ptr_nonnull(w);
+    hct_opts_t o = { .nranks = nranks, .ranks_per_node = per_node, .timeout_ms = 90000 };
+    hct_result_t res[MAX_RANKS];
+    const double t0 = hct_now_ms();
+    int bad = hct_run(&o, rank_host, w, res);
+    fprintf(stderr, "[time] %dx%d: %.1f s\n", nranks / per_node, per_node,
+            (hct_now_ms() - t0) / 1e3);
+    ck_assert_msg(bad == 0, "%d rank(s) failed (see stderr)", bad);
+    hct_shared_free(w, sizeof *w);
+}
+
+START_TEST(regfail_host_2x2)
+{
+    run_host(4, 2);
+}
+END_TEST
+
+START_TEST(regfail_host_3x1)
+{
+    run_host(3, 1);
+}
+END_TEST
+
+/* ---- device buffers, staged ---------------------------------------------- */
+
+static int rank_dev_staged(int rank, int nranks, void *argp)
+{
+    world_t *w = argp;
+    setenv("HCOLL_NET", "ib", 1);
+    setenv("HCOLL_SOCKET_IFNAME", "=lo", 1);
+    setenv("HCOLL_SYSFS_ROOT", "tests/fixtures/sysfs-mockib", 1);
+    setenv("HCMOCK_IB_SYSFS", "tests/fixtures/sysfs-mockib", 1);
+    setenv("HCOLL_NET_GDR_LEVEL", "LOC", 1); /* stage 2 through host memory */
+    const hc_cu_api_t *cu = gpu_open(0);
+    HCT_REQUIRE(cu && gpu_mock_driver(), "rank %d: no mock GPU", rank);
+    hcoll_unique_id_t id;
+    hcoll_config_t cfg = HCOLL_CONFIG_INITIALIZER;
+    cfg.timeout_ms = 20000;
+    cfg.net = "ib";
+    HCT_REQUIRE(hct_share_unique_id(&w->slot, rank, 20000, &id) == 0, "no unique id");
+    hcoll_comm_t comm;
+    HCT_OK(NULL, hcoll_comm_init(&comm, nranks, rank, &id, &cfg));
+    const int odd = nranks - 1;
+    const size_t n = 100000;
+    hc_cu_dptr_t d;
+    GPU_OK(cu->mem_alloc(&d, n * sizeof(int32_t)));
+    void *stream;
+    GPU_OK(cu->stream_create(&stream, HC_CU_STREAM_NON_BLOCKING));
+    if (rank == odd)
+        setenv("HCMOCK_IB_REG_FAIL", "12", 1);
+    void *p = (void *)(uintptr_t)d;
+    hcoll_status_t st = hcoll_allreduce(comm, p, p, n, HCOLL_INT32, HCOLL_SUM, stream);
+    unsetenv("HCMOCK_IB_REG_FAIL");
+    const char *msg = hcoll_comm_last_error(comm);
+    fprintf(stderr, "rank %d: first device all-reduce, rank %d's registrations refused: %s: %s\n",
+            rank, odd, hcoll_status_name(st), msg);
+    HCT_REQUIRE(st != HCOLL_SUCCESS, "rank %d: the device set-up went through", rank);
+    char want[64];
+    snprintf(want, sizeof want, "rank %d could not set up", odd);
+    HCT_REQUIRE(rank == odd ? strstr(msg, "registering") != NULL : strstr(msg, want) != NULL,
+                "rank %d: the message does not name the registration: %s", rank, msg);
+    GPU_OK(cu->stream_synchronize(stream));
+    hcoll_status_t ae = HCOLL_ERR_INTERNAL;
+    HCT_OK(comm, hcoll_comm_get_async_error(comm, &ae));
+    HCT_REQUIRE(ae == HCOLL_SUCCESS, "rank %d: the communicator failed: %s (%s)", rank,
+                hcoll_status_name(ae), hcoll_comm_last_error(comm));
+    /* Host calls go on, bit for bit. */
+    int32_t *in = malloc(AR_COUNT * sizeof *in), *out = malloc(AR_COUNT * sizeof *out);
+    HCT_REQUIRE(in && out, "no memory");
+    for (int it = 1; it <= 3; it++) {
+        HCT_OK(comm, call(comm, K_ALLREDUCE, rank, nranks, it, in, out));
+        if (check_ok(K_ALLREDUCE, rank, nranks, it, out))
+            return 1;
+    }
+    free(in);
+    free(out);
+    GPU_OK(cu->stream_destroy(stream));
+    GPU_OK(cu->mem_free(d));
+    HCT_OK(comm, hcoll_comm_destroy(comm));
+    return 0;
+}
+
+START_TEST(regfail_dev_staged_setup)
+{
+    char cuda[4096];
+    if (!hct_mock_cuda_built(cuda, sizeof cuda)) {
+        printf("SKIP: needs the emulated CUDA driver (%s)\n", cuda);
+        return;
+    }
+    world_t *w = hct_shared_alloc(sizeof *w);
+    ck_assert_ptr_nonnull(w);
+    hct_opts_t o = { .nranks = 2, .ranks_per_node = 1, .timeout_ms = 90000 };
+    hct_result_t res[MAX_RANKS];
+    int bad = hct_run(&o, rank_dev_staged, w, res);
+    ck_assert_msg(bad == 0, "%d rank(s) failed (see stderr)", bad);
+    hct_shared_free(w, sizeof *w);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("ib_regfail");
+    TCase *t = tcase_create("regfail");
+    tcase_set_timeout(t, TEST_TIMEOUT_S);
+    tcase_add_test(t, regfail_host_2x2);
+    tcase_add_test(t, regfail_host_3x1);
+    tcase_add_test(t, regfail_dev_staged_setup);
+    suite_add_tcase(s, t);
+    return s;
+}
+
+int main(int argc, char **argv)
+{
+    (void)argc;
+    int rc = hct_mockib_enter(argv);
+    if (rc != 0)
+        return rc;
+    return hct_mockib_run(suite());
+}
+
+#else /* !HCOLL_BUILD_VERBS */
+
+int main(void)
+{
+    printf("SKIP: hcoll was built without rdma-core headers: no verbs transport to test\n");
+    return 77;
+}
+
+#endif
