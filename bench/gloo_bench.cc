@@ -17,7 +17,8 @@
  * P·S bytes on the wire), gloo_ring_chunked = AllreduceRingChunked
  * (reduce-scatter then all-gather, 2·S), gloo_hd = AllreduceHalvingDoubling,
  * gloo_bcube = AllreduceBcube. The legacy algorithms bind their buffer when
- * built, so they are built once per size, outside the timing.
+ * built, so they are built once per size, outside the timing, each on a
+ * full mesh of its own (see connect()).
  *
  * Launch: under mpirun (build with mpicxx: the mpi peer and its barrier),
  * or -np N: fork N ranks here. Gloo's rendezvous is a FileStore in a fresh
@@ -90,7 +91,9 @@ struct Rank {
     Opts o;
     int rank = 0, nranks = 1;
     bool mpi = false;
-    std::shared_ptr<gloo::rendezvous::Context> ctx;
+    std::shared_ptr<gloo::rendezvous::Context> ctx; /* gloo::allreduce, barrier, results */
+    std::shared_ptr<gloo::rendezvous::Context> legacy_ctx[L_COUNT];
+    uint32_t tag = 0; /* each Gloo collective its own tag, as torch's ProcessGroupGloo */
     hcoll_comm_t comm = nullptr;
 };
 
@@ -247,20 +250,37 @@ void barrier(Rank &r)
     if (r.mpi) { MPI_Barrier(MPI_COMM_WORLD); return; }
 #endif
     gloo::BarrierOptions opts(r.ctx);
+    opts.setTag(++r.tag);
     gloo::barrier(opts);
 }
 
-/* Gloo's full mesh, then hcoll's communicator on an id rank 0 puts in the store. */
+/* A full mesh of its own under prefix in the store. */
+std::shared_ptr<gloo::rendezvous::Context> mesh(Rank &r, gloo::rendezvous::Store &files,
+                                                std::shared_ptr<gloo::transport::Device> &dev,
+                                                const std::string &prefix)
+{
+    gloo::rendezvous::PrefixStore store(prefix, files);
+    auto ctx = std::make_shared<gloo::rendezvous::Context>(r.rank, r.nranks);
+    ctx->setTimeout(std::chrono::seconds(r.o.deadline_s));
+    ctx->connectFullMesh(store, dev);
+    return ctx;
+}
+
+/* Gloo's meshes, then hcoll's communicator on an id rank 0 puts in the store.
+ * Every legacy algorithm gets a mesh of its own: one built on the mesh that
+ * gloo::allreduce uses, even once destroyed, slowed gloo::allreduce there
+ * by up to 200x from 1 MiB up (Debian's 0.0~git20220518: 4 MiB in 3.7 s
+ * instead of 17 ms), which no torch job sees. */
 void connect(Rank &r, const std::string &store_dir)
 {
     gloo::transport::tcp::attr attr;
     attr.iface = r.o.iface;
     auto dev = gloo::transport::tcp::CreateDevice(attr);
     gloo::rendezvous::FileStore files(store_dir);
-    gloo::rendezvous::PrefixStore gstore("gloo", files);
-    r.ctx = std::make_shared<gloo::rendezvous::Context>(r.rank, r.nranks);
-    r.ctx->setTimeout(std::chrono::seconds(r.o.deadline_s));
-    r.ctx->connectFullMesh(gstore, dev);
+    r.ctx = mesh(r, files, dev, "gloo");
+    for (Lib l : r.o.libs)
+        if (l != L_HCOLL && l != L_MPI && l != L_GLOO)
+            r.legacy_ctx[l] = mesh(r, files, dev, lib_names[l]);
 
     bool want_hcoll = std::find(r.o.libs.begin(), r.o.libs.end(), L_HCOLL) != r.o.libs.end();
     if (!want_hcoll) return;
@@ -286,11 +306,12 @@ void connect(Rank &r, const std::string &store_dir)
 std::unique_ptr<gloo::Algorithm> make_legacy(Rank &r, Lib lib, float *p, int count)
 {
     std::vector<float *> ptrs{p};
+    const auto &c = r.legacy_ctx[lib];
     switch (lib) {
-    case L_RING: return std::make_unique<gloo::AllreduceRing<float>>(r.ctx, ptrs, count);
-    case L_RING_CHUNKED: return std::make_unique<gloo::AllreduceRingChunked<float>>(r.ctx, ptrs, count);
-    case L_HD: return std::make_unique<gloo::AllreduceHalvingDoubling<float>>(r.ctx, ptrs, count);
-    case L_BCUBE: return std::make_unique<gloo::AllreduceBcube<float>>(r.ctx, ptrs, count);
+    case L_RING: return std::make_unique<gloo::AllreduceRing<float>>(c, ptrs, count);
+    case L_RING_CHUNKED: return std::make_unique<gloo::AllreduceRingChunked<float>>(c, ptrs, count);
+    case L_HD: return std::make_unique<gloo::AllreduceHalvingDoubling<float>>(c, ptrs, count);
+    case L_BCUBE: return std::make_unique<gloo::AllreduceBcube<float>>(c, ptrs, count);
     default: return nullptr;
     }
 }
@@ -312,6 +333,7 @@ void run_one(Rank &r, Slot &s)
     case L_GLOO: {
         gloo::AllreduceOptions opts(r.ctx);
         opts.setOutput(p, count);
+        opts.setTag(++r.tag);
         opts.setReduceFunction(static_cast<void (*)(void *, const void *, const void *, size_t)>(
             &gloo::sum<float>));
         gloo::allreduce(opts);
@@ -335,12 +357,14 @@ double check_one(Rank &r, Slot &s)
     return wrong;
 }
 
-template <typename T>
-void reduce_all(Rank &r, std::vector<T> &v, const gloo::ReductionFunction<T> *fn)
+void reduce_all(Rank &r, std::vector<double> &v, void (*fn)(void *, const void *, const void *, size_t))
 {
     if (v.empty() || r.nranks == 1) return;
-    gloo::AllreduceRing<T> ar(r.ctx, std::vector<T *>{v.data()}, (int)v.size(), fn);
-    ar.run();
+    gloo::AllreduceOptions opts(r.ctx);
+    opts.setOutput(v.data(), v.size());
+    opts.setReduceFunction(fn);
+    opts.setTag(++r.tag);
+    gloo::allreduce(opts);
 }
 
 struct Row {
@@ -392,8 +416,8 @@ void run_size(Rank &r, size_t bytes, std::vector<Row> &rows)
             run_one(r, slots[k]);
             t[k * n + it] = now_s() - t0;
         }
-    reduce_all(r, t, gloo::ReductionFunction<double>::max);
-    reduce_all(r, wrong, gloo::ReductionFunction<double>::sum);
+    reduce_all(r, t, &gloo::max<double>);
+    reduce_all(r, wrong, &gloo::sum<double>);
     for (size_t k = 0; k < nl; k++) {
         std::vector<double> tk(t.begin() + (long)(k * n), t.begin() + (long)((k + 1) * n));
         rows.push_back(summarize(r, count * sizeof(float), slots[k].lib, tk, wrong[k]));
@@ -464,6 +488,7 @@ int rank_main(Rank &r, const std::string &store_dir)
     }
     if (r.comm) hcoll_comm_destroy(r.comm);
     r.ctx.reset();
+    for (auto &c : r.legacy_ctx) c.reset();
     return rc;
 }
 

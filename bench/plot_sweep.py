@@ -23,8 +23,8 @@ import sys
 
 
 def load(paths):
-    """{(bytes, lib): [row per repetition]}, libs in first-seen order, meta."""
-    cells, libs, meta = {}, [], None
+    """{(bytes, lib): [row per repetition]}, libs in first-seen order, [run]."""
+    cells, libs, meta = {}, [], []
     for p in paths:
         try:
             with open(p) as f:
@@ -32,9 +32,11 @@ def load(paths):
             rows = run["rows"]
         except (OSError, ValueError, KeyError) as e:
             sys.exit(f"plot_sweep: {p}: not a gloo_bench -J file ({e})")
-        if meta is None:
-            meta = run
+        if run.get("tool") != "gloo_bench":
+            sys.exit(f"plot_sweep: {p}: not a gloo_bench -J file (no \"tool\": \"gloo_bench\")")
+        meta.append(run)
         for r in rows:
+            r["iters"] = run["iters"]
             cells.setdefault((r["bytes"], r["lib"]), []).append(r)
             if r["lib"] not in libs:
                 libs.append(r["lib"])
@@ -64,32 +66,55 @@ def ratios(cells, size, lib, other, key):
     return [x[key] / y[key] for x, y in zip(a, b) if y[key] > 0]
 
 
-def table(cells, libs, meta, nrep):
-    sizes = sorted({s for s, _ in cells})
-    others = [l for l in libs if l != "hcoll"]
-    print(f"{meta['nranks']} ranks, {meta['iters']} timed calls per size and library, "
-          f"{nrep} repetition(s); times in us per call (slowest rank), median over the "
-          "repetitions [lowest–highest]; ratio < 1: hcoll faster.\n")
-    head = ["size", "library", "median (us)", "mean (us)", "p99 (us)", "busbw (GB/s)"]
-    head += [f"hcoll / {o} median" for o in others] + [f"hcoll / {o} mean" for o in others]
+def md_table(head, rows):
     print("| " + " | ".join(head) + " |")
     print("| " + " | ".join(["---:"] * len(head)) + " |")
+    for r in rows:
+        print("| " + " | ".join(r) + " |")
+    print()
+
+
+def best_gloo(cells, size, libs):
+    """The Gloo variant with the lowest mean time at size (median over repetitions)."""
+    g = [l for l in libs if l.startswith("gloo") and (size, l) in cells]
+    return min(g, key=lambda l: statistics.median(r["mean_us"] for r in cells[(size, l)]), default=None)
+
+
+def table(cells, libs, meta, nrep):
+    sizes = sorted({s for s, _ in cells})
+    iters = sorted({r["iters"] for r in meta}, reverse=True)
+    print(f"{meta[0]['nranks']} ranks, {' or '.join(map(str, iters))} timed calls per size and "
+          f"library, {nrep} repetition(s). Times: us per call (slowest rank), median over the "
+          "repetitions; [lowest–highest] over them.\n")
+    print("Time per call, median / mean / p99 (us):\n")
+    md_table(["size"] + libs,
+             [[size_name(s)] + [" / ".join("{:.0f}".format(statistics.median(r[k] for r in cells[(s, l)]))
+                                           for k in ("median_us", "mean_us", "p99_us"))
+                                if (s, l) in cells else "" for l in libs] for s in sizes])
+    others = [o for o in ("mpi", "gloo") if o in libs]
+    head = ["size"] + [f"hcoll / {o} {k}" for o in others for k in ("median", "mean")]
+    head.append("hcoll / fastest Gloo variant, mean")
+    rows = []
     for s in sizes:
-        for lib in libs:
-            rows = cells.get((s, lib))
-            if not rows:
-                continue
-            line = [size_name(s), lib]
-            line += [spread([r[k] for r in rows], "{:.0f}") for k in ("median_us", "mean_us", "p99_us")]
-            line.append(spread([r["busbw"] for r in rows], "{:.3f}"))
+        row = [size_name(s)]
+        for o in others:
             for key in ("median_us", "mean_us"):
-                for o in others:
-                    q = ratios(cells, s, "hcoll", o, key) if lib == "hcoll" else []
-                    line.append(spread(q, "{:.2f}") if q else "")
-            print("| " + " | ".join(line) + " |")
+                q = ratios(cells, s, "hcoll", o, key)
+                row.append(spread(q, "{:.2f}") if q else "")
+        b = best_gloo(cells, s, libs)
+        q = ratios(cells, s, "hcoll", b, "mean_us") if b else []
+        row.append(f"{spread(q, '{:.2f}')} ({b})" if q else "")
+        rows.append(row)
+    if "hcoll" in libs:
+        print("hcoll's time over the other's, taken within each repetition (< 1: hcoll faster):\n")
+        md_table(head, rows)
+    print("busbw (GB/s, from the mean time):\n")
+    md_table(["size"] + libs, [[size_name(s)] + [spread([r["busbw"] for r in cells[(s, l)]], "{:.3f}")
+                                                 if (s, l) in cells else "" for l in libs]
+                               for s in sizes])
     bad = sum(r["wrong"] for rows in cells.values() for r in rows)
     if bad:
-        print(f"\n**{bad:.0f} wrong elements** in the checked calls.")
+        print(f"**{bad:.0f} wrong elements** in the checked calls.")
 
 
 def plot(cells, libs, meta, out, title):
@@ -127,7 +152,7 @@ def plot(cells, libs, meta, out, title):
     ax_b.set_ylabel("busbw (GB/s) = size / mean time × 2(n-1)/n")
     ax_b.set_title("bus bandwidth (higher is better)")
     ax_b.legend()
-    fig.suptitle(title or f"all-reduce, float32 sum, {meta['nranks']} ranks")
+    fig.suptitle(title or f"all-reduce, float32 sum, {meta[0]['nranks']} ranks")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     print(f"plot_sweep: wrote {out}")
@@ -144,7 +169,7 @@ def main():
         ap.error("nothing to do: give -o OUT.png and/or --table")
     cells, libs, meta = load(a.json)
     if a.table:
-        table(cells, libs, meta, len(a.json))
+        table(cells, libs, meta, max(len(v) for v in cells.values()))
     if a.out:
         plot(cells, libs, meta, a.out, a.title)
 

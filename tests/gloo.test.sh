@@ -78,10 +78,10 @@ EOF
 # ---- plot_sweep.py --------------------------------------------------------
 tab=$("$py" bench/plot_sweep.py --table "$tmp/run.json" "$tmp/run.json" 2>&1); rc=$?
 [ $rc -eq 0 ] || fail "plot_sweep --table: exit $rc: $tab"
-grep -q '| hcoll / gloo median |' <<<"$tab" || fail "plot_sweep --table: no hcoll / gloo column: $tab"
+grep -q '| hcoll / gloo median | hcoll / gloo mean |' <<<"$tab" || fail "plot_sweep --table: no hcoll / gloo columns: $tab"
 # The same run twice: each ratio's spread is nil, so "x [x–x]".
-grep -E '^\| 32 KiB \| hcoll \|' <<<"$tab" | grep -qE '\| ([0-9.]+) \[\1–\1\] \|' ||
-  fail "plot_sweep --table: hcoll's 32 KiB row: $tab"
+grep -qE '^\| 32 KiB \| ([0-9.]+) \[\1–\1\] \| ([0-9.]+) \[\2–\2\] \|' <<<"$tab" ||
+  fail "plot_sweep --table: the 32 KiB ratios: $tab"
 out=$("$py" bench/plot_sweep.py -o "$tmp/p.png" "$tmp/run.json" 2>&1); rc=$?
 if "$py" -c 'import matplotlib' 2>/dev/null; then
   [ $rc -eq 0 ] && [ -s "$tmp/p.png" ] && [ "$(head -c 4 "$tmp/p.png" | tail -c 3)" = PNG ] ||
