@@ -147,6 +147,7 @@ def plot(cells, libs, meta, out, title):
         ax.set_xticks(ticks)
         ax.set_xticklabels([size_name(t).replace(" ", "") for t in ticks], rotation=45)
     ax_t.set_yscale("log")
+    ax_b.set_yscale("log")
     ax_t.set_ylabel("time per call, median (µs)")
     ax_t.set_title("latency (lower is better)")
     ax_b.set_ylabel("busbw (GB/s) = size / mean time × 2(n-1)/n")
