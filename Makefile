@@ -410,6 +410,32 @@ uninstall:
 	      $(DESTDIR)$(LIBDIR)/libhcoll.a $(DESTDIR)$(PKGCONFIGDIR)/hcoll.pc \
 	      $(addprefix $(DESTDIR)$(BINDIR)/,$(notdir $(USER_TOOLS)))
 
+# Gloo's all-reduce against hcoll (and MPI_Allreduce, built with mpicxx
+# where Open MPI is installed): bench/gloo_bench.cc against Debian's
+# libgloo-dev. Part of `make all` where libgloo-dev is installed; skipped,
+# with a message, where it is not. `make plot` redraws bench/sweep-2x2-lo.png
+# from the JSON of bench/gloo_sweep.sh (bench/plot_sweep.py, python3-matplotlib).
+HAVE_GLOO  := $(if $(wildcard /usr/include/gloo/allreduce.h),$(if $(wildcard /usr/lib/libgloo.so /usr/lib/*/libgloo.so),1,0),0)
+GLOO_CXX   := $(if $(filter 1,$(HAVE_MPI)),mpicxx,$(CXX))
+GLOO_SAN   := $(filter -fsanitize=% -fno-omit-frame-pointer,$(CFLAGS))
+.PHONY: gloo plot
+all: gloo
+ifeq ($(HAVE_GLOO),1)
+gloo: $(BINOUT)/gloo_bench
+else
+gloo:
+	@echo "  SKIP    $(BINOUT)/gloo_bench: libgloo-dev is not installed (apt-get install libgloo-dev)"
+endif
+$(BINOUT)/gloo_bench: bench/gloo_bench.cc $(STATIC_LIB) | $(GEN)/hc_build.h
+	@mkdir -p $(BINOUT) $(BUILD)/bin
+	@$(if $(Q),echo "  CXXLD   $@")
+	$(Q)$(GLOO_CXX) -std=c++17 -O2 -g -Wall -Wextra -pthread -Iinclude $(GLOO_SAN) \
+	    -DGLOO_BENCH_MPI=$(HAVE_MPI) -DOMPI_SKIP_MPICXX=1 -MMD -MP -MF $(BUILD)/bin/gloo_bench.d -o $@ $< \
+	    $(STATIC_LIB) -lgloo $(LIB_LDLIBS) $(GLOO_SAN)
+PLOT_PY    ?= $(if $(wildcard /usr/bin/python3),/usr/bin/python3,python3)
+plot:
+	$(Q)$(PLOT_PY) bench/plot_sweep.py -o bench/sweep-2x2-lo.png bench/sweep-2x2-lo-rep*.json
+
 clean:
 	rm -rf build build-asan build-tsan build-fuzz lib bin
 

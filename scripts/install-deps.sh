@@ -27,6 +27,7 @@ pkgs=(
   python3-pip
   python3-setuptools
   clang               # make fuzz: libFuzzer targets (tests/fuzz), -fsanitize=fuzzer
+  libgloo-dev         # bin/gloo_bench (bench/gloo_bench.cc), tests/gloo.test.sh: Gloo's all-reduce
 )
 
 missing=()
