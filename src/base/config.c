@@ -163,6 +163,12 @@ static const hc_knob_t knobs[] = {
       "Host reduction kernel set: auto (the fastest this CPU runs), generic (16-byte vectors, "
       "software fp16) or avx2 (AVX2+F16C); init fails if the set asked for cannot run here. "
       "For tests: every set gives the same bits." },
+    /* TCP data path (inter/tcp_ep.c). */
+    { "HCOLL_TCP_RCVLOWAT", HC_KNOB_SIZE, "0", 0, (int64_t)1 << 30, NULL, 0, 0,
+      OFF(tcp_rcvlowat),
+      "While a large payload arrives, wake the receiving thread once per this many bytes "
+      "(SO_RCVLOWAT, at most what is left of the payload and a quarter of the receive "
+      "buffer) instead of once per segment or two; 0 leaves the socket's default." },
 };
 
 #undef OFF

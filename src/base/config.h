@@ -55,6 +55,7 @@ typedef struct hc_params {
     int64_t check_args;                   /* 1: ranks agree on every host call's arguments */
     int64_t ib_qps_per_peer;              /* verbs: RC QPs per peer, puts striped over them */
     int64_t ib_relaxed_ordering;          /* -1 auto, 0 off, 1 on */
+    uint64_t tcp_rcvlowat;                /* TCP: largest SO_RCVLOWAT, 0 = never set */
 } hc_params_t;
 
 typedef enum hc_knob_kind {
