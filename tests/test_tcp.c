@@ -2,7 +2,8 @@
  * What only the TCP transport promises: transport choice, headers that lie
  * about their target rejected before a byte is written, a stranger on the
  * port, a hello that never comes, a connect cancelled while it waits (the
- * communicator's cancel eventfd), a bind address that is not one; and the
+ * communicator's cancel eventfd), a bind address that is not one, payloads
+ * gathered by the socket's low-water mark (HCOLL_TCP_RCVLOWAT); and the
  * completion FIFO both transports report through. What every transport
  * promises (puts landing, a peer that dies, an orderly close...) is in
  * test_transport.c, run on TCP there.
@@ -355,6 +356,89 @@ START_TEST(test_compq_fifo)
 }
 END_TEST
 
+/* ------------------------------------------------------------------------ */
+
+/* HCOLL_TCP_RCVLOWAT: the receiver gathers a payload's bytes with the
+ * socket's low-water mark, never above what is left of it. Rank 0 sends
+ * payloads one at a time (each waits for the previous one's arrival, so
+ * nothing follows a payload's last byte that could wake the receiver) from
+ * a small send buffer, so each arrives in pieces; sizes leave odd rests
+ * above and below the mark. A mark left above the rest hangs a payload
+ * (its notification never comes within the deadline). Run with the knob
+ * (arg 1) and without (arg 0): the data must be the same, the mark raised
+ * only with it. */
+typedef struct lowat_arg {
+    shm_ag_t ag;
+    size_t cap;
+} lowat_arg_t;
+
+static int rank_lowat(int rank, int n, void *arg)
+{
+    lowat_arg_t *la = arg;
+    ag_ctx_t ag = { &la->ag, rank };
+    hc_transport_params_t p = tparams(rank, n, 1, 10000);
+    hc_params_t cfg;
+    char err[256];
+    HCT_REQUIRE(hc_params_load(&cfg, NULL, err, sizeof err) == HCOLL_SUCCESS, "%s", err);
+    cfg.tcp_rcvlowat = la->cap;
+    p.settings = &cfg;
+    if (rank == 0)
+        p.socket_buf = 16384; /* the sender's queue drains in pieces */
+    hc_transport_t *tr;
+    HCT_REQUIRE(hc_tcp_ops.create(&p, &tr) == HCOLL_SUCCESS, "create");
+    int peer = 1 - rank;
+    hc_ep_t *ep;
+    HCT_REQUIRE(hc_tcp_ops.connect(tr, &peer, 1, shm_allgather, &ag, &ep) == HCOLL_SUCCESS,
+                "connect: %s", eb.msg);
+    static const size_t sizes[] = { 1 << 20, 100003, 65536 + 17, 300001, 16385, 70000, 3 };
+    enum { MAX = 1 << 20 };
+    unsigned char *buf = malloc(MAX);
+    hc_mr_t *mr;
+    hc_rkey_t rk, rks[2];
+    HCT_REQUIRE(hc_tcp_ops.mr_reg(tr, buf, MAX, &mr, &rk) == HCOLL_SUCCESS, "reg");
+    HCT_REQUIRE(shm_allgather(&ag, &rk, rks, sizeof rk) == HCOLL_SUCCESS, "keys");
+    hcoll_status_t st;
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        const size_t len = sizes[k];
+        if (rank == 0) {
+            for (size_t i = 0; i < len; i++)
+                buf[i] = (unsigned char)(i * 7 + k);
+            HCT_REQUIRE(hc_tcp_ops.put(ep, mr, 0, &rks[1], 0, len, (uint32_t)k, 0) ==
+                            HCOLL_SUCCESS, "put");
+            hct_wait_comps(&hc_tcp_ops, tr, HC_COMP_PUT, 1, NULL, 5000, &st);
+            HCT_REQUIRE(st == HCOLL_SUCCESS, "put %zu: %s", len, eb.msg);
+        } else {
+            memset(buf, 0, MAX);
+            uint32_t imm = UINT32_MAX;
+            int got = hct_wait_comps(&hc_tcp_ops, tr, HC_COMP_IMM, 1, &imm, 5000, &st);
+            HCT_REQUIRE(got == 1 && imm == k, "payload of %zu bytes (cap %zu): %d arrived, %s",
+                        len, la->cap, got, eb.msg);
+            for (size_t i = 0; i < len; i++)
+                HCT_REQUIRE(buf[i] == (unsigned char)(i * 7 + k), "size %zu: byte %zu", len, i);
+        }
+        HCT_REQUIRE(shm_allgather(&ag, &rk, rks, sizeof rk) == HCOLL_SUCCESS, "barrier");
+    }
+    if (rank == 1 && la->cap)
+        HCT_REQUIRE(hc_tcp_lowat_raised(tr) > 0, "the low-water mark was never raised");
+    if (rank == 1 && !la->cap)
+        HCT_REQUIRE(hc_tcp_lowat_raised(tr) == 0, "raised without the knob");
+    hc_tcp_ops.destroy(tr, 1);
+    free(buf);
+    return 0;
+}
+
+START_TEST(test_rcvlowat)
+{
+    lowat_arg_t *la = hct_shared_alloc(sizeof *la);
+    la->ag.nranks = 2;
+    la->cap = _i ? 256 * 1024 : 0;
+    hct_opts_t o = { .nranks = 2, .ranks_per_node = 1, .timeout_ms = 60000 };
+    hct_result_t res[2];
+    ck_assert_int_eq(hct_run(&o, rank_lowat, la, res), 0);
+    hct_shared_free(la, sizeof *la);
+}
+END_TEST
+
 static Suite *tcp_suite(void)
 {
     Suite *s = suite_create("tcp");
@@ -367,6 +451,7 @@ static Suite *tcp_suite(void)
     tcase_add_test(tc, test_stranger);
     tcase_add_test(tc, test_connect_timeout);
     tcase_add_test(tc, test_connect_cancel);
+    tcase_add_loop_test(tc, test_rcvlowat, 0, 2);
     suite_add_tcase(s, tc);
     return s;
 }

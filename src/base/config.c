@@ -175,6 +175,12 @@ static const hc_knob_t knobs[] = {
     { "HCOLL_SPIN_US", HC_KNOB_INT, "0", 0, 1000000, NULL, 0, 0, OFF(spin_us),
       "How long the recursive doubling of small all-reduces polls its connections without "
       "sleeping, microseconds, before it sleeps in the kernel; 0: sleep at once." },
+    /* TCP data path (inter/tcp_ep.c). */
+    { "HCOLL_TCP_RCVLOWAT", HC_KNOB_SIZE, "0", 0, (int64_t)1 << 30, NULL, 0, 0,
+      OFF(tcp_rcvlowat),
+      "While a large payload arrives, wake the receiving thread once per this many bytes "
+      "(SO_RCVLOWAT, at most what is left of the payload and a quarter of the receive "
+      "buffer) instead of once per segment or two; 0 leaves the socket's default." },
 };
 
 #undef OFF

@@ -58,6 +58,7 @@ typedef struct hc_params {
     /* Algorithm choice by size (core/algo.c). */
     char algo[HC_PARAM_STR_MAX];          /* HCOLL_ALGO, parsed by core/algo.c */
     int64_t spin_us;                      /* latency path: poll this long before sleeping */
+    uint64_t tcp_rcvlowat;                /* TCP: largest SO_RCVLOWAT, 0 = never set */
 } hc_params_t;
 
 typedef enum hc_knob_kind {

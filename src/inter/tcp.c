@@ -20,6 +20,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "base/config.h"
 #include "base/log.h"
 
 static hcoll_status_t tcp_create(const hc_transport_params_t *params, hc_transport_t **tr_out)
@@ -40,6 +41,8 @@ static hcoll_status_t tcp_create(const hc_transport_params_t *params, hc_transpo
     snprintf(tr->ifname, sizeof tr->ifname, "%s", params->ifname ? params->ifname : "?");
     tr->p.bind_addr = tr->bind_addr;
     tr->p.ifname = tr->ifname;
+    tr->rcvlowat = params->settings ? (size_t)params->settings->tcp_rcvlowat : 0;
+    tr->p.settings = NULL; /* read here, not kept */
 
     if (inet_pton(AF_INET, tr->bind_addr, &tr->ip) != 1) {
         st = hc_tcp_fail(tr, HCOLL_ERR_INVALID_ARG,

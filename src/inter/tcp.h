@@ -35,6 +35,10 @@ enum hc_tcp_corrupt {
 };
 void hc_tcp_ep_corrupt_next(hc_ep_t *ep, int mode);
 
+/* Test hook: how often this instance raised a socket's SO_RCVLOWAT above 1
+ * for a payload (HCOLL_TCP_RCVLOWAT). */
+uint64_t hc_tcp_lowat_raised(const hc_transport_t *tr);
+
 /* The port this instance listens on (for tests that knock on it). */
 int hc_tcp_listen_port(const hc_transport_t *tr);
 

@@ -23,7 +23,8 @@
  * Receive copies: headers are read into a small per-socket buffer, so a few
  * payload bytes that arrive in the same read (at most HC_TCP_RXBUF) are
  * copied from there; the rest of a payload is recv()'d straight into the
- * registered region.
+ * registered region, in reads of up to HCOLL_TCP_RCVLOWAT bytes that the
+ * socket's low-water mark gathers (sock_set_lowat).
  */
 #include "inter/tcp_priv.h"
 #include "base/clock.h"
@@ -261,22 +262,25 @@ static hcoll_status_t parse_frames(tcp_sock_t *s)
     return HCOLL_SUCCESS;
 }
 
-static hcoll_status_t sock_read(tcp_sock_t *s)
+static hcoll_status_t sock_read_some(tcp_sock_t *s)
 {
     hc_ep_t *ep = s->ep;
     hc_transport_t *tr = ep->tr;
     /* Bounded so that one busy socket cannot starve the others. */
     for (int iter = 0; iter < 64 && s->in_epoll; iter++) {
         ssize_t n;
+        size_t asked;
         if (s->rx_payload) {
-            n = recv(s->fd, s->rx_dst, s->rx_left, MSG_DONTWAIT);
+            asked = s->rx_left;
+            n = recv(s->fd, s->rx_dst, asked, MSG_DONTWAIT);
         } else {
             if (s->rxpos) {
                 memmove(s->rxbuf, s->rxbuf + s->rxpos, s->rxfill - s->rxpos);
                 s->rxfill -= s->rxpos;
                 s->rxpos = 0;
             }
-            n = recv(s->fd, s->rxbuf + s->rxfill, HC_TCP_RXBUF - s->rxfill, MSG_DONTWAIT);
+            asked = HC_TCP_RXBUF - s->rxfill;
+            n = recv(s->fd, s->rxbuf + s->rxfill, asked, MSG_DONTWAIT);
         }
         if (n == 0) {
             hc_tcp_sock_unwatch(tr, s);
@@ -313,8 +317,57 @@ static hcoll_status_t sock_read(tcp_sock_t *s)
             if (st != HCOLL_SUCCESS)
                 return st;
         }
+        /* A short read emptied the receive queue: the next recv would only
+         * say EAGAIN (a third of the reads, bench/PROFILE.md); the epoll
+         * set is level-triggered, so bytes that come meanwhile wake us. */
+        if ((size_t)n < asked)
+            return HCOLL_SUCCESS;
     }
     return HCOLL_SUCCESS;
+}
+
+/* While a payload comes in, SO_RCVLOWAT = what is left of it (at most
+ * HCOLL_TCP_RCVLOWAT): epoll then wakes this thread once per that many
+ * bytes instead of once per segment or two, and one recv takes them all.
+ * Never above what is left, so the payload's last byte always wakes us
+ * (FIN and errors wake us regardless), and back to 1 for headers. Capped
+ * at a quarter of the receive buffer: above about half of it, the kernel
+ * grows the buffer and clamps the advertised window to the low-water mark
+ * (tcp_set_rcvlowat), which would cap the flow. A failed setsockopt only
+ * leaves the wake-ups as they were. */
+static void sock_set_lowat(tcp_sock_t *s)
+{
+    size_t cap = s->ep->tr->rcvlowat;
+    size_t want = s->rx_payload && s->rx_left < cap ? s->rx_left : cap;
+    if (!s->rx_payload || want < HC_TCP_LOWAT_MIN)
+        want = 1; /* a few segments: not worth the system call */
+    if (want > 1 && want > (size_t)s->rcvbuf / 4) { /* autotuning may have grown it */
+        socklen_t len = sizeof s->rcvbuf;
+        if (getsockopt(s->fd, SOL_SOCKET, SO_RCVBUF, &s->rcvbuf, &len) != 0)
+            s->rcvbuf = 0;
+        if (want > (size_t)s->rcvbuf / 4)
+            want = (size_t)s->rcvbuf / 4 > 1 ? (size_t)s->rcvbuf / 4 : 1;
+    }
+    if ((int)want == s->lowat || (want == 1 && s->lowat == 0))
+        return;
+    int v = (int)want;
+    if (setsockopt(s->fd, SOL_SOCKET, SO_RCVLOWAT, &v, sizeof v) == 0) {
+        s->ep->tr->lowat_raised += v > 1 && s->lowat <= 1;
+        s->lowat = v;
+    }
+}
+
+uint64_t hc_tcp_lowat_raised(const hc_transport_t *tr)
+{
+    return tr->lowat_raised;
+}
+
+static hcoll_status_t sock_read(tcp_sock_t *s)
+{
+    hcoll_status_t st = sock_read_some(s);
+    if (st == HCOLL_SUCCESS && s->in_epoll && s->ep->tr->rcvlowat > 1)
+        sock_set_lowat(s);
+    return st;
 }
 
 /* ------------------------------------------------------------------------ */

@@ -23,6 +23,7 @@
 #define HC_TCP_HELLO_MAGIC 0x4843484cu /* "HCHL" */
 #define HC_TCP_RXBUF       4096
 #define HC_TCP_IOV_MAX     64
+#define HC_TCP_LOWAT_MIN   (16 * 1024) /* smaller payload rests: SO_RCVLOWAT 1 */
 #define HC_TCP_HDR         ((size_t)sizeof(hc_tcp_hdr_t))
 
 /* Published through the allgather. */
@@ -91,6 +92,8 @@ typedef struct tcp_sock {
     size_t rx_left;
     uint32_t rx_imm;
     size_t rxpos, rxfill;
+    int lowat;                     /* SO_RCVLOWAT set now (0: never set, 1) */
+    int rcvbuf;                    /* SO_RCVBUF last read, for lowat's cap */
     char rxbuf[HC_TCP_RXBUF];
 } tcp_sock_t;
 
@@ -118,6 +121,8 @@ struct hc_transport {
     hc_mr_t *mrs;
     hc_ep_t **eps;
     int neps;
+    size_t rcvlowat; /* HCOLL_TCP_RCVLOWAT: largest SO_RCVLOWAT, 0 = never set */
+    uint64_t lowat_raised; /* times a payload raised a socket's SO_RCVLOWAT */
     hc_compq_t cq; /* found, not yet reported */
     hcoll_status_t err; /* sticky: the first failure */
 };

@@ -86,7 +86,8 @@ typedef struct hc_transport_params {
     const hc_params_t *settings; /* the communicator's knobs, read at create and not
                               * kept: verbs takes HCA list, GID index, TC, SL,
                               * timeout, retry count, GDR level and flush and
-                              * sysfs root from it (required); TCP ignores it */
+                              * sysfs root from it (required); TCP its
+                              * HCOLL_TCP_RCVLOWAT (NULL: 0) */
     const int *cancel_fd;    /* NULL, or an eventfd that turns readable when the
                               * set-up is cancelled (the communicator's, which
                               * abort and destroy write): connect's waits that
