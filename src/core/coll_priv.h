@@ -117,4 +117,10 @@ hcoll_status_t hc_coll_barrier_setup(hc_coll_t *co, const hc_transport_ops_t *op
 /* One barrier as operation co->opseq; its stage times go to *times. */
 hcoll_status_t hc_coll_barrier(hc_coll_t *co, hcoll_stage_times_t *times);
 
+/* The three-stage plan's broadcast of n elements of idt in a->recvbuf,
+ * which holds the root's bytes on the root (coll_bcast.c, called by
+ * coll_run.c); its stage times add to *tm. */
+hcoll_status_t hc_coll_bcast_3stage(hc_coll_t *co, const hc_coll_args_t *a, size_t n,
+                                    hcoll_dtype_t idt, hcoll_stage_times_t *tm);
+
 #endif

@@ -126,6 +126,21 @@ static void hc_shm_dst_copy(const hc_shm_call_t *c, size_t elem, const unsigned 
     }
 }
 
+/* Whether elements [elem, elem + n) of the call's destination blocks are
+ * where src holds them already (an all-gather whose caller passed its own
+ * block as src's shard): then copying them there is a no-op we skip. */
+static int hc_shm_dst_is_src(const hc_shm_call_t *c, size_t elem, size_t n)
+{
+    while (n > 0) {
+        size_t o = elem % c->blen, m = c->blen - o < n ? c->blen - o : n;
+        if (c->blocks[elem / c->blen] + o * c->es != c->src + elem * c->es)
+            return 0;
+        elem += m;
+        n -= m;
+    }
+    return 1;
+}
+
 static hcoll_status_t hc_shm_publish(hc_shm_t *s, const hc_shm_call_t *c, uint64_t k)
 {
     const uint64_t g = c->base + k;
@@ -150,7 +165,8 @@ static hcoll_status_t hc_shm_publish(hc_shm_t *s, const hc_shm_call_t *c, uint64
         n = hc_shm_piece(s, c, s->lrank, k, &elem);
         if (n && c->blocks) { /* our shard comes from src, and goes to the blocks too */
             memcpy(slot, c->src + elem * c->es, n * c->es);
-            hc_shm_dst_copy(c, elem, slot, n);
+            if (!hc_shm_dst_is_src(c, elem, n))
+                hc_shm_dst_copy(c, elem, slot, n);
         } else if (n) {
             memcpy(slot, c->dst + elem * c->es, n * c->es);
         }
