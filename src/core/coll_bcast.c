@@ -44,29 +44,48 @@
 #include "base/err.h"
 #include "base/log.h"
 
-/* How long the executor sleeps between two looks at the chain's count: a
- * piece is about PIECE_CHUNKS chunks, milliseconds on any network these
- * chains make sense for. */
-#define BCAST_POLL_NS 200000L
+/* The executor sleeps between two looks at the chain's count for about
+ * half the time the bytes it waits for should take at the rate seen so
+ * far, within these bounds: a few looks per piece, not one every few
+ * microseconds taking the CPU from the ranks that move the data. */
+#define BCAST_NAP_MIN_US 100.0
+#define BCAST_NAP_MAX_US 5000.0
+
+typedef struct landed_watch {
+    atomic_size_t *landed;
+    uint64_t id;       /* the chain's ring job */
+    double t0;         /* when the executor first looked */
+    size_t got0;       /* and what had landed then */
+} landed_watch_t;
 
 /* Wait until the chain has landed need bytes of this rank's shard; 0 once
  * it has, 1 when the ring job ended first (it failed: the caller waits for
  * it to learn how). */
-static int wait_landed(hc_coll_t *co, atomic_size_t *landed, size_t need, uint64_t id)
+static int wait_landed(hc_coll_t *co, landed_watch_t *w, size_t need)
 {
-    const struct timespec nap = { 0, BCAST_POLL_NS };
-    while (atomic_load_explicit(landed, memory_order_acquire) < need) {
-        if (hc_ringthr_test(co->ringthr, id))
-            return atomic_load_explicit(landed, memory_order_acquire) < need;
-        nanosleep(&nap, NULL);
+    for (;;) {
+        const size_t got = atomic_load_explicit(w->landed, memory_order_acquire);
+        if (got >= need)
+            return 0;
+        if (hc_ringthr_test(co->ringthr, w->id))
+            return atomic_load_explicit(w->landed, memory_order_acquire) < need;
+        const double now = hc_now_us();
+        double nap = BCAST_NAP_MAX_US;
+        if (got > w->got0)
+            nap = (double)(need - got) * (now - w->t0) / (double)(got - w->got0) / 2;
+        if (nap < BCAST_NAP_MIN_US)
+            nap = BCAST_NAP_MIN_US;
+        if (nap > BCAST_NAP_MAX_US)
+            nap = BCAST_NAP_MAX_US;
+        const struct timespec ts = { 0, (long)(nap * 1e3) };
+        nanosleep(&ts, NULL);
     }
-    return 0;
 }
 
 /* The pieces' all-gathers as the chain lands them (see the drawing).
  * *ring_ended_out = 1 when the chain ended before landing everything. */
 static hcoll_status_t gather_pieces(hc_coll_t *co, unsigned char *buf, size_t n, size_t es,
-                                    hcoll_dtype_t idt, atomic_size_t *landed, uint64_t id,
+                                    hcoll_dtype_t idt, landed_watch_t *w,
                                     hcoll_stage_times_t *tm, int *ring_ended_out)
 {
     struct hcoll_comm *c = co->comm;
@@ -89,7 +108,7 @@ static hcoll_status_t gather_pieces(hc_coll_t *co, unsigned char *buf, size_t n,
     }
     for (size_t k0 = 0; k0 < q; k0 += P) {
         const size_t pk = q - k0 < P ? q - k0 : P;
-        if (wait_landed(co, landed, (k0 + pk) * es, id)) {
+        if (wait_landed(co, w, (k0 + pk) * es)) {
             *ring_ended_out = 1;
             break;
         }
@@ -169,10 +188,10 @@ hcoll_status_t hc_coll_bcast_3stage(hc_coll_t *co, const hc_coll_args_t *a, size
     const hc_ringdrv_op_t job = { .dst = buf + soff * es, .count = slen, .dtype = idt,
                                   .bcast = 1, .root = root_node, .seq = (uint32_t)co->opseq };
     const uint64_t id = hc_ringthr_post_watched(co->ringthr, &job, &landed);
+    landed_watch_t w = { &landed, id, hc_now_us(), atomic_load(&landed) };
     int ring_ended = 0;
-    st = iops->all_gather_blocks
-             ? gather_pieces(co, buf, n, es, idt, &landed, id, tm, &ring_ended)
-             : HCOLL_SUCCESS;
+    st = iops->all_gather_blocks ? gather_pieces(co, buf, n, es, idt, &w, tm, &ring_ended)
+                                 : HCOLL_SUCCESS;
     /* The buffer goes back to the caller only once the ring is done with it. */
     const hcoll_status_t rst = hc_ringthr_wait(co->ringthr, id, &tm->inter_us);
     if (st == HCOLL_SUCCESS && rst != HCOLL_SUCCESS)
