@@ -4,8 +4,10 @@
  * root's bytes into its recvbuf, and chosen the integer type whose n
  * elements are the vector).
  *
- *   root's node   RS: root's bytes + the others' zeros → local rank i holds
- *                 shard i (shared memory; x + 0 = x exactly as integers)
+ *   root's node   scatter: local rank i gets shard i of the root's bytes
+ *                 (shared memory, the root the only writer; a backend
+ *                 without scatter: RS of the root's bytes and the others'
+ *                 zeros, x + 0 = x exactly as integers)
  *   ring thread   the chain of shard i along rail i from the root's node
  *                 (hc_ring_bcast_start_watched), counting the bytes of
  *                 shard i that have landed
@@ -172,7 +174,12 @@ hcoll_status_t hc_coll_bcast_3stage(hc_coll_t *co, const hc_coll_args_t *a, size
     const int root_node = c->node_of[a->root];
     hcoll_status_t st;
     double t = hc_now_us();
-    if (c->node == root_node) {
+    if (c->node == root_node && iops->scatter) {
+        st = iops->scatter(co->intra, buf, buf, n, idt, c->local_of[a->root], NULL);
+        tm->intra_rs_us += hc_now_us() - t;
+        if (st != HCOLL_SUCCESS)
+            return st;
+    } else if (c->node == root_node) {
         if (c->rank != a->root)
             memset(buf, 0, n * es);
         st = iops->reduce_scatter(co->intra, buf, buf, n, idt, HCOLL_SUM, NULL);
