@@ -3,7 +3,8 @@
  * plane's life) and coll_run.c (what one operation of each kind does), its
  * part coll_rsag.c (reduce-scatter, all-gather), and by nothing else.
  * Calls go one way: coll.c -> coll_run.c -> coll_rsag.c (and coll.c ->
- * coll_rsag.c, which frees its buffers at destroy).
+ * coll_rsag.c, which frees its buffers at destroy), coll_run.c ->
+ * coll_bcast.c (the three-stage broadcast).
  */
 #ifndef HC_CORE_COLL_PRIV_H
 #define HC_CORE_COLL_PRIV_H

@@ -63,6 +63,9 @@
  *
  * (so the root does not finish before its prev started: neighbours stay
  * at most one operation apart, as the immediates' seq needs).
+ * Watched (hc_ring_bcast_start_watched): each landing also publishes, in
+ * the caller's atomic, the bytes landed with none missing before them, so
+ * another thread can use each piece while the chain still runs.
  *
  * Device buffers (GPUDirect): the same chunked ring, with staging slots in
  * device memory that prev's NIC writes, the reductions, the AVG division
