@@ -4,7 +4,8 @@
  * part coll_rsag.c (reduce-scatter, all-gather), and by nothing else.
  * Calls go one way: coll.c -> coll_run.c -> coll_rsag.c (and coll.c ->
  * coll_rsag.c, which frees its buffers at destroy; coll_run.c ->
- * coll_pin.c -> coll_rsag.c, what a call will register).
+ * coll_pin.c -> coll_rsag.c, what a call will register), coll_run.c ->
+ * coll_bcast.c (the three-stage broadcast).
  */
 #ifndef HC_CORE_COLL_PRIV_H
 #define HC_CORE_COLL_PRIV_H
@@ -156,5 +157,11 @@ hcoll_status_t hc_coll_rd_setup(hc_coll_t *co, const hc_transport_ops_t *ops,
  * ranks, driven on this thread to its end, an error or an abort. */
 hcoll_status_t hc_coll_rd_run(hc_coll_t *co, void *buf, size_t count, hcoll_dtype_t dtype,
                               hcoll_op_t op);
+
+/* The three-stage plan's broadcast of n elements of idt in a->recvbuf,
+ * which holds the root's bytes on the root (coll_bcast.c, called by
+ * coll_run.c); its stage times add to *tm. */
+hcoll_status_t hc_coll_bcast_3stage(hc_coll_t *co, const hc_coll_args_t *a, size_t n,
+                                    hcoll_dtype_t idt, hcoll_stage_times_t *tm);
 
 #endif

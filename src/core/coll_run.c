@@ -46,7 +46,8 @@
  *           RS is a reduce-scatter of the root's bytes and everyone else's
  *           zeros as integers (x + 0 = x exactly, whatever the bits); the
  *           chain (hc_ring_bcast_start) forwards each chunk as it lands, so
- *           each NIC carries about S/L bytes
+ *           each NIC carries about S/L bytes; the all-gather follows the
+ *           chain piece by piece (coll_bcast.c)
  *   ring, flat   the chain over all ranks, from the root
  *   intra   the all-reduce of the root's bytes and the others' zeros
  *
@@ -326,40 +327,6 @@ static hcoll_status_t chain_here(hc_coll_t *co, void *buf, size_t count, hcoll_d
     return st;
 }
 
-/* Three stages: the root's node scatters the vector over its L local ranks
- * (a reduce-scatter of the root's bytes and the others' zeros, exact as
- * integers), local rank i chains shard i along rail i from the root's node,
- * and every node all-gathers its L shards. */
-static hcoll_status_t bcast_3stage(hc_coll_t *co, const hc_coll_args_t *a, size_t n,
-                                   hcoll_dtype_t idt, hcoll_stage_times_t *tm)
-{
-    struct hcoll_comm *c = co->comm;
-    const hc_intra_ops_t *iops = co->intra->ops;
-    const size_t es = hcoll_dtype_size(idt);
-    unsigned char *buf = a->recvbuf;
-    const int root_node = c->node_of[a->root];
-    hcoll_status_t st;
-    double t = hc_now_us();
-    if (c->node == root_node) {
-        if (c->rank != a->root)
-            memset(buf, 0, n * es);
-        st = iops->reduce_scatter(co->intra, buf, buf, n, idt, HCOLL_SUM, NULL);
-        tm->intra_rs_us += hc_now_us() - t;
-        if (st != HCOLL_SUCCESS)
-            return st;
-    }
-    size_t soff, slen;
-    hc_intra_shard(n, c->local_size, c->local_rank, &soff, &slen);
-    /* Rail rings have one rank per node, in node order. */
-    st = chain_here(co, buf + soff * es, slen, idt, root_node, tm);
-    if (st != HCOLL_SUCCESS)
-        return st;
-    t = hc_now_us();
-    st = iops->all_gather(co->intra, buf, n, idt, NULL);
-    tm->intra_ag_us += hc_now_us() - t;
-    return st;
-}
-
 hcoll_status_t hc_coll_agree(hc_coll_t *co, const hc_coll_args_t *a, hcoll_status_t verdict,
                              hcoll_stage_times_t *tm, int *agreed_out)
 {
@@ -409,7 +376,7 @@ static hcoll_status_t run_broadcast(hc_coll_t *co, const hc_coll_args_t *a,
         /* Ring positions are ranks. */
         return chain_here(co, a->recvbuf, n, idt, a->root, tm);
     case HC_PLAN_3STAGE:
-        return bcast_3stage(co, a, n, idt, tm);
+        return hc_coll_bcast_3stage(co, a, n, idt, tm);
     }
     return HCOLL_ERR_INTERNAL;
 }

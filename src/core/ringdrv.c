@@ -12,10 +12,16 @@
 hcoll_status_t hc_ringdrv_run(struct hc_ring *ring, const hc_ringdrv_op_t *op,
                               const hc_ringdrv_env_t *env)
 {
+    return hc_ringdrv_run_watched(ring, op, env, NULL);
+}
+
+hcoll_status_t hc_ringdrv_run_watched(struct hc_ring *ring, const hc_ringdrv_op_t *op,
+                                      const hc_ringdrv_env_t *env, atomic_size_t *landed)
+{
     int done = 0;
     hcoll_status_t st;
     if (op->bcast)
-        st = hc_ring_bcast_start(ring, op->dst, op->count, op->dtype, op->root);
+        st = hc_ring_bcast_start_watched(ring, op->dst, op->count, op->dtype, op->root, landed);
     else if (op->phase == HC_RING_PHASE_RS)
         st = op->device ? hc_ring_rs_start_device(ring, op->src, op->dst, op->count, op->dtype,
                                                   op->op, op->avg_div)

@@ -67,4 +67,10 @@ typedef struct hc_ringdrv_env {
 hcoll_status_t hc_ringdrv_run(struct hc_ring *ring, const hc_ringdrv_op_t *op,
                               const hc_ringdrv_env_t *env);
 
+/* hc_ringdrv_run where a broadcast (op->bcast) counts in *landed the bytes
+ * of op->dst in place on this rank (hc_ring_bcast_start_watched), for
+ * another thread to follow; NULL: not counted, as hc_ringdrv_run. */
+hcoll_status_t hc_ringdrv_run_watched(struct hc_ring *ring, const hc_ringdrv_op_t *op,
+                                      const hc_ringdrv_env_t *env, atomic_size_t *landed);
+
 #endif

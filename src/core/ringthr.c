@@ -14,6 +14,7 @@
 
 typedef struct ring_job {
     hc_ringdrv_op_t op;
+    atomic_size_t *landed; /* hc_ringthr_post_watched, else NULL */
     double busy_us; /* written by the ring thread */
 } ring_job_t;
 
@@ -48,7 +49,7 @@ static void *ringthr_main(void *arg)
 
         double t0 = hc_now_us();
         if (st == HCOLL_SUCCESS)
-            st = hc_ringdrv_run(t->ring, &job->op, &t->env);
+            st = hc_ringdrv_run_watched(t->ring, &job->op, &t->env, job->landed);
         job->busy_us = hc_now_us() - t0;
 
         pthread_mutex_lock(&t->lock);
@@ -85,11 +86,18 @@ hcoll_status_t hc_ringthr_start(struct hc_ring *ring, const hc_ringdrv_env_t *en
 
 uint64_t hc_ringthr_post(hc_ringthr_t *t, const hc_ringdrv_op_t *job)
 {
+    return hc_ringthr_post_watched(t, job, NULL);
+}
+
+uint64_t hc_ringthr_post_watched(hc_ringthr_t *t, const hc_ringdrv_op_t *job,
+                                 atomic_size_t *landed)
+{
     pthread_mutex_lock(&t->lock);
     while (t->posted - t->done >= HC_RINGTHR_JOBS)
         pthread_cond_wait(&t->cond, &t->lock);
     uint64_t id = t->posted;
     t->jobs[id % HC_RINGTHR_JOBS].op = *job;
+    t->jobs[id % HC_RINGTHR_JOBS].landed = landed;
     t->posted++;
     pthread_cond_broadcast(&t->cond);
     pthread_mutex_unlock(&t->lock);
@@ -105,6 +113,14 @@ hcoll_status_t hc_ringthr_wait(hc_ringthr_t *t, uint64_t id, double *inter_us)
     hcoll_status_t st = t->status;
     pthread_mutex_unlock(&t->lock);
     return st;
+}
+
+int hc_ringthr_test(hc_ringthr_t *t, uint64_t id)
+{
+    pthread_mutex_lock(&t->lock);
+    int done = t->done > id;
+    pthread_mutex_unlock(&t->lock);
+    return done;
 }
 
 void hc_ringthr_stop(hc_ringthr_t *t)

@@ -30,9 +30,18 @@ hcoll_status_t hc_ringthr_start(struct hc_ring *ring, const hc_ringdrv_env_t *en
 /* Queue job (in place on job->dst; copied); returns its id. */
 uint64_t hc_ringthr_post(hc_ringthr_t *t, const hc_ringdrv_op_t *job);
 
+/* hc_ringthr_post of a broadcast job whose chain counts the bytes of
+ * job->dst in place in *landed (hc_ringdrv_run_watched), which the poster
+ * may read while the job runs. */
+uint64_t hc_ringthr_post_watched(hc_ringthr_t *t, const hc_ringdrv_op_t *job,
+                                 atomic_size_t *landed);
+
 /* Wait for job id; returns the sticky status and adds the job's ring time
  * to *inter_us. */
 hcoll_status_t hc_ringthr_wait(hc_ringthr_t *t, uint64_t id, double *inter_us);
+
+/* Whether job id is done (waited for or not); never blocks. */
+int hc_ringthr_test(hc_ringthr_t *t, uint64_t id);
 
 /* Stop and join the thread, free t. Jobs must all have been waited for.
  * NULL is a no-op. */

@@ -63,6 +63,9 @@
  *
  * (so the root does not finish before its prev started: neighbours stay
  * at most one operation apart, as the immediates' seq needs).
+ * Watched (hc_ring_bcast_start_watched): each landing also publishes, in
+ * the caller's atomic, the bytes landed with none missing before them, so
+ * another thread can use each piece while the chain still runs.
  *
  * Device buffers (GPUDirect): the same chunked ring, with staging slots in
  * device memory that prev's NIC writes, the reductions, the AVG division
@@ -334,6 +337,23 @@ hcoll_status_t hc_ring_on_desc(hc_ring_t *r)
     return HCOLL_SUCCESS;
 }
 
+/* A watched broadcast (hc_ring_bcast_start_watched): publish the bytes
+ * that are in place with none missing before them. Not on the root, whose
+ * only message is the chain's closing one (its bytes were all there). */
+static void bcast_landed(hc_ring_t *r)
+{
+    ring_op_t *o = &r->op;
+    if (r->rank == o->root)
+        return;
+    const size_t before = o->bc_prefix;
+    while (o->bc_prefix < o->g.nmsg && o->ag_done[o->bc_prefix])
+        o->bc_prefix++;
+    if (o->bc_prefix == before)
+        return;
+    const size_t bytes = o->count * o->esize, got = o->bc_prefix * r->chunk_bytes;
+    atomic_store_explicit(o->landed, got < bytes ? got : bytes, memory_order_release);
+}
+
 hcoll_status_t hc_ring_on_comp(hc_ring_t *r, const hc_comp_t *c)
 {
     if (c->kind == HC_COMP_PUT) {
@@ -375,6 +395,8 @@ hcoll_status_t hc_ring_on_comp(hc_ring_t *r, const hc_comp_t *c)
             if (m < r->op.g.nmsg && !r->op.ag_done[m] && r->op.phase != HC_RING_PHASE_RS) {
                 r->op.ag_done[m] = 1;
                 r->op.ag_nrecv++;
+                if (r->op.landed)
+                    bcast_landed(r);
                 return HCOLL_SUCCESS;
             }
             break;

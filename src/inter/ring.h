@@ -17,6 +17,7 @@
 #ifndef HC_INTER_RING_H
 #define HC_INTER_RING_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -178,6 +179,15 @@ hcoll_status_t hc_ring_ag_start_device(hc_ring_t *ring, void *buf, size_t count,
  */
 hcoll_status_t hc_ring_bcast_start(hc_ring_t *ring, void *buf, size_t count, hcoll_dtype_t dtype,
                                    int root);
+/* hc_ring_bcast_start that also says, in *landed (not NULL), how many bytes
+ * of buf from its start are in place on this rank: all of them at once on
+ * the root, else the chunks landed so far with none missing before them.
+ * The ring's thread stores it (release) as chunks land; another thread may
+ * read it (acquire) and then read those bytes, which the chain only reads
+ * from then on, while the operation runs. Written before the start
+ * returns, even where nothing moves (count 0, one position). */
+hcoll_status_t hc_ring_bcast_start_watched(hc_ring_t *ring, void *buf, size_t count,
+                                           hcoll_dtype_t dtype, int root, atomic_size_t *landed);
 
 /* Start + progress until done. Blocking, collective. */
 hcoll_status_t hc_ring_allreduce(hc_ring_t *ring, const void *sendbuf, void *recvbuf,

@@ -338,6 +338,12 @@ static hcoll_status_t op_timed_out(hc_ring_t *r)
 hcoll_status_t hc_ring_bcast_start(hc_ring_t *r, void *buf, size_t count, hcoll_dtype_t dtype,
                                    int root)
 {
+    return hc_ring_bcast_start_watched(r, buf, count, dtype, root, NULL);
+}
+
+hcoll_status_t hc_ring_bcast_start_watched(hc_ring_t *r, void *buf, size_t count,
+                                           hcoll_dtype_t dtype, int root, atomic_size_t *landed)
+{
     hc_errbuf_t *eb = RING_ERRBUF(r);
     hcoll_status_t st = start_check(r, buf, buf, count, dtype, HCOLL_SUM, 0);
     if (st != HCOLL_SUCCESS)
@@ -345,10 +351,15 @@ hcoll_status_t hc_ring_bcast_start(hc_ring_t *r, void *buf, size_t count, hcoll_
     if (root < 0 || root >= r->n)
         return hc_err_set(eb, HC_NET, RING_LOGRANK(r), HCOLL_ERR_INVALID_ARG,
                           "ring: broadcast root %d out of %d positions", root, r->n);
+    const int all_here = count == 0 || r->n == 1 || r->rank == root;
+    if (landed)
+        atomic_store_explicit(landed, all_here ? count * hcoll_dtype_size(dtype) : 0,
+                              memory_order_release);
     if (count == 0 || r->n == 1)
         return HCOLL_SUCCESS;
     ring_op_t *o = &r->op;
     memset(o, 0, sizeof *o);
+    o->landed = landed;
     o->send = o->recv = buf;
     o->count = count;
     o->esize = hcoll_dtype_size(dtype);

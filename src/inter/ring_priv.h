@@ -106,6 +106,8 @@ typedef struct ring_op {
     const hc_ring_gated_t *gated; /* device all-reduce with gated reductions */
     size_t rs_red;       /* gated: reductions seen done (credits sent) */
     int root;            /* the chain's first position */
+    atomic_size_t *landed; /* broadcast: bytes in place from buf's start, or NULL */
+    size_t bc_prefix;    /* broadcast: messages landed with none missing before */
 } ring_op_t;
 
 enum { HC_RING_LIVE_OFF = 0, HC_RING_LIVE_UP, HC_RING_LIVE_LEFT, HC_RING_LIVE_DEAD };

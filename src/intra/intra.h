@@ -152,13 +152,21 @@ struct hc_intra_ops {
                                             hcoll_dtype_t dtype, hcoll_op_t op, void *stream);
     /* Optional (NULL: the backend cannot). all_gather into the vector that
      * is the concatenation of count / blen blocks of blen elements, block j
-     * at blocks[j] (none overlapping src): src holds this rank's shard at
-     * its offset (the rest of src is not read or written); afterwards the
-     * blocks hold all shards, this rank's included, without a copy through
-     * one contiguous buffer. blen > 0 divides count. */
+     * at blocks[j] (none overlapping src, except that this rank's shard in
+     * src may be exactly where the blocks hold it: then it is left alone):
+     * src holds this rank's shard at its offset (the rest of src is not
+     * read or written); afterwards the blocks hold all shards, this rank's
+     * included, without a copy through one contiguous buffer. blen > 0
+     * divides count. */
     hcoll_status_t (*all_gather_blocks)(hc_intra_t *ctx, const void *src, void *const *blocks,
                                         size_t blen, size_t count, hcoll_dtype_t dtype,
                                         void *stream);
+    /* Optional (NULL: the backend cannot). Local rank root's sendbuf
+     * (count elements): shard i of it (hc_intra_shard) into local rank i's
+     * recvbuf at shard i's offset; nothing else of recvbuf is written.
+     * Root: sendbuf == recvbuf allowed; the others' sendbuf is ignored. */
+    hcoll_status_t (*scatter)(hc_intra_t *ctx, const void *sendbuf, void *recvbuf, size_t count,
+                              hcoll_dtype_t dtype, int root, void *stream);
 };
 
 /* Every backend's object starts with this, so the generic helpers below can

@@ -427,4 +427,5 @@ const hc_intra_ops_t hc_intra_shm_ops = {
     .health = hc_shm_health,
     .alive = hc_shm_alive,
     .poison = hc_shm_poison_op,
+    .scatter = hc_shm_scatter,
 };

@@ -24,6 +24,10 @@
  *   all-gather, step g: rank j copies a piece of its shard into its slot,
  *   every other rank copies it out to recvbuf at shard j's offset.
  *
+ *   scatter, step g: the root copies piece g of every other shard into
+ *   its slot, laid out as RS's, and rank j copies sub-piece j out to recvbuf
+ *   at shard j's offset (one writer; the broadcast's first stage).
+ *
  *   allreduce (fused), step g: every rank copies a piece of the whole
  *   vector into its slot, then every rank folds all L slots into recvbuf:
  *
@@ -126,6 +130,21 @@ static void hc_shm_dst_copy(const hc_shm_call_t *c, size_t elem, const unsigned 
     }
 }
 
+/* Whether elements [elem, elem + n) of the call's destination blocks are
+ * where src holds them already (an all-gather whose caller passed its own
+ * block as src's shard): then copying them there is a no-op we skip. */
+static int hc_shm_dst_is_src(const hc_shm_call_t *c, size_t elem, size_t n)
+{
+    while (n > 0) {
+        size_t o = elem % c->blen, m = c->blen - o < n ? c->blen - o : n;
+        if (c->blocks[elem / c->blen] + o * c->es != c->src + elem * c->es)
+            return 0;
+        elem += m;
+        n -= m;
+    }
+    return 1;
+}
+
 static hcoll_status_t hc_shm_publish(hc_shm_t *s, const hc_shm_call_t *c, uint64_t k)
 {
     const uint64_t g = c->base + k;
@@ -150,13 +169,24 @@ static hcoll_status_t hc_shm_publish(hc_shm_t *s, const hc_shm_call_t *c, uint64
         n = hc_shm_piece(s, c, s->lrank, k, &elem);
         if (n && c->blocks) { /* our shard comes from src, and goes to the blocks too */
             memcpy(slot, c->src + elem * c->es, n * c->es);
-            hc_shm_dst_copy(c, elem, slot, n);
+            if (!hc_shm_dst_is_src(c, elem, n))
+                hc_shm_dst_copy(c, elem, slot, n);
         } else if (n) {
             memcpy(slot, c->dst + elem * c->es, n * c->es);
         }
     } else if (c->kind == HC_SHM_KIND_AR) {
         n = hc_shm_ar_piece(c, k, &elem);
         memcpy(slot, c->src + elem * c->es, n * c->es);
+    } else if (c->kind == HC_SHM_KIND_SC && s->lrank == (int)c->op) {
+        /* The root: every other shard's piece through its sub-piece of the
+         * slot, as RS lays them out; its own straight to recvbuf. */
+        for (int j = 0; j < s->L; j++) {
+            n = hc_shm_piece(s, c, j, k, &elem);
+            if (n && j != s->lrank)
+                memcpy(slot + (size_t)j * c->per * c->es, c->src + elem * c->es, n * c->es);
+            else if (n && c->src != c->dst)
+                memcpy(c->dst + elem * c->es, c->src + elem * c->es, n * c->es);
+        }
     }
     hc_shm_desc_t *d = &s->hdr->ranks[s->lrank].desc[g % HC_SHM_NSLOTS];
     d->step = g;
@@ -177,7 +207,8 @@ static hcoll_status_t hc_shm_check_desc(hc_shm_t *s, const hc_shm_call_t *c, uin
         const hc_shm_desc_t *d = &s->hdr->ranks[q].desc[g % HC_SHM_NSLOTS];
         int same = d->step == g && d->kind == (uint32_t)c->kind && d->count == c->count &&
                    d->dtype == (uint32_t)c->dtype &&
-                   ((c->kind != HC_SHM_KIND_RS && c->kind != HC_SHM_KIND_AR) ||
+                   ((c->kind != HC_SHM_KIND_RS && c->kind != HC_SHM_KIND_AR &&
+                     c->kind != HC_SHM_KIND_SC) ||
                     d->op == (uint32_t)c->op);
         if (!same) {
             hc_shm_poison(s, HCOLL_ERR_MISMATCH, q);
@@ -265,6 +296,12 @@ static hcoll_status_t hc_shm_consume(hc_shm_t *s, const hc_shm_call_t *c, uint64
     } else if (c->kind == HC_SHM_KIND_AR) {
         n = hc_shm_ar_piece(c, k, &elem);
         hc_shm_ar_fold(s, c, g, elem, n);
+    } else if (c->kind == HC_SHM_KIND_SC && s->lrank != (int)c->op) {
+        n = hc_shm_piece(s, c, s->lrank, k, &elem);
+        if (n)
+            memcpy(c->dst + elem * c->es,
+                   hc_shm_slot(s, (int)c->op, g) + (size_t)s->lrank * c->per * c->es,
+                   n * c->es);
     }
     /* seq_cst (hence release): our reads of the slots happen before the
      * owners may overwrite them. */
@@ -436,6 +473,38 @@ hcoll_status_t hc_shm_all_gather_blocks(hc_intra_t *ctx, const void *src, void *
         return HCOLL_SUCCESS;
     }
     c.per = s->slot_bytes / c.es;
+    hc_intra_shard(count, s->L, 0, &off, &maxlen);
+    c.nsteps = (maxlen + c.per - 1) / c.per;
+    return hc_shm_run(s, &c);
+}
+
+/* Scatter: the root's shards through its slots, RS's layout with one
+ * writer; the op field of the steps' descriptors names the root, so local
+ * ranks that disagree on it fail with HCOLL_ERR_MISMATCH. */
+hcoll_status_t hc_shm_scatter(hc_intra_t *ctx, const void *sendbuf, void *recvbuf, size_t count,
+                              hcoll_dtype_t dtype, int root, void *stream)
+{
+    hc_shm_t *s = (hc_shm_t *)ctx;
+    hcoll_status_t st = hc_shm_enter(s, "scatter", recvbuf, recvbuf, count, dtype, HCOLL_SUM,
+                                     stream);
+    if (st != HCOLL_SUCCESS || count == 0)
+        return st;
+    if (root < 0 || root >= s->L || (s->lrank == root && !sendbuf))
+        return hc_err_set(s->eb, HC_SHM, s->rank, HCOLL_ERR_INVALID_ARG,
+                          "intra-node shm scatter: root %d of %d local ranks%s", root, s->L,
+                          s->lrank == root && !sendbuf ? " has a NULL sendbuf" : "");
+    const size_t es = hcoll_dtype_size(dtype);
+    if (s->L == 1) {
+        if (sendbuf != recvbuf)
+            memcpy(recvbuf, sendbuf, count * es);
+        return HCOLL_SUCCESS;
+    }
+    hc_shm_call_t c = {
+        .kind = HC_SHM_KIND_SC, .src = sendbuf, .dst = recvbuf, .count = count, .es = es,
+        .dtype = dtype, .op = (hcoll_op_t)root,
+    };
+    c.per = (s->slot_bytes / (size_t)s->L / HC_SHM_LINE * HC_SHM_LINE) / es;
+    size_t off, maxlen;
     hc_intra_shard(count, s->L, 0, &off, &maxlen);
     c.nsteps = (maxlen + c.per - 1) / c.per;
     return hc_shm_run(s, &c);
