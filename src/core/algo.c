@@ -215,6 +215,10 @@ hcoll_status_t hc_coll_rd_run(hc_coll_t *co, void *buf, size_t count, hcoll_dtyp
         if (slice > 0) {
             if ((st = hc_coll_peers_alive(co, "(seen from the all-reduce)")) != HCOLL_SUCCESS)
                 return st;
+            /* A neighbour that left cannot take part; without an operation
+             * timeout nothing else would end this wait. */
+            if ((st = hc_ring_live_left_status(co->ring)) != HCOLL_SUCCESS)
+                return st;
             if ((st = hc_dissem_absorb(co->dissem, (uint32_t)co->opseq, "the all-reduce")) !=
                 HCOLL_SUCCESS)
                 return st;

@@ -218,6 +218,12 @@ int hc_ring_live_lost(hc_ring_t *ring, char *why, size_t len);
  * and the rail) when a neighbour's link closed without a goodbye or was
  * silent for liveness_ms; else success. Reads atomics only; NULL: success. */
 hcoll_status_t hc_ring_live_status(hc_ring_t *ring);
+/* For a wait that needs every rank and moves no data on the ring (the
+ * recursive doubling): HCOLL_ERR_PEER_FAILED (recorded, naming the rank)
+ * when a neighbour said goodbye (destroyed its communicator) at least
+ * HC_RING_LEFT_GRACE_MS ago; else success. Reads atomics only; NULL:
+ * success. */
+hcoll_status_t hc_ring_live_left_status(hc_ring_t *ring);
 /* A user's registered range (hcoll_mem_register), kept registered with the
  * ring's transport until unpinned, so that operations inside it register
  * nothing (transport.h, mem_pin). *pin_out NULL: nothing to keep (TCP, no

@@ -307,6 +307,27 @@ hcoll_status_t hc_ring_live_status(hc_ring_t *r)
     return r ? hc_ring_live_check(r) : HCOLL_SUCCESS;
 }
 
+hcoll_status_t hc_ring_live_left_status(hc_ring_t *r)
+{
+    const double now = hc_now_ms();
+    for (int i = 0; r && i < 2; i++) {
+        ring_live_t *l = &r->live[i];
+        if (atomic_load(&l->state) != HC_RING_LIVE_LEFT)
+            continue;
+        const double since = now - (double)atomic_load(&l->left_ms);
+        if (since < HC_RING_LEFT_GRACE_MS)
+            continue;
+        return hc_err_set(RING_ERRBUF(r), HC_NET, RING_LOGRANK(r), HCOLL_ERR_PEER_FAILED,
+                          "rank %d (%s) destroyed its communicator %.0f ms ago while an "
+                          "operation that needs every rank still waits: the ranks did not "
+                          "make the same calls (did that rank stop early after an error of "
+                          "its own?); seen on rail %d (%s)",
+                          hc_tp_rank(&r->p.tp, i == 0 ? r->next : r->prev), link_name[i], since,
+                          r->p.tp.rail, r->p.tp.ifname);
+    }
+    return HCOLL_SUCCESS;
+}
+
 void hc_ring_live_close(hc_ring_t *r, int graceful)
 {
     const char b = LIVE_BYE;
