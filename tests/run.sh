@@ -71,7 +71,8 @@ echo
 # report keeps) says it too.
 for n in "${failed_names[@]}"; do
   echo "-- $n:"
-  grep -E 'check failed|:[FE]:|FAIL|timed out|Assertion|ERROR' "$log_dir/$n.log" | head -8 |
+  grep -E 'check failed|:[0-9]+:[FE]:|timed out after|Assertion|^FAIL' "$log_dir/$n.log" |
+    grep -v ' WARN ' | head -8 |
     sed 's/^/   /'
 done
 [ ${#failed_names[@]} -gt 0 ] && echo "failed: ${failed_names[*]} (logs in $log_dir)"
