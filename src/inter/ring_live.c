@@ -279,6 +279,19 @@ hcoll_status_t hc_ring_live_check(hc_ring_t *r)
     return HCOLL_SUCCESS;
 }
 
+/* PEER_FAILED, recorded: the neighbour on link i said goodbye `since` ms ago
+ * while an operation still needs it. */
+static hcoll_status_t left_failed(hc_ring_t *r, int i, double since)
+{
+    return hc_err_set(RING_ERRBUF(r), HC_NET, RING_LOGRANK(r), HCOLL_ERR_PEER_FAILED,
+                      "ring: rank %d (%s) destroyed its communicator %.0f ms ago while "
+                      "this operation still needs it: the ranks did not make the same "
+                      "calls (did that rank stop early after an error of its own?); "
+                      "seen on rail %d (%s)",
+                      hc_tp_rank(&r->p.tp, i == 0 ? r->next : r->prev), link_name[i], since,
+                      r->p.tp.rail, r->p.tp.ifname);
+}
+
 hcoll_status_t hc_ring_live_left_check(hc_ring_t *r, int need_next, int need_prev)
 {
     const double now = hc_now_ms();
@@ -291,13 +304,7 @@ hcoll_status_t hc_ring_live_left_check(hc_ring_t *r, int need_next, int need_pre
         double since = now - (double)atomic_load(&l->left_ms);
         if (since < HC_RING_LEFT_GRACE_MS || now - r->last_activity < HC_RING_LEFT_GRACE_MS)
             continue;
-        return hc_err_set(RING_ERRBUF(r), HC_NET, RING_LOGRANK(r), HCOLL_ERR_PEER_FAILED,
-                          "ring: rank %d (%s) destroyed its communicator %.0f ms ago while "
-                          "this operation still needs it: the ranks did not make the same "
-                          "calls (did that rank stop early after an error of its own?); "
-                          "seen on rail %d (%s)",
-                          hc_tp_rank(&r->p.tp, i == 0 ? r->next : r->prev), link_name[i], since,
-                          r->p.tp.rail, r->p.tp.ifname);
+        return left_failed(r, i, since);
     }
     return HCOLL_SUCCESS;
 }
@@ -311,19 +318,9 @@ hcoll_status_t hc_ring_live_left_status(hc_ring_t *r)
 {
     const double now = hc_now_ms();
     for (int i = 0; r && i < 2; i++) {
-        ring_live_t *l = &r->live[i];
-        if (atomic_load(&l->state) != HC_RING_LIVE_LEFT)
-            continue;
-        const double since = now - (double)atomic_load(&l->left_ms);
-        if (since < HC_RING_LEFT_GRACE_MS)
-            continue;
-        return hc_err_set(RING_ERRBUF(r), HC_NET, RING_LOGRANK(r), HCOLL_ERR_PEER_FAILED,
-                          "rank %d (%s) destroyed its communicator %.0f ms ago while an "
-                          "operation that needs every rank still waits: the ranks did not "
-                          "make the same calls (did that rank stop early after an error of "
-                          "its own?); seen on rail %d (%s)",
-                          hc_tp_rank(&r->p.tp, i == 0 ? r->next : r->prev), link_name[i], since,
-                          r->p.tp.rail, r->p.tp.ifname);
+        const double since = now - (double)atomic_load(&r->live[i].left_ms);
+        if (atomic_load(&r->live[i].state) == HC_RING_LIVE_LEFT && since >= HC_RING_LEFT_GRACE_MS)
+            return left_failed(r, i, since);
     }
     return HCOLL_SUCCESS;
 }
