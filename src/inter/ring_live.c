@@ -2,8 +2,9 @@
  * The ring's liveness links: one small TCP connection to each neighbour,
  * bound to the rail address, that carries nothing but heartbeats.
  *
- *   rank k ──dial, hello {"HCLV", k}──► rank k+1      (link "next")
- *   rank k ◄──────────accept─────────── rank k-1      (link "prev")
+ *   rank k ──dial, keyed hello──► rank k+1      (link "next")
+ *   rank k ◄────────accept─────── rank k-1      (link "prev")
+ *   (set up by ring_link.c: both ends prove the communicator's key)
  *   every beat interval, on both links: one byte 'b'; a goodbye is 'q'
  *
  * Who does what: the communicator's liveness thread sends the beats and
@@ -37,14 +38,8 @@
 
 #include "base/log.h"
 
-#define LIVE_HELLO_MAGIC 0x48434c56u /* "HCLV" */
 #define LIVE_BEAT 'b'
 #define LIVE_BYE  'q'
-
-typedef struct live_hello {
-    uint32_t magic;
-    uint32_t pos;
-} live_hello_t;
 
 static const char *const link_name[2] = { "next", "prev" };
 
@@ -64,9 +59,9 @@ hcoll_status_t hc_ring_live_listen(hc_ring_t *r, uint32_t *ip_out, uint32_t *por
     if (inet_pton(AF_INET, r->p.tp.bind_addr, &a.sin_addr) != 1)
         return hc_err_set(eb, HC_NET, RING_LOGRANK(r), HCOLL_ERR_INVALID_ARG,
                           "ring liveness: rail address '%s' is not IPv4", r->p.tp.bind_addr);
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     socklen_t len = sizeof a;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || listen(fd, 8) != 0 ||
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || listen(fd, 64) != 0 ||
         getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
         int e = errno;
         if (fd >= 0)
@@ -81,101 +76,8 @@ hcoll_status_t hc_ring_live_listen(hc_ring_t *r, uint32_t *ip_out, uint32_t *por
     return HCOLL_SUCCESS;
 }
 
-/* 0 ready, -1 failed or past the deadline, -2 set-up cancelled. */
-static int wait_fd(const hc_ring_t *r, int fd, short ev, double deadline)
+void hc_ring_live_up(hc_ring_t *r, int out, int in)
 {
-    for (;;) {
-        int left = (int)(deadline - hc_now_ms());
-        if (left <= 0)
-            return -1;
-        int n = hc_tp_wait_fd(&r->p.tp, fd, ev, left);
-        if (n > 0)
-            return 0;
-        if (n < 0)
-            return n;
-    }
-}
-
-/* Dial next from the rail address and say who we are: the socket, or -1
- * (deadline) or -2 (cancelled). */
-static int live_dial(hc_ring_t *r, uint32_t ip, uint32_t port, double deadline)
-{
-    struct sockaddr_in me = { .sin_family = AF_INET }, to = { .sin_family = AF_INET };
-    inet_pton(AF_INET, r->p.tp.bind_addr, &me.sin_addr);
-    to.sin_addr.s_addr = ip;
-    to.sin_port = htons((uint16_t)port);
-    for (;;) {
-        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-        if (fd < 0)
-            return -1;
-        int rc = bind(fd, (struct sockaddr *)&me, sizeof me);
-        if (rc == 0)
-            rc = connect(fd, (struct sockaddr *)&to, sizeof to);
-        int w = rc != 0 && errno == EINPROGRESS ? wait_fd(r, fd, POLLOUT, deadline) : -1;
-        if (w == -2) {
-            close(fd);
-            return -2;
-        }
-        if (w == 0) {
-            int err = 0;
-            socklen_t el = sizeof err;
-            getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el);
-            rc = err ? -1 : 0;
-        }
-        live_hello_t h = { LIVE_HELLO_MAGIC, (uint32_t)r->rank };
-        if (rc == 0 && send(fd, &h, sizeof h, MSG_NOSIGNAL) == (ssize_t)sizeof h)
-            return fd;
-        close(fd);
-        if (hc_now_ms() >= deadline)
-            return -1;
-        if (hc_tp_cancelled(&r->p.tp))
-            return -2;
-        usleep(20000);
-    }
-}
-
-/* Accept prev's link; strangers and stale hellos are dropped. As
- * live_dial. */
-static int live_accept(hc_ring_t *r, double deadline)
-{
-    int w;
-    while ((w = wait_fd(r, r->live_listen, POLLIN, deadline)) == 0) {
-        int fd = accept4(r->live_listen, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (fd < 0)
-            continue;
-        live_hello_t h;
-        double hd = hc_now_ms() + 1000;
-        if (wait_fd(r, fd, POLLIN, hd < deadline ? hd : deadline) == 0 &&
-            recv(fd, &h, sizeof h, MSG_WAITALL) == (ssize_t)sizeof h &&
-            h.magic == LIVE_HELLO_MAGIC && h.pos == (uint32_t)r->prev)
-            return fd;
-        close(fd);
-    }
-    return w;
-}
-
-hcoll_status_t hc_ring_live_connect(hc_ring_t *r, uint32_t next_ip, uint32_t next_port)
-{
-    if (r->live_listen < 0)
-        return HCOLL_SUCCESS;
-    const double deadline = hc_now_ms() + r->p.tp.timeout_ms;
-    int out = live_dial(r, next_ip, next_port, deadline);
-    int in = out >= 0 ? live_accept(r, deadline) : -1;
-    close(r->live_listen);
-    r->live_listen = -1;
-    if (out < 0 || in < 0) {
-        if (out >= 0)
-            close(out);
-        if (out == -2 || in == -2)
-            return hc_err_set(RING_ERRBUF(r), HC_NET, RING_LOGRANK(r), HCOLL_ERR_ABORTED,
-                              "ring liveness: linking cancelled: the communicator was aborted "
-                              "or destroyed during its set-up");
-        return hc_err_set(RING_ERRBUF(r), HC_NET, RING_LOGRANK(r), HCOLL_ERR_TIMEOUT,
-                          "ring liveness: no link %s rank %d on rail %d (%s) within %d ms",
-                          out < 0 ? "to next" : "from prev",
-                          hc_tp_rank(&r->p.tp, out < 0 ? r->next : r->prev), r->p.tp.rail,
-                          r->p.tp.bind_addr, r->p.tp.timeout_ms);
-    }
     const int fds[2] = { out, in };
     const int64_t now = (int64_t)hc_now_ms();
     for (int i = 0; i < 2; i++) {
@@ -185,7 +87,6 @@ hcoll_status_t hc_ring_live_connect(hc_ring_t *r, uint32_t next_ip, uint32_t nex
         atomic_store(&r->live[i].last_ms, now);
         atomic_store(&r->live[i].state, HC_RING_LIVE_UP);
     }
-    return HCOLL_SUCCESS;
 }
 
 void hc_ring_live_beat(hc_ring_t *r)

@@ -178,8 +178,11 @@ static inline hcoll_status_t ring_fail(hc_ring_t *r, hcoll_status_t st)
 
 /* Listen on the rail address (nothing when liveness_ms <= 0). */
 hcoll_status_t hc_ring_live_listen(hc_ring_t *r, uint32_t *ip_out, uint32_t *port_out);
-/* Dial next, accept prev; after the info exchange. */
+/* Dial next, accept prev, each end proving the communicator's key
+ * (ring_link.c); after the info exchange. */
 hcoll_status_t hc_ring_live_connect(hc_ring_t *r, uint32_t next_ip, uint32_t next_port);
+/* ring_link.c hands the two proven links over: out to next, in from prev. */
+void hc_ring_live_up(hc_ring_t *r, int out, int in);
 /* HCOLL_ERR_PEER_FAILED (recorded) when a neighbour is dead. */
 hcoll_status_t hc_ring_live_check(hc_ring_t *r);
 /* An operation that still needs next (need_next) or prev (need_prev) after

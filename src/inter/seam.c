@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include "base/err.h"
 #include "base/log.h"
@@ -94,4 +95,19 @@ int hc_tp_cancelled(const hc_transport_params_t *p)
         return 0;
     struct pollfd pf = { *p->cancel_fd, POLLIN, 0 };
     return poll(&pf, 1, 0) > 0;
+}
+
+int hc_tp_random(void *buf, size_t len)
+{
+    size_t done = 0;
+    while (done < len) {
+        ssize_t n = getrandom((char *)buf + done, len - done, 0);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        done += (size_t)n;
+    }
+    return 0;
 }

@@ -56,7 +56,7 @@ static hcoll_status_t tcp_create(const hc_transport_params_t *params, hc_transpo
     }
     /* No weaker source if the kernel has none: a guessable token or nonce
      * is worse than a clear failure. */
-    if (hc_tcp_random(&tr->token, sizeof tr->token) != 0) {
+    if (hc_tp_random(&tr->token, sizeof tr->token) != 0) {
         st = hc_tcp_fail(tr, HCOLL_ERR_SYSTEM, "getrandom: %s", strerror(errno));
         goto clean_tr;
     }
@@ -122,7 +122,7 @@ static hcoll_status_t tcp_mr_reg(hc_transport_t *tr, void *base, size_t len, hc_
      * rkey_out the region is only sent from and no frame may target it. */
     mr->remote = rkey_out != NULL;
     while (mr->remote && (mr->id == 0 || hc_tcp_mr_find(tr, mr->id))) {
-        if (hc_tcp_random(&mr->id, sizeof mr->id) != 0) {
+        if (hc_tp_random(&mr->id, sizeof mr->id) != 0) {
             int err = errno;
             free(mr);
             return hc_tcp_fail(tr, HCOLL_ERR_SYSTEM, "getrandom for a region key: %s",

@@ -95,21 +95,6 @@ typedef struct hs {
     unsigned ndrops;
 } hs_t;
 
-int hc_tcp_random(void *buf, size_t len)
-{
-    size_t done = 0;
-    while (done < len) {
-        ssize_t n = getrandom((char *)buf + done, len - done, 0);
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            return -1;
-        }
-        done += (size_t)n;
-    }
-    return 0;
-}
-
 /* The MAC of one side over the connection's context and both nonces. */
 static void hello_mac(const hc_transport_t *tr, const char label[4], uint64_t token, int acc,
                       int dia, int sock, const pend_t *p, unsigned char out[HC_TP_MAC_BYTES])
@@ -188,7 +173,7 @@ static hcoll_status_t dial_hello(hs_t *h, pend_t *p)
 {
     hc_transport_t *tr = h->tr;
     const tcp_addr_t *to = &h->all[h->peers[p->peer_i]];
-    if (hc_tcp_random(p->nd, sizeof p->nd) != 0)
+    if (hc_tp_random(p->nd, sizeof p->nd) != 0)
         return hc_tcp_fail(tr, HCOLL_ERR_SYSTEM, "getrandom for a hello nonce: %s",
                            strerror(errno));
     tcp_hello_t m = { HC_TCP_HELLO_MAGIC, (uint32_t)tr->p.rank, (uint32_t)p->sock_idx,
@@ -294,7 +279,7 @@ static hcoll_status_t acc_hello(hs_t *h, pend_t *p)
     p->peer_i = slot;
     p->sock_idx = (int)m.sock_idx;
     memcpy(p->nd, m.nonce, sizeof p->nd);
-    if (hc_tcp_random(p->na, sizeof p->na) != 0)
+    if (hc_tp_random(p->na, sizeof p->na) != 0)
         return hc_tcp_fail(tr, HCOLL_ERR_SYSTEM, "getrandom for a hello nonce: %s",
                            strerror(errno));
     tcp_chal_t c = { HC_TCP_CHAL_MAGIC, 0, { 0 }, { 0 } };

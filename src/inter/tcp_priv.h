@@ -175,8 +175,6 @@ static inline hc_mr_t *hc_tcp_mr_find(hc_transport_t *tr, uint64_t id)
     return NULL;
 }
 
-/* Fill buf from getrandom; 0, or -1 with errno (never a weaker source). */
-int hc_tcp_random(void *buf, size_t len);
 
 /* ---- tcp_conn.c: connection set-up -------------------------------------- */
 

@@ -114,6 +114,10 @@ int hc_tp_wait_fd(const hc_transport_params_t *p, int fd, short ev, int timeout_
 /* 1 when p->cancel_fd is readable (never blocks). */
 int hc_tp_cancelled(const hc_transport_params_t *p);
 
+/* Fill buf from getrandom (nonces, tokens, region keys): 0, or -1 with
+ * errno; never a weaker source. */
+int hc_tp_random(void *buf, size_t len);
+
 /* The rank to name in a message about the peer at position pos. */
 static inline int hc_tp_rank(const hc_transport_params_t *p, int pos)
 {
