@@ -95,6 +95,10 @@ MOCKS      += $(MOCK_DIR)/libibverbs.so.1
 endif
 TESTLIB_SRCS := $(sort $(wildcard tests/common/*.c))
 TESTLIB_OBJS := $(TESTLIB_SRCS:%.c=$(BUILD)/%.o)
+# Kept: as intermediate files make deleted them after each build, so the
+# next make (make soak after make test, in CI) rebuilt them and relinked
+# every test binary.
+.SECONDARY: $(TESTLIB_OBJS)
 EXAMPLE_SRCS := $(sort $(wildcard examples/*.c))
 EXAMPLES   := $(EXAMPLE_SRCS:examples/%.c=$(BUILD)/examples/%)
 # allreduce_mpi needs mpicc; device_side_stream the CUDA headers (it opens
@@ -350,7 +354,7 @@ test-cluster: deps
 # The soak (tests/soak.c): a 2 x 2 job of random, verified collectives for
 # SOAK_MINUTES, failing on a wrong element, an error, or growing RSS, fds or
 # threads. Not part of `make test`. SOAK_SEED repeats a run. Then the
-# lifecycle test at LIFECYCLE_CYCLES (make test runs it at 100).
+# lifecycle test at LIFECYCLE_CYCLES (make test runs it at 100; 0: not run).
 SOAK_MINUTES ?= 2
 LIFECYCLE_CYCLES ?= 1000
 .PHONY: soak
@@ -362,7 +366,8 @@ $(BUILD)/tests/soak: tests/soak.c tests/soak_proc.h $(BUILD)/tests/common/ranks.
 soak: deps
 	$(Q)$(MAKE) --no-print-directory all tests
 	$(Q)$(BUILD)/tests/soak -m $(SOAK_MINUTES) $(if $(SOAK_SEED),-s $(SOAK_SEED))
-	$(Q)HCOLL_LIFECYCLE_CYCLES=$(LIFECYCLE_CYCLES) $(BUILD)/tests/test_lifecycle
+	$(Q)[ "$(LIFECYCLE_CYCLES)" = 0 ] || \
+	  HCOLL_LIFECYCLE_CYCLES=$(LIFECYCLE_CYCLES) $(BUILD)/tests/test_lifecycle
 
 # The torch.distributed backend "hcoll" (python/hcoll/csrc, a C++ extension
 # against the system's torch): built ahead of its first use, cached in

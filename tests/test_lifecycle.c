@@ -108,10 +108,17 @@ static int no_growth(int rank, const char *what, const hct_proc_t *a, int cycles
     fflush(stdout);
     HCT_REQUIRE(b.fds == a->fds, "%s: fds %d -> %d", what, a->fds, b.fds);
     HCT_REQUIRE(b.threads == a->threads, "%s: threads %d -> %d", what, a->threads, b.threads);
+#ifndef __SANITIZE_ADDRESS__
     HCT_REQUIRE(b.heap_bytes <= a->heap_bytes + HEAP_SLACK, "%s: malloc in use %ld -> %ld B",
                 what, a->heap_bytes, b.heap_bytes);
     HCT_REQUIRE(b.rss_kb <= a->rss_kb * 1.05 + 1024, "%s: RSS %ld -> %ld kB", what, a->rss_kb,
                 b.rss_kb);
+#else
+    /* Under ASan (make test-asan) freed blocks stay resident in its
+     * quarantine (RSS grew 17 -> 54 MB over 100 cycles) and mallinfo
+     * counts nothing: the memory bounds are the plain build's to check. */
+    printf("rank %d %s: RSS and malloc bounds not checked under AddressSanitizer\n", rank, what);
+#endif
     return 0;
 }
 
