@@ -53,6 +53,7 @@ static const char *const kind_name[K_COUNT] = { "allreduce", "reduce_scatter", "
 typedef struct world {
     hct_id_slot_t slot;
     int noagree;      /* HCOLL_CHECK_ARGS=0: the ring voids the call */
+    int noloop;       /* device: the NIC refuses the GPUDirect flush QP */
     char logdir[64];  /* device cases: each rank's log */
 } world_t;
 
@@ -416,8 +417,8 @@ static int dev_check(const hc_cu_api_t *cu, void *stream, hc_cu_dptr_t d, int32_
     return 0;
 }
 
-/* This rank's log says that stage 2 runs on device memory (GPUDirect). */
-static int dev_logged_gdr(const world_t *w, int rank)
+/* This rank's log has a line with needle in it. */
+static int dev_logged(const world_t *w, int rank, const char *needle)
 {
     char path[128], line[512];
     snprintf(path, sizeof path, "%s/rank.%d.log", w->logdir, (int)getpid());
@@ -425,15 +426,23 @@ static int dev_logged_gdr(const world_t *w, int rank)
     HCT_REQUIRE(f, "rank %d: no log %s", rank, path);
     int found = 0;
     while (!found && fgets(line, sizeof line, f))
-        found = strstr(line, "stage 2 on device memory (GPUDirect RDMA)") != NULL;
+        found = strstr(line, needle) != NULL;
     fclose(f);
-    HCT_REQUIRE(found, "rank %d: stage 2 is not on device memory (log %s)", rank, path);
+    HCT_REQUIRE(found, "rank %d: the log %s does not say '%s'", rank, path, needle);
     return 0;
+}
+
+/* This rank's log says that stage 2 runs on device memory (GPUDirect). */
+static int dev_logged_gdr(const world_t *w, int rank)
+{
+    return dev_logged(w, rank, "stage 2 on device memory (GPUDirect RDMA)");
 }
 
 static int rank_dev_gdr(int rank, int nranks, void *argp)
 {
     world_t *w = argp;
+    if (w->noloop) /* the flush QP cannot be made */
+        setenv("HCMOCK_IB_LOOPBACK_FAIL", "95", 1);
     setenv("HCOLL_NET", "ib", 1);
     setenv("HCOLL_SOCKET_IFNAME", "=lo", 1);
     setenv("HCOLL_DEBUG", "INFO", 1);
@@ -468,7 +477,19 @@ static int rank_dev_gdr(int rank, int nranks, void *argp)
     if (dev_fill(cu, stream, a, h, n, rank, 0))
         return 1;
     HCT_OK(comm, hcoll_allreduce(comm, ap, ap, n, HCOLL_INT32, HCOLL_SUM, stream));
-    if (dev_check(cu, stream, a, h, n, rank, nranks, 0) || dev_logged_gdr(w, rank))
+    if (dev_check(cu, stream, a, h, n, rank, nranks, 0))
+        return 1;
+    if (w->noloop) { /* host staging instead, and it works */
+        if (dev_logged(w, rank, "no GPUDirect flush reads") ||
+            dev_logged(w, rank, "stage 2 staged through pinned host memory"))
+            return 1;
+        HCT_OK(comm, hcoll_comm_destroy(comm));
+        GPU_OK(cu->stream_destroy(stream));
+        GPU_OK(cu->mem_free(a));
+        free(h);
+        return 0;
+    }
+    if (dev_logged_gdr(w, rank))
         return 1;
     /* A new allocation, which the worker registers when the ring starts:
      * refused on the odd rank. */
@@ -526,7 +547,7 @@ static int rank_dev_gdr(int rank, int nranks, void *argp)
  * a refusal there voids that operation on every rank (the _async request
  * fails, the stream is released) and the communicator goes on. Before:
  * the ring broke, and the communicator with it. */
-START_TEST(regfail_dev_gdr_3x1)
+static void run_dev_gdr(int noloop)
 {
     char cuda[4096];
     if (!hct_mock_cuda_built(cuda, sizeof cuda)) {
@@ -535,9 +556,10 @@ START_TEST(regfail_dev_gdr_3x1)
     }
     world_t *w = hct_shared_alloc(sizeof *w);
     ck_assert_ptr_nonnull(w);
+    w->noloop = noloop;
     snprintf(w->logdir, sizeof w->logdir, "/tmp/hcoll-regfail.XXXXXX");
     ck_assert_ptr_nonnull(mkdtemp(w->logdir));
-    hct_opts_t o = { .nranks = 3, .ranks_per_node = 1, .timeout_ms = 90000 };
+    hct_opts_t o = { .nranks = noloop ? 2 : 3, .ranks_per_node = 1, .timeout_ms = 90000 };
     hct_result_t res[MAX_RANKS];
     int bad = hct_run(&o, rank_dev_gdr, w, res);
     ck_assert_msg(bad == 0, "%d rank(s) failed (see stderr; logs in %s)", bad, w->logdir);
@@ -546,6 +568,20 @@ START_TEST(regfail_dev_gdr_3x1)
     if (system(cmd) != 0)
         fprintf(stderr, "could not remove %s\n", w->logdir);
     hct_shared_free(w, sizeof *w);
+}
+
+START_TEST(regfail_dev_gdr_3x1)
+{
+    run_dev_gdr(0);
+}
+END_TEST
+
+/* Issue 19 item 3: a NIC that refuses the loopback QP of GPUDirect flush
+ * reads (sm_80 needs them) leaves stage 2 on host staging; init and the
+ * device all-reduce go through. */
+START_TEST(fallback_flush_qp_refused)
+{
+    run_dev_gdr(1);
 }
 END_TEST
 
@@ -560,6 +596,7 @@ static Suite *suite(void)
     tcase_add_test(t, regfail_host_noagree_3x1);
     tcase_add_test(t, regfail_host_noagree_2x2);
     tcase_add_test(t, regfail_dev_gdr_3x1);
+    tcase_add_test(t, fallback_flush_qp_refused);
     suite_add_tcase(s, t);
     return s;
 }
