@@ -458,6 +458,12 @@ HCOLL_API hcoll_status_t hcoll_comm_node_count(hcoll_comm_t comm, int *node_coun
  * small all-reduce per call; HCOLL_CHECK_ARGS=0 turns it off, and then
  * disagreeing ranks may fail (stickily), hang until HCOLL_OP_TIMEOUT_MS
  * or get mixed data. Device buffers are not compared.
+ * A registration refused inside the running ring (HCOLL_CHECK_ARGS=0, or
+ * device buffers on a GPUDirect ring) fails that call on every rank of the
+ * ring with the refusing rank's status and name (recvbuf undefined); with
+ * one rank per node (or a flat ring) the communicator stays usable, and a
+ * device call's error is its _async request's (a blocking device call's
+ * becomes the async error), otherwise it is the communicator's failure.
  * stream: a cudaStream_t passed as void * for device buffers, NULL for host
  * buffers. With host buffers and NULL the call blocks until the result is
  * in recvbuf. Stream handles with device buffers: NULL (0, the handle of

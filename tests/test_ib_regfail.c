@@ -52,6 +52,9 @@ static const char *const kind_name[K_COUNT] = { "allreduce", "reduce_scatter", "
 
 typedef struct world {
     hct_id_slot_t slot;
+    int noagree;      /* HCOLL_CHECK_ARGS=0: the ring voids the call */
+    int noloop;       /* device: the NIC refuses the GPUDirect flush QP */
+    char logdir[64];  /* device cases: each rank's log */
 } world_t;
 
 static uint64_t mock_stat(const char *name)
@@ -165,6 +168,8 @@ static int check_untouched(enum kind k, int rank, int nranks, const int32_t *out
 static int rank_host(int rank, int nranks, void *argp)
 {
     world_t *w = argp;
+    if (w->noagree)
+        setenv("HCOLL_CHECK_ARGS", "0", 1);
     setenv("HCOLL_NET", "ib", 1);
     setenv("HCOLL_SOCKET_IFNAME", "=lo", 1);
     hcoll_unique_id_t id;
@@ -201,8 +206,13 @@ static int rank_host(int rank, int nranks, void *argp)
                                 : strstr(msg, want) && strstr(msg, "registering its buffers"),
                     "rank %d: %s: the message does not name the registration: %s", rank,
                     kind_name[k], msg);
-        if (check_untouched((enum kind)k, rank, nranks, out))
+        /* Without the agreement the ring ran (void): recvbuf is undefined. */
+        if (!w->noagree && check_untouched((enum kind)k, rank, nranks, out))
             return 1;
+        hcoll_status_t ae = HCOLL_ERR_INTERNAL;
+        HCT_OK(comm, hcoll_comm_get_async_error(comm, &ae));
+        HCT_REQUIRE(ae == HCOLL_SUCCESS, "rank %d: %s: the communicator failed: %s", rank,
+                    kind_name[k], hcoll_status_name(ae));
         /* The same communicator goes on. */
         for (int it = 1; it <= 3; it++) {
             HCT_OK(comm, call(comm, (enum kind)k, rank, nranks, it, in, out));
@@ -216,10 +226,11 @@ static int rank_host(int rank, int nranks, void *argp)
     return 0;
 }
 
-static void run_host(int nranks, int per_node)
+static void run_host(int nranks, int per_node, int noagree)
 {
     world_t *w = hct_shared_alloc(sizeof *w);
     ck_assert_ptr_nonnull(w);
+    w->noagree = noagree;
     hct_opts_t o = { .nranks = nranks, .ranks_per_node = per_node, .timeout_ms = 90000 };
     hct_result_t res[MAX_RANKS];
     const double t0 = hct_now_ms();
@@ -232,13 +243,73 @@ static void run_host(int nranks, int per_node)
 
 START_TEST(regfail_host_2x2)
 {
-    run_host(4, 2);
+    run_host(4, 2, 0);
 }
 END_TEST
 
 START_TEST(regfail_host_3x1)
 {
-    run_host(3, 1);
+    run_host(3, 1, 0);
+}
+END_TEST
+
+/* HCOLL_CHECK_ARGS=0: nothing pinned ahead, no agreement; the refusal
+ * comes inside the running ring, which voids that operation (every rank
+ * fails it, naming the rank) and goes on. Before: the ring broke, and with
+ * it the communicator. */
+/* HCOLL_CHECK_ARGS=0 on 2x2: the void reaches the odd rank's rail only
+ * (the other rail's ring went through), so the failure is the
+ * communicator's: every rank must still fail the call, or the next one,
+ * with an error, and none may hang. */
+static int rank_noagree_2x2(int rank, int nranks, void *argp)
+{
+    world_t *w = argp;
+    setenv("HCOLL_CHECK_ARGS", "0", 1);
+    setenv("HCOLL_NET", "ib", 1);
+    setenv("HCOLL_SOCKET_IFNAME", "=lo", 1);
+    hcoll_unique_id_t id;
+    hcoll_config_t cfg = HCOLL_CONFIG_INITIALIZER;
+    cfg.timeout_ms = 20000;
+    cfg.net = "ib";
+    cfg.chunk_bytes = 4096;
+    HCT_REQUIRE(hct_share_unique_id(&w->slot, rank, 20000, &id) == 0, "no unique id");
+    hcoll_comm_t comm;
+    HCT_OK(NULL, hcoll_comm_init(&comm, nranks, rank, &id, &cfg));
+    int32_t *in = malloc(AR_COUNT * sizeof *in), *out = malloc(AR_COUNT * sizeof *out);
+    HCT_REQUIRE(in && out, "no memory");
+    if (rank == nranks - 1)
+        setenv("HCMOCK_IB_REG_FAIL", "12", 1);
+    const double t0 = hct_now_ms();
+    hcoll_status_t st = call(comm, K_ALLREDUCE, rank, nranks, 0, in, out);
+    unsetenv("HCMOCK_IB_REG_FAIL");
+    if (st == HCOLL_SUCCESS) /* its rail's ring went through: the next call */
+        st = call(comm, K_ALLREDUCE, rank, nranks, 1, in, out);
+    fprintf(stderr, "rank %d: 2x2 without the agreement: %s after %.0f ms: %s\n", rank,
+            hcoll_status_name(st), hct_now_ms() - t0, hcoll_comm_last_error(comm));
+    HCT_REQUIRE(st != HCOLL_SUCCESS, "rank %d: no error", rank);
+    HCT_REQUIRE(hct_now_ms() - t0 < 15000, "rank %d: the error took %.0f ms", rank,
+                hct_now_ms() - t0);
+    hcoll_comm_destroy(comm);
+    free(in);
+    free(out);
+    return 0;
+}
+
+START_TEST(regfail_host_noagree_2x2)
+{
+    world_t *w = hct_shared_alloc(sizeof *w);
+    ck_assert_ptr_nonnull(w);
+    hct_opts_t o = { .nranks = 4, .ranks_per_node = 2, .timeout_ms = 60000 };
+    hct_result_t res[MAX_RANKS];
+    int bad = hct_run(&o, rank_noagree_2x2, w, res);
+    ck_assert_msg(bad == 0, "%d rank(s) failed (see stderr)", bad);
+    hct_shared_free(w, sizeof *w);
+}
+END_TEST
+
+START_TEST(regfail_host_noagree_3x1)
+{
+    run_host(3, 1, 1);
 }
 END_TEST
 
@@ -318,6 +389,202 @@ START_TEST(regfail_dev_staged_setup)
 }
 END_TEST
 
+/* ---- device buffers on the GPUDirect ring -------------------------------- */
+
+/* A device all-reduce of n int32 on d (in place), values of iteration it;
+ * 1 when the result is not exact. */
+static int dev_fill(const hc_cu_api_t *cu, void *stream, hc_cu_dptr_t d, int32_t *h, size_t n,
+                    int rank, int it)
+{
+    for (size_t i = 0; i < n; i++)
+        h[i] = val(rank, i, it);
+    GPU_OK(cu->memcpy_htod_async(d, h, n * sizeof *h, stream));
+    return 0;
+}
+
+static int dev_check(const hc_cu_api_t *cu, void *stream, hc_cu_dptr_t d, int32_t *h, size_t n,
+                     int rank, int nranks, int it)
+{
+    GPU_OK(cu->memcpy_dtoh_async(h, d, n * sizeof *h, stream));
+    GPU_OK(cu->stream_synchronize(stream));
+    for (size_t i = 0; i < n; i++) {
+        int32_t want = 0;
+        for (int r = 0; r < nranks; r++)
+            want += val(r, i, it);
+        HCT_REQUIRE(h[i] == want, "rank %d: device all-reduce %d: [%zu] = %d, want %d", rank, it,
+                    i, h[i], want);
+    }
+    return 0;
+}
+
+/* This rank's log has a line with needle in it. */
+static int dev_logged(const world_t *w, int rank, const char *needle)
+{
+    char path[128], line[512];
+    snprintf(path, sizeof path, "%s/rank.%d.log", w->logdir, (int)getpid());
+    FILE *f = fopen(path, "r");
+    HCT_REQUIRE(f, "rank %d: no log %s", rank, path);
+    int found = 0;
+    while (!found && fgets(line, sizeof line, f))
+        found = strstr(line, needle) != NULL;
+    fclose(f);
+    HCT_REQUIRE(found, "rank %d: the log %s does not say '%s'", rank, path, needle);
+    return 0;
+}
+
+/* This rank's log says that stage 2 runs on device memory (GPUDirect). */
+static int dev_logged_gdr(const world_t *w, int rank)
+{
+    return dev_logged(w, rank, "stage 2 on device memory (GPUDirect RDMA)");
+}
+
+static int rank_dev_gdr(int rank, int nranks, void *argp)
+{
+    world_t *w = argp;
+    if (w->noloop) /* the flush QP cannot be made */
+        setenv("HCMOCK_IB_LOOPBACK_FAIL", "95", 1);
+    setenv("HCOLL_NET", "ib", 1);
+    setenv("HCOLL_SOCKET_IFNAME", "=lo", 1);
+    setenv("HCOLL_DEBUG", "INFO", 1);
+    setenv("HCOLL_DEBUG_SUBSYS", "GDR", 1);
+    char path[128];
+    snprintf(path, sizeof path, "%s/rank.%%p.log", w->logdir);
+    setenv("HCOLL_DEBUG_FILE", path, 1);
+    setenv("HCMOCK_CC", "8.0", 1); /* flush reads too */
+    char root[4096];
+    HCT_REQUIRE(realpath("tests/fixtures/sysfs-mockib", root), "no tests/fixtures/sysfs-mockib");
+    setenv("HCOLL_SYSFS_ROOT", root, 1);
+    setenv("HCMOCK_IB_SYSFS", root, 1);
+    const hc_cu_api_t *cu = gpu_open(0);
+    HCT_REQUIRE(cu && gpu_mock_driver(), "rank %d: no mock GPU", rank);
+    hcoll_unique_id_t id;
+    hcoll_config_t cfg = HCOLL_CONFIG_INITIALIZER;
+    cfg.timeout_ms = 20000;
+    cfg.net = "ib";
+    HCT_REQUIRE(hct_share_unique_id(&w->slot, rank, 20000, &id) == 0, "no unique id");
+    hcoll_comm_t comm;
+    HCT_OK(NULL, hcoll_comm_init(&comm, nranks, rank, &id, &cfg));
+    const int odd = nranks - 1;
+    const size_t n = 100003;
+    int32_t *h = malloc(n * sizeof *h);
+    HCT_REQUIRE(h, "no memory");
+    void *stream;
+    GPU_OK(cu->stream_create(&stream, HC_CU_STREAM_NON_BLOCKING));
+    /* The first device call sets the path up; it runs on the GPUDirect ring. */
+    hc_cu_dptr_t a, b;
+    GPU_OK(cu->mem_alloc(&a, n * sizeof *h));
+    void *ap = (void *)(uintptr_t)a;
+    if (dev_fill(cu, stream, a, h, n, rank, 0))
+        return 1;
+    HCT_OK(comm, hcoll_allreduce(comm, ap, ap, n, HCOLL_INT32, HCOLL_SUM, stream));
+    if (dev_check(cu, stream, a, h, n, rank, nranks, 0))
+        return 1;
+    if (w->noloop) { /* host staging instead, and it works */
+        if (dev_logged(w, rank, "no GPUDirect flush reads") ||
+            dev_logged(w, rank, "stage 2 staged through pinned host memory"))
+            return 1;
+        HCT_OK(comm, hcoll_comm_destroy(comm));
+        GPU_OK(cu->stream_destroy(stream));
+        GPU_OK(cu->mem_free(a));
+        free(h);
+        return 0;
+    }
+    if (dev_logged_gdr(w, rank))
+        return 1;
+    /* A new allocation, which the worker registers when the ring starts:
+     * refused on the odd rank. */
+    GPU_OK(cu->mem_alloc(&b, n * sizeof *h));
+    void *bp = (void *)(uintptr_t)b;
+    if (dev_fill(cu, stream, b, h, n, rank, 1))
+        return 1;
+    const uint64_t before = mock_stat("injected_reg_failures");
+    if (rank == odd)
+        setenv("HCMOCK_IB_REG_FAIL", "12", 1);
+    hcoll_request_t req = NULL;
+    HCT_OK(comm, hcoll_allreduce_async(comm, bp, bp, n, HCOLL_INT32, HCOLL_SUM, stream, &req));
+    hcoll_status_t st = hcoll_wait(req);
+    unsetenv("HCMOCK_IB_REG_FAIL");
+    hcoll_request_free(req);
+    const char *msg = hcoll_comm_last_error(comm);
+    fprintf(stderr, "rank %d: GPUDirect all-reduce, rank %d's registrations refused: %s: %s\n",
+            rank, odd, hcoll_status_name(st), msg);
+    HCT_REQUIRE(st != HCOLL_SUCCESS, "rank %d: the call went through", rank);
+    HCT_REQUIRE(rank != odd || mock_stat("injected_reg_failures") > before,
+                "rank %d: nothing was registered", rank);
+    char want[64];
+    snprintf(want, sizeof want, "rank %d could not take part", odd);
+    HCT_REQUIRE(rank == odd ? strstr(msg, "registering") && strstr(msg, strerror(ENOMEM))
+                            : strstr(msg, want) && strstr(msg, "registering its buffers"),
+                "rank %d: the message does not name the registration: %s", rank, msg);
+    GPU_OK(cu->stream_synchronize(stream)); /* released: no gate left shut */
+    hcoll_status_t ae = HCOLL_ERR_INTERNAL;
+    HCT_OK(comm, hcoll_comm_get_async_error(comm, &ae));
+    HCT_REQUIRE(ae == HCOLL_SUCCESS, "rank %d: the communicator failed: %s (%s)", rank,
+                hcoll_status_name(ae), hcoll_comm_last_error(comm));
+    /* The same buffer, registered now, and the first one: bit for bit. */
+    for (int it = 2; it <= 4; it++) {
+        hc_cu_dptr_t d = it == 3 ? a : b;
+        void *dp = (void *)(uintptr_t)d;
+        if (dev_fill(cu, stream, d, h, n, rank, it))
+            return 1;
+        HCT_OK(comm, hcoll_allreduce(comm, dp, dp, n, HCOLL_INT32, HCOLL_SUM, stream));
+        if (dev_check(cu, stream, d, h, n, rank, nranks, it))
+            return 1;
+    }
+    HCT_OK(comm, hcoll_comm_get_async_error(comm, &ae));
+    HCT_REQUIRE(ae == HCOLL_SUCCESS, "rank %d: the communicator failed later: %s (%s)", rank,
+                hcoll_status_name(ae), hcoll_comm_last_error(comm));
+    free(h);
+    GPU_OK(cu->stream_destroy(stream));
+    GPU_OK(cu->mem_free(a));
+    GPU_OK(cu->mem_free(b));
+    HCT_OK(comm, hcoll_comm_destroy(comm));
+    return 0;
+}
+
+/* Device buffers on the GPUDirect ring (3 nodes, one GPU and NIC each):
+ * the caller's buffer is registered by the worker when the ring starts;
+ * a refusal there voids that operation on every rank (the _async request
+ * fails, the stream is released) and the communicator goes on. Before:
+ * the ring broke, and the communicator with it. */
+static void run_dev_gdr(int noloop)
+{
+    char cuda[4096];
+    if (!hct_mock_cuda_built(cuda, sizeof cuda)) {
+        printf("SKIP: needs the emulated CUDA driver (%s)\n", cuda);
+        return;
+    }
+    world_t *w = hct_shared_alloc(sizeof *w);
+    ck_assert_ptr_nonnull(w);
+    w->noloop = noloop;
+    snprintf(w->logdir, sizeof w->logdir, "/tmp/hcoll-regfail.XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(w->logdir));
+    hct_opts_t o = { .nranks = noloop ? 2 : 3, .ranks_per_node = 1, .timeout_ms = 90000 };
+    hct_result_t res[MAX_RANKS];
+    int bad = hct_run(&o, rank_dev_gdr, w, res);
+    ck_assert_msg(bad == 0, "%d rank(s) failed (see stderr; logs in %s)", bad, w->logdir);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", w->logdir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", w->logdir);
+    hct_shared_free(w, sizeof *w);
+}
+
+START_TEST(regfail_dev_gdr_3x1)
+{
+    run_dev_gdr(0);
+}
+END_TEST
+
+/* Issue 19 item 3: a NIC that refuses the loopback QP of GPUDirect flush
+ * reads (sm_80 needs them) leaves stage 2 on host staging; init and the
+ * device all-reduce go through. */
+START_TEST(fallback_flush_qp_refused)
+{
+    run_dev_gdr(1);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("ib_regfail");
@@ -326,6 +593,10 @@ static Suite *suite(void)
     tcase_add_test(t, regfail_host_2x2);
     tcase_add_test(t, regfail_host_3x1);
     tcase_add_test(t, regfail_dev_staged_setup);
+    tcase_add_test(t, regfail_host_noagree_3x1);
+    tcase_add_test(t, regfail_host_noagree_2x2);
+    tcase_add_test(t, regfail_dev_gdr_3x1);
+    tcase_add_test(t, fallback_flush_qp_refused);
     suite_add_tcase(s, t);
     return s;
 }

@@ -121,6 +121,7 @@ static hcoll_status_t execute(hc_coll_t *co, struct hcoll_request *rq)
      * count names a call alike everywhere (the barrier's signals). */
     co->opseq++;
     const int unseen = rq->dev && rq->detached; /* a blocking device call */
+    const uint64_t voided = hc_ring_voided(co->ring);
     if (rq->dev) {
         /* A device broadcast, reduce-scatter or all-gather moves nothing
          * across nodes until every rank agreed. */
@@ -134,6 +135,8 @@ static hcoll_status_t execute(hc_coll_t *co, struct hcoll_request *rq)
     } else {
         st = hc_coll_run(co, &rq->args, &rq->times, &agreed);
     }
+    if (st != HCOLL_SUCCESS && !agreed) /* a registration refused in the ring */
+        agreed = hc_coll_void_agreed(co, voided);
     /* Every rank found the same argument mismatch after a complete
      * exchange: nothing is in flight, the communicator stays usable. A
      * blocking device call has already returned, and no request reports

@@ -137,3 +137,10 @@ void hc_coll_unpin(hc_coll_pins_t *s)
     s->mr = NULL;
     s->n = s->cap = 0;
 }
+
+int hc_coll_void_agreed(const hc_coll_t *co, uint64_t voided_before)
+{
+    return co->ring && hc_ring_voided(co->ring) > voided_before &&
+           hc_ring_error(co->ring) == HCOLL_SUCCESS &&
+           (co->plan == HC_PLAN_RING || co->plan == HC_PLAN_FLAT);
+}

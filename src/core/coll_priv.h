@@ -129,6 +129,13 @@ typedef struct hc_coll_pins {
  * released with hc_coll_unpin after the operation. */
 hcoll_status_t hc_coll_pin(hc_coll_t *co, const hc_coll_args_t *a, hc_coll_pins_t *pins);
 void hc_coll_unpin(hc_coll_pins_t *pins);
+/* 1 when a call that failed failed alike on every rank and left the
+ * communicator usable because the ring voided one of its operations (a
+ * rank could not register its buffers; ring_void.c): the ring voided
+ * more than voided_before operations, still works, and holds every rank
+ * (the ring and flat plans; with several ranks per node the other rails
+ * never hear of it, so the failure stays the communicator's). */
+int hc_coll_void_agreed(const hc_coll_t *co, uint64_t voided_before);
 /* fn(arg, p, bytes) for every range a ring job of the reduce-scatter or
  * all-gather a registers (coll_rsag.c; makes its permuted vector first);
  * stops at fn's first failure and returns it. */

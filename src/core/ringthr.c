@@ -11,11 +11,13 @@
 
 #include "base/clock.h"
 #include "base/log.h"
+#include "inter/ring.h"
 
 typedef struct ring_job {
     hc_ringdrv_op_t op;
     atomic_size_t *landed; /* hc_ringthr_post_watched, else NULL */
     double busy_us; /* written by the ring thread */
+    hcoll_status_t st; /* the job's own status, under lock */
 } ring_job_t;
 
 struct hc_ringthr {
@@ -48,12 +50,17 @@ static void *ringthr_main(void *arg)
         pthread_mutex_unlock(&t->lock);
 
         double t0 = hc_now_us();
+        const uint64_t voided = hc_ring_voided(t->ring);
         if (st == HCOLL_SUCCESS)
             st = hc_ringdrv_run_watched(t->ring, &job->op, &t->env, job->landed);
         job->busy_us = hc_now_us() - t0;
 
         pthread_mutex_lock(&t->lock);
-        if (st != HCOLL_SUCCESS && t->status == HCOLL_SUCCESS)
+        job->st = st;
+        /* A void operation failed that job on every rank alike and left
+         * the ring in step: not sticky. */
+        if (st != HCOLL_SUCCESS && t->status == HCOLL_SUCCESS &&
+            hc_ring_voided(t->ring) == voided)
             t->status = st;
         t->done = ++next;
         pthread_cond_broadcast(&t->cond);
@@ -110,7 +117,7 @@ hcoll_status_t hc_ringthr_wait(hc_ringthr_t *t, uint64_t id, double *inter_us)
     while (t->done <= id)
         pthread_cond_wait(&t->cond, &t->lock);
     *inter_us += t->jobs[id % HC_RINGTHR_JOBS].busy_us;
-    hcoll_status_t st = t->status;
+    hcoll_status_t st = t->status != HCOLL_SUCCESS ? t->status : t->jobs[id % HC_RINGTHR_JOBS].st;
     pthread_mutex_unlock(&t->lock);
     return st;
 }

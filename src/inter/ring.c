@@ -114,6 +114,8 @@ hcoll_status_t hc_ring_send_ready(hc_ring_t *r)
     const unsigned seq = (unsigned)(r->seq & 15);
     hcoll_status_t st;
 
+    if (o->voided)
+        return hc_ring_void_send(r);
     while (o->g.gather && o->rs_next < o->g.nmsg) {
         size_t s = o->rs_next;
         if (s > 0 && !o->rs_done[s - 1])
@@ -255,6 +257,9 @@ hcoll_status_t hc_ring_on_rs(hc_ring_t *r, uint32_t imm)
                                        "same",
                                        hc_tp_rank(&r->p.tp, r->prev), (unsigned long long)r->seq,
                                        o->bcast ? "a broadcast" : "an all-gather"));
+    /* A void notice, or data once the operation is void (ring_void.c). */
+    if (IMM_IS_VOID(imm) || (o->voided && !o->gated))
+        return hc_ring_void_on_rs(r, imm);
     if (m >= o->g.nmsg || o->rs_done[m] || slot >= r->nslots)
         return ring_fail(r, hc_err_set(RING_ERRBUF(r), HC_NET, RING_LOGRANK(r), HCOLL_ERR_NETWORK,
                                        "ring: unexpected reduce-scatter message %zu slot %d "
@@ -272,6 +277,7 @@ hcoll_status_t hc_ring_on_rs(hc_ring_t *r, uint32_t imm)
                                            HCOLL_ERR_NETWORK,
                                            "ring: gated message %zu landed in slot %d, not %d",
                                            m, slot, (int)(m % (size_t)r->nslots)));
+        o->slot_landed[slot]++;
         o->gated->landed(o->gated->ctx, m);
         return HCOLL_SUCCESS;
     }
@@ -310,6 +316,14 @@ static const char *sig_name(int phase, int op)
 hcoll_status_t hc_ring_on_desc(hc_ring_t *r)
 {
     ring_op_t *o = &r->op;
+    const uint32_t note = r->desc_void[r->seq & 15];
+    r->desc_void[r->seq & 15] = 0;
+    if (note) { /* next could not register its buffer: no key */
+        hc_ring_void_learn(r, note);
+        o->have_desc = 1;
+        r->desc_seen[r->seq & 15] = 0;
+        return HCOLL_SUCCESS;
+    }
     ring_desc_t d;
     memcpy(&d, r->ctrl + (r->seq % DESC_SLOTS) * DESC_BYTES, sizeof d);
     if (d.seq != r->seq)
@@ -375,6 +389,8 @@ hcoll_status_t hc_ring_on_comp(hc_ring_t *r, const hc_comp_t *c)
     const unsigned cur = (unsigned)(r->seq & 15), nxt = (unsigned)((r->seq + 1) & 15);
     const unsigned s4 = IMM_SEQ(imm);
     const int active = r->op.active;
+    if (kind == IMM_DESC) /* a void notice instead of a key, or none */
+        r->desc_void[s4] = IMM_IS_VOID(imm) ? imm : 0;
     /* Between operations, the next one to start is r->seq. */
     if ((active && s4 == nxt) || (!active && s4 == cur)) {
         if (kind == IMM_DESC) {
@@ -391,6 +407,13 @@ hcoll_status_t hc_ring_on_comp(hc_ring_t *r, const hc_comp_t *c)
             return hc_ring_on_rs(r, imm);
         case IMM_AG: {
             size_t m = IMM_MSG(imm);
+            /* A void notice counts as one message (ring_void.c). */
+            if (IMM_IS_VOID(imm) && r->op.phase != HC_RING_PHASE_RS &&
+                r->op.ag_nrecv < r->op.g.nmsg) {
+                hc_ring_void_learn(r, imm);
+                r->op.ag_nrecv++;
+                return HCOLL_SUCCESS;
+            }
             /* A reduce-scatter alone takes no all-gather data. */
             if (m < r->op.g.nmsg && !r->op.ag_done[m] && r->op.phase != HC_RING_PHASE_RS) {
                 r->op.ag_done[m] = 1;

@@ -241,6 +241,15 @@ void hc_ring_mem_unpin(hc_ring_t *ring, hc_mr_t *pin);
  * region, TCP, a 1-rank ring, count 0). */
 int hc_ring_registers(const hc_ring_t *ring, size_t count, hcoll_dtype_t dtype, int phase);
 
+/* Operations voided so far: a rank could not register its buffers when
+ * one started, so every rank of the ring failed it (its error, recorded,
+ * not sticky) and the ring went on in step (ring_void.c). A caller that
+ * sees it grow over a failed call knows every rank of the ring failed
+ * that call alike. 0 for NULL. */
+uint64_t hc_ring_voided(const hc_ring_t *ring);
+/* The ring's sticky error (HCOLL_SUCCESS while it works); NULL: success. */
+hcoll_status_t hc_ring_error(const hc_ring_t *ring);
+
 /* Test hook: the endpoint towards the next rank (NULL for a 1-rank ring). */
 hc_ep_t *hc_ring_debug_ep_next(hc_ring_t *ring);
 

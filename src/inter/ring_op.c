@@ -198,21 +198,31 @@ static hcoll_status_t start_chunked(hc_ring_t *r)
     ring_op_t *o = &r->op;
     const size_t bytes = o->count * o->esize;
     hc_rkey_t recv_rkey;
-    HC_CHECK(r->ops->mr_reg(r->tr, o->recv, bytes, &o->recv_mr, &recv_rkey), out);
-    if (o->send == o->recv) {
+    /* A refused registration voids the operation (ring_void.c) instead of
+     * breaking the ring: the neighbours are in it already. */
+    hcoll_status_t reg = r->ops->mr_reg(r->tr, o->recv, bytes, &o->recv_mr, &recv_rkey);
+    if (reg == HCOLL_SUCCESS && o->send == o->recv) {
         o->send_mr = o->recv_mr;
-    } else {
-        HC_CHECK(r->ops->mr_reg(r->tr, (void *)o->send, bytes, &o->send_mr, NULL),
-                 clean_recv_mr);
+    } else if (reg == HCOLL_SUCCESS) {
+        reg = r->ops->mr_reg(r->tr, (void *)o->send, bytes, &o->send_mr, NULL);
+        if (reg != HCOLL_SUCCESS) {
+            r->ops->mr_dereg(r->tr, o->recv_mr);
+            o->recv_mr = NULL;
+        }
     }
     o->active = 1;
 
-    const size_t box = r->seq % DESC_SLOTS;
-    ring_desc_t d = { recv_rkey, r->seq, ring_op_sig(o->count, o->phase, o->dtype, o->op) };
-    memcpy(r->ctrl + (DESC_SLOTS + box) * DESC_BYTES, &d, sizeof d);
-    HC_CHECK(hc_ring_put(r, r->ep_prev, r->ctrl_mr, (DESC_SLOTS + box) * DESC_BYTES, &r->prev_ctrl,
-                         box * DESC_BYTES, sizeof d, IMM(IMM_DESC, r->seq & 15, 0, 0)),
-             clean_active);
+    if (reg != HCOLL_SUCCESS) {
+        HC_CHECK(hc_ring_void_self(r, reg), clean_active);
+    } else {
+        const size_t box = r->seq % DESC_SLOTS;
+        ring_desc_t d = { recv_rkey, r->seq, ring_op_sig(o->count, o->phase, o->dtype, o->op) };
+        memcpy(r->ctrl + (DESC_SLOTS + box) * DESC_BYTES, &d, sizeof d);
+        HC_CHECK(hc_ring_put(r, r->ep_prev, r->ctrl_mr, (DESC_SLOTS + box) * DESC_BYTES,
+                             &r->prev_ctrl, box * DESC_BYTES, sizeof d,
+                             IMM(IMM_DESC, r->seq & 15, 0, 0)),
+                 clean_active);
+    }
 
     r->last_activity = hc_now_ms();
     if (r->desc_seen[r->seq & 15])
@@ -228,11 +238,6 @@ static hcoll_status_t start_chunked(hc_ring_t *r)
 clean_active:
     /* The ring is broken (sticky error); keep the op marked active so that
      * destroy resets the connections. */
-    return ring_fail(r, st);
-clean_recv_mr:
-    r->ops->mr_dereg(r->tr, o->recv_mr);
-    o->recv_mr = NULL;
-out:
     return ring_fail(r, st);
 }
 
@@ -468,9 +473,10 @@ hcoll_status_t hc_ring_progress(hc_ring_t *r, int wait_ms, int *done_out)
         HC_CHECK(hc_ring_send_ready(r), out);
     }
     HC_CHECK(op_drained(r), out);
+    st = r->op.voided ? hc_ring_void_end(r) : HCOLL_SUCCESS; /* not sticky */
     op_finish(r);
     *done_out = 1;
-    return HCOLL_SUCCESS;
+    return st;
 
 out:
     return ring_fail(r, st);

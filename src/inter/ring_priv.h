@@ -9,8 +9,10 @@
  *                 failure and destruction
  *   ring_op.c     one operation: start, progress, finish
  *   ring_dev.c    device buffers (GPUDirect staging slots)
+ *   ring_void.c   an operation a rank could not register its buffers for
  *
- * The calls go one way: ring_op.c -> ring.c -> ring_sched.h, and
+ * The calls go one way: ring_op.c -> ring.c -> ring_sched.h, ring.c and
+ * ring_op.c -> ring_void.c, and
  * ring_setup.c -> ring_dev.c.
  */
 #ifndef HC_INTER_RING_PRIV_H
@@ -30,7 +32,15 @@ enum { IMM_RS = 0, IMM_AG = 1, IMM_CREDIT = 2, IMM_DESC = 3 };
 #define IMM_SEQ(i)  ((unsigned)(((i) >> 26) & 15u))
 #define IMM_SLOT(i) ((int)(((i) >> 22) & 15u))
 #define IMM_MSG(i)  ((size_t)((i)&0x3fffffu))
-#define IMM_MSG_MAX ((size_t)1 << 22)
+/* Message numbers below IMM_MSG_MAX; the field's top bit marks a void
+ * notice instead (ring_void.c): void:1 | status:5 | failing position:16. */
+#define IMM_MSG_MAX ((size_t)1 << 21)
+#define IMM_VOID ((size_t)1 << 21)
+#define IMM_IS_VOID(i) ((IMM_MSG(i) & IMM_VOID) != 0)
+#define IMM_VOID_MSG(st, pos) \
+    (IMM_VOID | (((size_t)(st)&31u) << 16) | ((pos) < 0xffff ? (size_t)(pos) : (size_t)0xffff))
+#define IMM_VOID_ST(i) ((hcoll_status_t)((IMM_MSG(i) >> 16) & 31u))
+#define IMM_VOID_POS(i) ((int)(IMM_MSG(i) & 0xffffu)) /* 0xffff: not known */
 
 #define RING_MAGIC 0x48435247u /* "HCRG" */
 #define DESC_SLOTS 4           /* mailbox entries; neighbours differ by <= 1 op */
@@ -108,6 +118,13 @@ typedef struct ring_op {
     int root;            /* the chain's first position */
     atomic_size_t *landed; /* broadcast: bytes in place from buf's start, or NULL */
     size_t bc_prefix;    /* broadcast: messages landed with none missing before */
+    /* Void (ring_void.c): a rank could not register its buffers; every
+     * message from then on is an empty notice, counted, not reduced. */
+    int voided;
+    int void_pos;        /* ring position of the rank that failed (0xffff: ?) */
+    hcoll_status_t void_st; /* its status */
+    int void_self;       /* this rank is the one (its error is recorded) */
+    uint32_t slot_landed[HC_RING_MAX_SLOTS]; /* gated: messages landed per slot */
 } ring_op_t;
 
 enum { HC_RING_LIVE_OFF = 0, HC_RING_LIVE_UP, HC_RING_LIVE_LEFT, HC_RING_LIVE_DEAD };
@@ -139,6 +156,8 @@ struct hc_ring {
     int nbusy;
     uint64_t seq;         /* operations started */
     uint8_t desc_seen[16];
+    uint32_t desc_void[16]; /* an early descriptor's void notice (0: none) */
+    uint64_t nvoid;       /* operations voided (hc_ring_voided) */
     uint32_t early[EARLY_MAX];
     int nearly;
     size_t puts_out;
@@ -201,6 +220,20 @@ hcoll_status_t hc_ring_put(hc_ring_t *r, hc_ep_t *ep, hc_mr_t *lmr, size_t loff,
 
 /* Send every message of the active operation whose turn has come. */
 hcoll_status_t hc_ring_send_ready(hc_ring_t *r);
+
+/* ---- ring_void.c: an operation a rank could not register for ------------ */
+
+/* This rank's registration failed with st (recorded): the operation goes
+ * on void. Sends the void descriptor to prev. */
+hcoll_status_t hc_ring_void_self(hc_ring_t *r, hcoll_status_t st);
+/* A void notice (imm) arrived: note it. */
+void hc_ring_void_learn(hc_ring_t *r, uint32_t imm);
+/* The void operation's sends: every message still owed, empty. */
+hcoll_status_t hc_ring_void_send(hc_ring_t *r);
+/* A void reduce-scatter notice, or any reduce-scatter message once void. */
+hcoll_status_t hc_ring_void_on_rs(hc_ring_t *r, uint32_t imm);
+/* The operation ended void: its error (recorded, not sticky). */
+hcoll_status_t hc_ring_void_end(hc_ring_t *r);
 /* Gated device reductions (ring_dev.c): mark what the GPU reduced since
  * the last look as done and send its credits; *moved_out: any. */
 hcoll_status_t hc_ring_gated_poll(hc_ring_t *r, int *moved_out);

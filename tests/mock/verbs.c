@@ -98,6 +98,8 @@
  *                          registration, host or device, fails with it
  *                          while set (the dma-buf probe with fd -1 excepted)
  *   HCMOCK_IB_GDR_LAZY     1: device writes visible only after a flush read
+ *   HCMOCK_IB_LOOPBACK_FAIL an errno: a QP connected to itself (a loopback,
+ *                          as GPUDirect flush reads use) is refused at RTR
  *   HCMOCK_IB_COPY_ON_FORK 1: the kernel copies pinned pages at fork
  *   HCMOCK_IB_RO           0: a provider that refuses IBV_ACCESS_RELAXED_ORDERING
  *                          (EINVAL from ibv_reg_mr_iova2/ibv_reg_dmabuf_mr)
@@ -2896,6 +2898,10 @@ HCMOCK_API int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask)
     } else if ((mask & IBV_QP_DEST_QPN) && (a->dest_qp_num > 0xffffff || a->dest_qp_num < 2)) {
         snprintf(why, sizeof why, "dest_qp_num 0x%x", a->dest_qp_num);
         rc = EINVAL;
+    } else if ((mask & IBV_QP_DEST_QPN) && a->dest_qp_num == qp->qp_num &&
+               env_int("HCMOCK_IB_LOOPBACK_FAIL", 0) > 0) {
+        snprintf(why, sizeof why, "a QP connected to itself (HCMOCK_IB_LOOPBACK_FAIL)");
+        rc = env_int("HCMOCK_IB_LOOPBACK_FAIL", 0);
     } else if ((mask & IBV_QP_AV) && (rc = av_check(c, &a->ah_attr, why, sizeof why)) != 0) {
         rc = rc == -2 ? EHOSTUNREACH : EINVAL;
     } else if (((mask & IBV_QP_MAX_DEST_RD_ATOMIC) && a->max_dest_rd_atomic > MAX_RD_ATOM) ||
