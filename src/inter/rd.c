@@ -9,6 +9,7 @@
  */
 #include "inter/rd.h"
 
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -488,8 +489,14 @@ hcoll_status_t hc_rd_progress(hc_rd_t *d, int wait_ms, int *done_out)
         const int spinning = hc_now_us() < spin_until;
         if ((st = reap(d, spinning ? 0 : wait_ms, &n)) != HCOLL_SUCCESS)
             return st;
-        if (n > 0 || spinning)
+        if (n > 0)
             continue;
+        if (spinning) {
+            /* Give the core to whoever is runnable (the awaited rank, on a
+             * host with fewer cores than ranks), as MPI's yield_when_idle. */
+            sched_yield();
+            continue;
+        }
         const double quiet = hc_now_ms() - d->step_start;
         if (d->op_timeout_ms > 0 && quiet > d->op_timeout_ms)
             return rd_failed(d, hc_err_set(RD_EB(d), HC_COLL, RD_LR(d), HCOLL_ERR_TIMEOUT,
