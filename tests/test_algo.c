@@ -33,8 +33,9 @@
 #define TIMEOUT_MS 30000
 #define GUARD 32
 #define CROSS_BYTES (64 << 10) /* counts around it: one rd slot of HCOLL_ALGO=rd:64K */
-#define TABLE_RD_NODES 4        /* core/algo.c's table: rd from 4 nodes ... */
+#define TABLE_RD_NODES 4        /* core/algo.c's table: rd from 4 nodes, and on 2x2 ... */
 #define TABLE_RD_BYTES (256 << 10) /* ... up to 256 KiB */
+#define INLINE_BYTES (64 << 10)    /* with the agreement, unless HCOLL_ALGO=ring (algo.h) */
 #define NALGOS 3
 
 static const char *const algos[NALGOS] = { "rd", "ring", "auto" };
@@ -176,7 +177,10 @@ static int run_one(shape_t *s, hcoll_comm_t comm, int a, int rank, int ci, const
     /* What ran, as hcoll_comm_last_algo says. */
     const char *name = NULL;
     HCT_OK(comm, hcoll_comm_last_algo(comm, &name));
-    const int rd = a == 0 || (a == 2 && s->nnodes >= TABLE_RD_NODES && bytes <= TABLE_RD_BYTES);
+    const int rd = a == 0 || (a == 2 && ((bytes > 0 && bytes <= INLINE_BYTES) ||
+                                         ((s->nnodes >= TABLE_RD_NODES ||
+                                           (s->nnodes == 2 && s->nranks == 4)) &&
+                                          bytes <= TABLE_RD_BYTES)));
     HCT_REQUIRE(rd ? strcmp(name, "rd") == 0 : strstr(name, "ring") != NULL,
                 "%s %s: %zu bytes ran '%s'", s->name, algos[a], bytes, name);
     return 0;

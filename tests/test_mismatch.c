@@ -135,6 +135,13 @@ static int rank_allreduce(int rank, int nranks, void *argp)
     EXPECT(st, "in-place large op", "op", out, BIG);
     st = hcoll_allreduce(comm, in, out, 64, HCOLL_FLOAT32, me ? HCOLL_AVG : HCOLL_SUM, NULL);
     EXPECT(st, "AVG against SUM", "op", out, BIG);
+    /* The small call travels with the agreement (up to chunk_bytes less its
+     * header here): one rank's count past that limit, the others' within. */
+    st = hcoll_allreduce(comm, in, out, me ? 2048 : 100, HCOLL_FLOAT32, HCOLL_SUM, NULL);
+    EXPECT(st, "count across the agreement's inline limit", "count", out, BIG);
+    /* In place and scaled (AVG scales the input first): still untouched. */
+    st = hcoll_allreduce(comm, out, out, 64, HCOLL_FLOAT32, me ? HCOLL_SUM : HCOLL_AVG, NULL);
+    EXPECT(st, "in-place AVG against SUM", "op", out, BIG);
 
     /* Async: the request reports it, and the next request runs. */
     hcoll_request_t rq;

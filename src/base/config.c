@@ -173,8 +173,9 @@ static const hc_knob_t knobs[] = {
      * a spinning rank takes the core its peer needs. Worth trying on hosts with
      * a core per rank to spare. */
     { "HCOLL_SPIN_US", HC_KNOB_INT, "0", 0, 1000000, NULL, 0, 0, OFF(spin_us),
-      "How long the recursive doubling of small all-reduces polls its connections without "
-      "sleeping, microseconds, before it sleeps in the kernel; 0: sleep at once." },
+      "How long the recursive doubling (small all-reduces, the argument agreement) polls its "
+      "connections, yielding the core between looks, microseconds, before it sleeps in the "
+      "kernel; 0: sleep at once." },
     /* TCP data path (inter/tcp_ep.c). */
     { "HCOLL_TCP_RCVLOWAT", HC_KNOB_SIZE, "0", 0, (int64_t)1 << 30, NULL, 0, 0,
       OFF(tcp_rcvlowat),

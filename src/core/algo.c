@@ -36,18 +36,20 @@
  * loopback on the shared 2-core host (docs/design.md, "Algorithm choice"):
  *   4 x 1: rd 1.11-2.32x faster than the ring from 1 KiB to 256 KiB, the ring
  *          1.75x faster at 1 MiB: rd up to 256 KiB;
- *   2 x 2: the ring (its fused variant) faster at every size, 0.53-0.86x:
- *          with two nodes both send one message per call, and the ring's
- *          costs less; three nodes fold into two (three messages against
- *          the ring's two hops): the ring. */
+ *   2 x 2: with the agreement on rd (and the data inline up to 64 KiB), rd
+ *          1.14x faster than the ring at 256 KiB, the ring 1.76x faster at
+ *          1 MiB: rd up to 256 KiB;
+ *   3 nodes fold into two (three messages against the ring's two hops):
+ *          the ring, as measured before the agreement moved to rd. */
 static const struct {
     enum hc_plan plan;
-    int min_nodes;
+    int min_nodes, max_nodes;
     uint64_t rd_max;
 } crossover[] = {
-    { HC_PLAN_RING, 4, 256 << 10 },
-    { HC_PLAN_FLAT, 4, 256 << 10 },
-    { HC_PLAN_3STAGE, 4, 256 << 10 },
+    { HC_PLAN_RING, 4, INT32_MAX, 256 << 10 },
+    { HC_PLAN_FLAT, 4, INT32_MAX, 256 << 10 },
+    { HC_PLAN_3STAGE, 4, INT32_MAX, 256 << 10 },
+    { HC_PLAN_3STAGE, 2, 2, 256 << 10 },
 };
 
 /* Slots of the recursive doubling: vectors up to the crossover go in one
@@ -59,7 +61,8 @@ uint64_t hc_algo_default_rd_max(enum hc_plan plan, int nnodes, int local_size)
 {
     (void)local_size;
     for (size_t i = 0; i < sizeof crossover / sizeof crossover[0]; i++)
-        if (crossover[i].plan == plan && nnodes >= crossover[i].min_nodes)
+        if (crossover[i].plan == plan && nnodes >= crossover[i].min_nodes &&
+            nnodes <= crossover[i].max_nodes)
             return crossover[i].rd_max;
     return 0;
 }
@@ -176,6 +179,16 @@ size_t hc_algo_rd_seg(const hc_algo_conf_t *conf)
     return (size_t)((s + 63) & ~(uint64_t)63);
 }
 
+size_t hc_algo_inline_max(const hc_algo_conf_t *conf, int check_args, size_t chunk_bytes)
+{
+    if (!check_args || (conf->forced && conf->rd_max == 0))
+        return 0;
+    size_t m = HC_ALGO_INLINE_MAX;
+    if (chunk_bytes < m + HC_ALGO_AGREE_HDR)
+        m = chunk_bytes > HC_ALGO_AGREE_HDR ? chunk_bytes - HC_ALGO_AGREE_HDR : 0;
+    return m & ~(size_t)63;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Set-up and the driver                                                      */
 /* ------------------------------------------------------------------------ */
@@ -184,24 +197,24 @@ hcoll_status_t hc_coll_rd_setup(hc_coll_t *co, const hc_transport_ops_t *ops,
                                 const hc_transport_params_t *tp, hc_allgather_fn allgather,
                                 void *ag_ctx, int op_timeout_ms)
 {
-    if (co->algo.rd_max == 0)
-        return HCOLL_SUCCESS; /* HCOLL_ALGO=ring: no connections for it */
+    if (co->algo.rd_max == 0 && !co->check_args)
+        return HCOLL_SUCCESS; /* HCOLL_ALGO=ring, no agreement: no connections for it */
+    size_t seg = hc_algo_rd_seg(&co->algo);
+    if (co->check_args && seg < co->inline_max + HC_ALGO_AGREE_HDR)
+        seg = co->inline_max + HC_ALGO_AGREE_HDR; /* the agreement with its data */
     const hc_rd_params_t rp = { .ops = ops, .tp = *tp, .allgather = allgather,
                                 .ag_ctx = ag_ctx, .op_timeout_ms = op_timeout_ms,
-                                .seg_bytes = hc_algo_rd_seg(&co->algo),
+                                .seg_bytes = seg,
                                 .spin_us = (int)co->comm->params.spin_us };
     return hc_rd_create(&rp, &co->rd);
 }
 
-hcoll_status_t hc_coll_rd_run(hc_coll_t *co, void *buf, size_t count, hcoll_dtype_t dtype,
-                              hcoll_op_t op)
+/* Drive the started rd operation (st: its start's status) to its end on
+ * this thread, looking around between slices as the ring driver does. */
+static hcoll_status_t rd_drive(hc_coll_t *co, hcoll_status_t st)
 {
     struct hcoll_comm *c = co->comm;
     int done = 0;
-    if (!co->rd)
-        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INTERNAL,
-                          "recursive doubling chosen without its connections");
-    hcoll_status_t st = hc_rd_start(co->rd, buf, count, dtype, op);
     for (int slice = 0; st == HCOLL_SUCCESS && !done; slice++) {
         if (atomic_load(&c->aborted))
             return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_ABORTED,
@@ -229,4 +242,24 @@ hcoll_status_t hc_coll_rd_run(hc_coll_t *co, void *buf, size_t count, hcoll_dtyp
         return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_ABORTED,
                           "communicator aborted during the all-reduce");
     return st;
+}
+
+hcoll_status_t hc_coll_rd_run(hc_coll_t *co, void *buf, size_t count, hcoll_dtype_t dtype,
+                              hcoll_op_t op)
+{
+    struct hcoll_comm *c = co->comm;
+    if (!co->rd)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INTERNAL,
+                          "recursive doubling chosen without its connections");
+    return rd_drive(co, hc_rd_start(co->rd, buf, count, dtype, op));
+}
+
+hcoll_status_t hc_coll_rd_agree(hc_coll_t *co, int64_t *words, int nw, void *buf, size_t count,
+                                hcoll_dtype_t dtype, hcoll_op_t op, int *data_ok)
+{
+    struct hcoll_comm *c = co->comm;
+    if (!co->rd)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INTERNAL,
+                          "the agreement without its connections");
+    return rd_drive(co, hc_rd_start_agree(co->rd, words, nw, buf, count, dtype, op, data_ok));
 }

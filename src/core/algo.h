@@ -65,4 +65,13 @@ const char *hc_algo_name(enum hc_algo a);
 /* The slot size of the recursive doubling for this configuration. */
 size_t hc_algo_rd_seg(const hc_algo_conf_t *conf);
 
+/* The largest all-reduce (bytes) that travels with the argument agreement
+ * (coll_run.c): 0 without the agreement (check_args 0) or under
+ * HCOLL_ALGO=ring; else HC_ALGO_INLINE_MAX, less where the intra-node
+ * slot (chunk_bytes) is smaller. The same on every rank (the inputs are
+ * compared at init). */
+#define HC_ALGO_INLINE_MAX (64u << 10)
+#define HC_ALGO_AGREE_HDR  256u /* room for the agreement's header in a slot */
+size_t hc_algo_inline_max(const hc_algo_conf_t *conf, int check_args, size_t chunk_bytes);
+
 #endif

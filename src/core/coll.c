@@ -484,6 +484,7 @@ void hc_coll_destroy(hc_coll_t *co, int aborting)
     hc_intra_destroy(co->intra);
     free(co->intra_ag.members);
     free(co->ring_ag.members);
+    free(co->agree_buf);
     pthread_mutex_destroy(&co->lock);
     pthread_cond_destroy(&co->cond);
     c->coll = NULL;
@@ -507,16 +508,18 @@ static const hc_iface_t *rail_iface(const struct hcoll_comm *c, int r)
 static hcoll_status_t knobs_agree(hc_coll_t *co)
 {
     struct hcoll_comm *c = co->comm;
-    static const char *const names[3] = { "HCOLL_SMALL_BYTES", "HCOLL_CHECK_ARGS",
-                                          "HCOLL_ALGO's rd limit" };
-    uint64_t mine[3] = { co->small_bytes, (uint64_t)co->check_args, co->algo.rd_max };
-    uint64_t(*all)[3] = calloc((size_t)c->nranks, sizeof *all);
+    static const char *const names[4] = { "HCOLL_SMALL_BYTES", "HCOLL_CHECK_ARGS",
+                                          "HCOLL_ALGO's rd limit",
+                                          "the agreement's inline limit (HCOLL_ALGO=ring: 0)" };
+    uint64_t mine[4] = { co->small_bytes, (uint64_t)co->check_args, co->algo.rd_max,
+                         co->inline_max };
+    uint64_t(*all)[4] = calloc((size_t)c->nranks, sizeof *all);
     if (!all)
         return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_NO_MEMORY,
                           "no memory for the set-up exchange");
     hcoll_status_t st = hc_boot_allgather(c->boot, mine, all, sizeof mine);
     for (int r = 0; st == HCOLL_SUCCESS && r < c->nranks; r++)
-        for (int k = 0; st == HCOLL_SUCCESS && k < 3; k++)
+        for (int k = 0; st == HCOLL_SUCCESS && k < 4; k++)
             if (all[r][k] != mine[k])
                 st = hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_MISMATCH,
                                 "%s is %llu on rank %d but %llu on rank %d; it must be equal "
@@ -613,6 +616,15 @@ hcoll_status_t hc_coll_create(struct hcoll_comm *c)
                 hc_coll_plan_name(co->plan), c->nnodes, c->local_size,
                 c->uniform ? "" : ", unequal");
 
+    co->inline_max = co->plan == HC_PLAN_SINGLE
+                         ? 0
+                         : hc_algo_inline_max(&co->algo, co->check_args, c->params.chunk_bytes);
+    if (co->inline_max &&
+        !(co->agree_buf = aligned_alloc(64, (co->inline_max + 63) & ~(size_t)63))) {
+        st = hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_NO_MEMORY,
+                        "no memory for the agreement's buffer");
+        goto out;
+    }
     if (co->plan != HC_PLAN_SINGLE)
         HC_CHECK(knobs_agree(co), out);
 

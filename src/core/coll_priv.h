@@ -76,6 +76,10 @@ struct hc_coll {
     struct hc_rd *rd;
     enum hc_algo last_algo; /* under lock */
     enum hc_algo cur_algo;  /* the running operation's, under the executor role */
+    /* The agreement carries all-reduces up to inline_max bytes (algo.c;
+     * 0: never), reduced in agree_buf until every rank has judged. */
+    size_t inline_max;
+    unsigned char *agree_buf;
 };
 
 /* Run one host-buffer operation of any kind as the executor (the caller
@@ -164,6 +168,11 @@ hcoll_status_t hc_coll_rd_setup(hc_coll_t *co, const hc_transport_ops_t *ops,
  * ranks, driven on this thread to its end, an error or an abort. */
 hcoll_status_t hc_coll_rd_run(hc_coll_t *co, void *buf, size_t count, hcoll_dtype_t dtype,
                               hcoll_op_t op);
+/* The agreement across nodes (hc_rd_start_agree): nw words MAX-combined
+ * over the ring's ranks, buf's count elements reduced along; *data_ok in:
+ * this rank's data is whole, out: every rank's was and buf holds the sum. */
+hcoll_status_t hc_coll_rd_agree(hc_coll_t *co, int64_t *words, int nw, void *buf, size_t count,
+                                hcoll_dtype_t dtype, hcoll_op_t op, int *data_ok);
 
 /* The three-stage plan's broadcast of n elements of idt in a->recvbuf,
  * which holds the root's bytes on the root (coll_bcast.c, called by

@@ -138,6 +138,27 @@ static hcoll_status_t run_3stage(hc_coll_t *co, const hc_coll_args_t *rq, hcoll_
     hcoll_status_t st = HCOLL_SUCCESS, rst;
     double t;
 
+    if (npieces == 1) {
+        /* Nothing to overlap: the ring on this thread, as the latency path
+         * drives it, saves the two hand-offs to the ring thread and back. */
+        size_t soff, slen;
+        t = hc_now_us();
+        st = iops->reduce_scatter(co->intra, prescale(rq, 0, rq->count), recv, rq->count,
+                                  rq->dtype, rq->op, NULL);
+        tm->intra_rs_us += hc_now_us() - t;
+        hc_intra_shard(rq->count, L, c->local_rank, &soff, &slen);
+        t = hc_now_us();
+        if (st == HCOLL_SUCCESS)
+            st = ring_run_here(co, recv + soff * esize, recv + soff * esize, slen, rq->dtype,
+                               rq->op);
+        tm->inter_us += hc_now_us() - t;
+        t = hc_now_us();
+        if (st == HCOLL_SUCCESS)
+            st = iops->all_gather(co->intra, recv, rq->count, rq->dtype, NULL);
+        tm->intra_ag_us += hc_now_us() - t;
+        return st;
+    }
+
     /* Stage 2 of piece k is waited for only after stage 1 of piece k+1. */
     uint64_t pending_id = 0;
     size_t pending_off = 0, pending_n = 0;
@@ -327,21 +348,88 @@ static hcoll_status_t chain_here(hc_coll_t *co, void *buf, size_t count, hcoll_d
     return st;
 }
 
-hcoll_status_t hc_coll_agree(hc_coll_t *co, const hc_coll_args_t *a, hcoll_status_t verdict,
-                             hcoll_stage_times_t *tm, int *agreed_out)
+/* The agreement's exchange: w (in/out) MAX-combined over every rank, and
+ * count elements of src reduced into co->agree_buf on the way (count 0:
+ * the words alone): the node's shared-memory step, then recursive
+ * doubling across nodes. *data_ok: every rank's data went along and the
+ * buffer holds the sum. */
+static hcoll_status_t agree_exchange(hc_coll_t *co, int64_t *w, const void *src, size_t count,
+                                     hcoll_dtype_t dtype, hcoll_op_t op, hcoll_stage_times_t *tm,
+                                     int *data_ok)
+{
+    hcoll_status_t st = HCOLL_SUCCESS;
+    unsigned char *buf = co->agree_buf;
+    double t = hc_now_us();
+    int ok = 1;
+    if (co->plan == HC_PLAN_3STAGE || co->plan == HC_PLAN_INTRA) {
+        st = co->intra->ops->agree(co->intra, w, HC_AGREE_WORDS, src, buf, count, dtype, op,
+                                   &ok);
+        tm->intra_rs_us += (hc_now_us() - t) / 2;
+        tm->intra_ag_us += (hc_now_us() - t) / 2;
+        if (st != HCOLL_SUCCESS)
+            return st;
+    } else if (count && src != buf) {
+        memcpy(buf, src, count * hcoll_dtype_size(dtype));
+    }
+    co->cur_algo = HC_ALGO_INTRA;
+    if (co->plan != HC_PLAN_INTRA) {
+        t = hc_now_us();
+        st = hc_coll_rd_agree(co, w, HC_AGREE_WORDS, buf, count, dtype, op, &ok);
+        tm->inter_us += hc_now_us() - t;
+        co->cur_algo = HC_ALGO_RD;
+    }
+    *data_ok = ok;
+    return st;
+}
+
+/* The agreement (coll_priv.h), carrying an all-reduce of at most
+ * co->inline_max bytes when inl: then *done_out = 1 once its result is in
+ * recvbuf. Each rank decides by its own arguments: ranks that decide
+ * differently disagree on the count or dtype, so their data does not
+ * combine, the words say why, and nothing is written. */
+static hcoll_status_t agree_run(hc_coll_t *co, const hc_coll_args_t *a, hcoll_status_t verdict,
+                                int inl, hcoll_stage_times_t *tm, int *agreed_out, int *done_out)
 {
     struct hcoll_comm *c = co->comm;
+    *done_out = 0;
     if (!co->check_args || co->plan == HC_PLAN_SINGLE)
         return verdict;
     int64_t w[HC_AGREE_WORDS];
     hc_agree_pack(a, co->opseq, c->rank, verdict, w);
-    hcoll_status_t st = allreduce_in_place(co, w, HC_AGREE_WORDS, HCOLL_INT64, HCOLL_MAX, tm);
+    const size_t bytes = a->count * hcoll_dtype_size(a->dtype);
+    inl = inl && a->kind == HC_COLL_ALLREDUCE && verdict == HCOLL_SUCCESS && a->count > 0 &&
+          bytes <= co->inline_max;
+    const void *src = a->sendbuf;
+    if (inl && a->ro.scaled) { /* scaled into the buffer: recvbuf stays as it is */
+        hc_redop_scale_host(&a->ro, co->agree_buf, a->sendbuf, a->count, a->dtype);
+        src = co->agree_buf;
+    }
+    int ok = 0;
+    hcoll_status_t st = inl ? agree_exchange(co, w, src, a->count, a->dtype, a->op, tm, &ok)
+                            : agree_exchange(co, w, NULL, 0, HCOLL_INT64, HCOLL_MAX, tm, &ok);
     if (st != HCOLL_SUCCESS)
         return st;
     st = hc_agree_judge(w, a, co->opseq, c->rank, verdict, &c->err);
-    if (st != HCOLL_SUCCESS)
+    if (st != HCOLL_SUCCESS) {
         *agreed_out = 1;
-    return st;
+        return st;
+    }
+    if (!inl)
+        return HCOLL_SUCCESS;
+    if (!ok) /* equal arguments everywhere, so equal lengths: cannot happen */
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INTERNAL,
+                          "allreduce: the ranks agreed but their data did not combine");
+    memcpy(a->recvbuf, co->agree_buf, bytes);
+    hc_reduce_avg_finish(a->recvbuf, a->count, a->dtype, a->op, c->nranks);
+    *done_out = 1;
+    return HCOLL_SUCCESS;
+}
+
+hcoll_status_t hc_coll_agree(hc_coll_t *co, const hc_coll_args_t *a, hcoll_status_t verdict,
+                             hcoll_stage_times_t *tm, int *agreed_out)
+{
+    int done;
+    return agree_run(co, a, verdict, 0, tm, agreed_out, &done);
 }
 
 hcoll_status_t hc_coll_bcast_agree(hc_coll_t *co, const hc_coll_args_t *a,
@@ -395,9 +483,12 @@ hcoll_status_t hc_coll_run(hc_coll_t *co, const hc_coll_args_t *a, hcoll_stage_t
      * rank's verdict. */
     hc_coll_pins_t pins;
     const hcoll_status_t verdict = hc_coll_pin(co, a, &pins);
-    hcoll_status_t st = hc_coll_agree(co, a, verdict, tm, agreed_out);
-    if (st != HCOLL_SUCCESS) {
+    int inline_done = 0;
+    hcoll_status_t st = agree_run(co, a, verdict, 1, tm, agreed_out, &inline_done);
+    if (st != HCOLL_SUCCESS || inline_done) {
+        /* A small all-reduce travelled with the agreement: its stages. */
         hc_coll_unpin(&pins);
+        tm->total_us = hc_now_us() - t0;
         return st;
     }
     memset(tm, 0, sizeof *tm); /* the check is not a stage */

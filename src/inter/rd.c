@@ -9,6 +9,7 @@
  */
 #include "inter/rd.h"
 
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,6 +57,13 @@ struct hc_rd {
     int sent;            /* this step's message is out */
     int puts;            /* puts not yet locally complete */
     uint32_t got, got_next;
+    /* The agreement (hc_rd_start_agree): nw words MAX-combined at every
+     * fold ahead of the data; data_len: this value's bytes, -1 once the
+     * data of two values could not be combined (lengths differ). */
+    int64_t *words;
+    int nw;
+    int64_t data_len;
+    int *data_ok;        /* where the end says whether data_len held */
     double step_start;
     int op_timeout_ms;
     hcoll_status_t err;
@@ -219,6 +227,7 @@ hcoll_status_t hc_rd_start(hc_rd_t *d, void *buf, size_t count, hcoll_dtype_t dt
     if (d->err != HCOLL_SUCCESS)
         return d->err;
     d->active = 0;
+    d->nw = 0;
     if (count == 0 || d->n == 1)
         return HCOLL_SUCCESS; /* nothing moves: early arrivals stay where they are */
     d->buf = buf;
@@ -232,21 +241,84 @@ hcoll_status_t hc_rd_start(hc_rd_t *d, void *buf, size_t count, hcoll_dtype_t dt
     return HCOLL_SUCCESS;
 }
 
+hcoll_status_t hc_rd_start_agree(hc_rd_t *d, int64_t *words, int nw, void *buf, size_t count,
+                                 hcoll_dtype_t dtype, hcoll_op_t op, int *data_ok)
+{
+    if (d->err != HCOLL_SUCCESS)
+        return d->err;
+    const size_t bytes = count * hcoll_dtype_size(dtype);
+    d->active = 0;
+    d->nw = 0;
+    if (nw < 1 || !words || ((size_t)(nw + 1) * 8 + 63) / 64 * 64 + bytes > d->seg)
+        return hc_err_set(RD_EB(d), HC_NET, RD_LR(d), HCOLL_ERR_INVALID_ARG,
+                          "recursive doubling: %d words and %zu bytes do not fit a slot of %zu",
+                          nw, bytes, d->seg);
+    if (d->n == 1)
+        return HCOLL_SUCCESS;
+    d->words = words;
+    d->nw = nw;
+    d->data_ok = data_ok;
+    d->data_len = *data_ok ? (int64_t)bytes : -1;
+    d->buf = buf;
+    d->count = count;
+    d->dtype = dtype;
+    d->op = op;
+    d->done_elems = 0;
+    d->seg_elems = count ? count : 1; /* one segment, empty or not */
+    d->active = 1;
+    seg_begin(d);
+    d->cur_elems = count;
+    return HCOLL_SUCCESS;
+}
+
+/* Bytes ahead of the data in a message of the agreement: the words and
+ * the data's length, rounded to a cache line. */
+static size_t hdr_bytes(const hc_rd_t *d)
+{
+    return d->nw ? ((size_t)(d->nw + 1) * 8 + 63) & ~(size_t)63 : 0;
+}
+
 /* Put this segment's current value into the peer's slot (after a copy into
- * the send area's slot for the step, since buf changes after it). */
+ * the send area's slot for the step, since buf changes after it); in an
+ * agreement, the words and the data's length ahead of it, and no data once
+ * it could not be combined. */
 static hcoll_status_t send_to(hc_rd_t *d, hc_ep_t *ep, const hc_rkey_t *rk, int slot,
                               int send_slot)
 {
-    const size_t es = hcoll_dtype_size(d->dtype), len = d->cur_elems * es;
+    const size_t es = hcoll_dtype_size(d->dtype), hb = hdr_bytes(d);
+    size_t len = d->cur_elems * es;
     unsigned char *src = d->send + (size_t)send_slot * d->seg;
-    memcpy(src, d->buf + d->done_elems * es, len);
+    if (d->nw) {
+        memcpy(src, d->words, (size_t)d->nw * 8);
+        memcpy(src + (size_t)d->nw * 8, &d->data_len, 8);
+        if (d->data_len < 0)
+            len = 0;
+    }
+    if (len)
+        memcpy(src + hb, d->buf + d->done_elems * es, len);
     hcoll_status_t st = d->ops->put(ep, d->send_mr, (size_t)send_slot * d->seg, rk,
-                                    recv_off(d, d->seq, slot), len, RD_IMM(d->seq, slot), 0);
+                                    recv_off(d, d->seq, slot), hb + len, RD_IMM(d->seq, slot), 0);
     if (st != HCOLL_SUCCESS)
         return rd_failed(d, st);
     d->puts++;
     d->sent = 1;
     return HCOLL_SUCCESS;
+}
+
+/* An agreement's header in a landed slot: the words MAX-combined into
+ * ours; 1 when its data can be combined with ours (same length). */
+static int fold_words(hc_rd_t *d, const unsigned char *slot)
+{
+    int64_t theirs[1];
+    for (int i = 0; i < d->nw; i++) {
+        memcpy(theirs, slot + (size_t)i * 8, 8);
+        if (theirs[0] > d->words[i])
+            d->words[i] = theirs[0];
+    }
+    memcpy(theirs, slot + (size_t)d->nw * 8, 8);
+    if (theirs[0] != d->data_len)
+        d->data_len = -1;
+    return d->data_len >= 0;
 }
 
 /* Fold the peer's slot into buf: lower position's value first. */
@@ -255,6 +327,9 @@ static void fold_in(hc_rd_t *d, int slot, int peer_is_lower)
     const size_t es = hcoll_dtype_size(d->dtype);
     unsigned char *mine = d->buf + d->done_elems * es;
     const unsigned char *theirs = recv_slot(d, d->seq, slot);
+    if (d->nw && !fold_words(d, theirs))
+        return;
+    theirs += hdr_bytes(d);
     if (peer_is_lower)
         hc_reduce(mine, theirs, mine, d->cur_elems, d->dtype, d->op);
     else
@@ -331,8 +406,14 @@ static hcoll_status_t advance(hc_rd_t *d, int *waiting)
                     break;
                 }
                 const size_t es = hcoll_dtype_size(d->dtype);
-                memcpy(d->buf + d->done_elems * es, recv_slot(d, d->seq, fslot),
-                       d->cur_elems * es);
+                const unsigned char *res = recv_slot(d, d->seq, fslot);
+                if (d->nw) { /* the result's words and length are ours now */
+                    memcpy(d->words, res, (size_t)d->nw * 8);
+                    memcpy(&d->data_len, res + (size_t)d->nw * 8, 8);
+                    res += hdr_bytes(d);
+                }
+                if (d->data_len >= 0 && d->cur_elems)
+                    memcpy(d->buf + d->done_elems * es, res, d->cur_elems * es);
             } else if (d->fold_peer >= 0) {
                 st = send_to(d, d->ep_fold, &d->rk_fold, fslot, d->rounds + 1);
             }
@@ -346,10 +427,13 @@ static hcoll_status_t advance(hc_rd_t *d, int *waiting)
             }
             d->seq++;
             d->done_elems += d->cur_elems;
-            if (d->done_elems < d->count)
+            if (d->done_elems < d->count) {
                 seg_begin(d);
-            else
+            } else {
                 d->step = RD_DONE;
+                if (d->nw)
+                    *d->data_ok = d->data_len >= 0;
+            }
             break;
         case RD_DONE:
             break;
@@ -405,8 +489,14 @@ hcoll_status_t hc_rd_progress(hc_rd_t *d, int wait_ms, int *done_out)
         const int spinning = hc_now_us() < spin_until;
         if ((st = reap(d, spinning ? 0 : wait_ms, &n)) != HCOLL_SUCCESS)
             return st;
-        if (n > 0 || spinning)
+        if (n > 0)
             continue;
+        if (spinning) {
+            /* Give the core to whoever is runnable (the awaited rank, on a
+             * host with fewer cores than ranks), as MPI's yield_when_idle. */
+            sched_yield();
+            continue;
+        }
         const double quiet = hc_now_ms() - d->step_start;
         if (d->op_timeout_ms > 0 && quiet > d->op_timeout_ms)
             return rd_failed(d, hc_err_set(RD_EB(d), HC_COLL, RD_LR(d), HCOLL_ERR_TIMEOUT,

@@ -67,6 +67,18 @@ hcoll_status_t hc_rd_create(const hc_rd_params_t *p, hc_rd_t **out);
 hcoll_status_t hc_rd_start(hc_rd_t *d, void *buf, size_t count, hcoll_dtype_t dtype,
                            hcoll_op_t op);
 
+/* Start an all-reduce that carries the argument agreement: nw int64 words
+ * (in/out), MAX-combined over every rank, travel in each message ahead of
+ * buf (count elements, in place; count 0: the words alone). The data of
+ * two values is combined only where their lengths are equal; *data_ok in:
+ * whether this rank's data is whole (0: it sends none); at the end,
+ * once hc_rd_progress says done, *data_ok is 1 where every rank's length
+ * was this one's (buf holds the reduction), else 0 (buf holds partial
+ * sums: the words tell why). The words and data must fit one slot
+ * (seg_bytes, less 64 bytes or more of header). Drive with hc_rd_progress. */
+hcoll_status_t hc_rd_start_agree(hc_rd_t *d, int64_t *words, int nw, void *buf, size_t count,
+                                 hcoll_dtype_t dtype, hcoll_op_t op, int *data_ok);
+
 /* Drive it: returns when done (*done_out = 1) or after waiting about
  * wait_ms with nothing arriving (first spinning spin_us). HCOLL_ERR_TIMEOUT
  * (recorded, naming the awaited rank) after op_timeout_ms in one step; the

@@ -167,6 +167,17 @@ struct hc_intra_ops {
      * Root: sendbuf == recvbuf allowed; the others' sendbuf is ignored. */
     hcoll_status_t (*scatter)(hc_intra_t *ctx, const void *sendbuf, void *recvbuf, size_t count,
                               hcoll_dtype_t dtype, int root, void *stream);
+    /* Optional (NULL: the backend cannot; host backends only). One step
+     * that carries the argument agreement and a small all-reduce at once:
+     * words (nwords int64, in/out) become their MAX over the local ranks;
+     * sendbuf's count elements are reduced into recvbuf (a scratch buffer
+     * of the caller's; may equal sendbuf) only where every local rank
+     * passed the same count, dtype and op, and then *data_ok = 1, else 0
+     * and recvbuf is not written. Never poisons the node for that: the
+     * caller judges the words. Words and data must fit one slot. */
+    hcoll_status_t (*agree)(hc_intra_t *ctx, int64_t *words, int nwords, const void *sendbuf,
+                            void *recvbuf, size_t count, hcoll_dtype_t dtype, hcoll_op_t op,
+                            int *data_ok);
 };
 
 /* Every backend's object starts with this, so the generic helpers below can

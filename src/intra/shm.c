@@ -420,6 +420,7 @@ const hc_intra_ops_t hc_intra_shm_ops = {
     .all_gather_blocks = hc_shm_all_gather_blocks,
     .all_gather = hc_shm_all_gather,
     .allreduce = hc_shm_allreduce,
+    .agree = hc_shm_agree,
     .barrier = hc_shm_barrier,
     .abort = hc_shm_abort,
     .destroy = hc_shm_destroy,

@@ -30,7 +30,7 @@
 #define HC_SHM_FOLD_BYTES (16 * 1024)
 
 enum { HC_SHM_KIND_RS = 1, HC_SHM_KIND_AG = 2, HC_SHM_KIND_BARRIER = 3, HC_SHM_KIND_AR = 4,
-       HC_SHM_KIND_SC = 5 };
+       HC_SHM_KIND_SC = 5, HC_SHM_KIND_AGREE = 6 };
 enum { HC_SHM_ST_NONE = 0, HC_SHM_ST_ATTACHED = 1, HC_SHM_ST_LEFT = 2, HC_SHM_ST_ABORTED = 3 };
 
 /* Written by the slot's owner before it publishes the step. */
@@ -119,6 +119,12 @@ typedef struct hc_shm_call {
      * src, at its offset. */
     unsigned char *const *blocks;
     size_t blen;
+    /* The agreement (KIND_AGREE; count is nwords there): words in/out,
+     * MAX-combined; the data (dcount elements of dtype under op, after
+     * the header) folded only where every local rank's equals this one's. */
+    int64_t *words;
+    size_t dcount;
+    int data_ok;
 } hc_shm_call_t;
 
 typedef int (*hc_shm_pending_fn)(const hc_shm_t *s, int q, uint64_t target);
@@ -131,6 +137,7 @@ static inline const char *hc_shm_kind_name(int kind)
     case HC_SHM_KIND_BARRIER: return "barrier";
     case HC_SHM_KIND_AR: return "allreduce";
     case HC_SHM_KIND_SC: return "scatter";
+    case HC_SHM_KIND_AGREE: return "agreement";
     default: return "unknown";
     }
 }
@@ -174,6 +181,9 @@ hcoll_status_t hc_shm_all_gather_blocks(hc_intra_t *ctx, const void *src, void *
                                         void *stream);
 hcoll_status_t hc_shm_all_gather(hc_intra_t *ctx, void *recvbuf, size_t count,
                                  hcoll_dtype_t dtype, void *stream);
+hcoll_status_t hc_shm_agree(hc_intra_t *ctx, int64_t *words, int nwords, const void *sendbuf,
+                            void *recvbuf, size_t count, hcoll_dtype_t dtype, hcoll_op_t op,
+                            int *data_ok);
 hcoll_status_t hc_shm_allreduce(hc_intra_t *ctx, const void *sendbuf, void *recvbuf,
                                 size_t count, hcoll_dtype_t dtype, hcoll_op_t op, void *stream);
 hcoll_status_t hc_shm_scatter(hc_intra_t *ctx, const void *sendbuf, void *recvbuf, size_t count,

@@ -145,6 +145,54 @@ static int hc_shm_dst_is_src(const hc_shm_call_t *c, size_t elem, size_t n)
     return 1;
 }
 
+/* The agreement's slot: the words, then this rank's data length, dtype
+ * and op, then (from a cache line on) its data. */
+static size_t hc_shm_agree_hdr(int nwords)
+{
+    return ((size_t)(nwords + 3) * 8 + HC_SHM_LINE - 1) / HC_SHM_LINE * HC_SHM_LINE;
+}
+
+static void hc_shm_agree_publish(const hc_shm_call_t *c, unsigned char *slot)
+{
+    const int64_t meta[3] = { (int64_t)(c->dcount * c->es), (int64_t)c->dtype, (int64_t)c->op };
+    memcpy(slot, c->words, c->count * 8);
+    memcpy(slot + c->count * 8, meta, sizeof meta);
+    if (c->dcount)
+        memcpy(slot + hc_shm_agree_hdr((int)c->count), c->src, c->dcount * c->es);
+}
+
+/* Every local rank's words MAX-combined into ours; the data folded in
+ * local-rank order (every term from its slot, as the fused step) only
+ * where every rank's length, dtype and op equal ours. */
+static void hc_shm_agree_consume(hc_shm_t *s, hc_shm_call_t *c, uint64_t g)
+{
+    const size_t hb = hc_shm_agree_hdr((int)c->count);
+    const unsigned char *mine = hc_shm_slot(s, s->lrank, g) + c->count * 8;
+    int same = 1;
+    for (int q = 0; q < s->L; q++) {
+        const unsigned char *slot = hc_shm_slot(s, q, g);
+        for (size_t i = 0; q != s->lrank && i < c->count; i++) {
+            int64_t v;
+            memcpy(&v, slot + i * 8, 8);
+            if (v > c->words[i])
+                c->words[i] = v;
+        }
+        same &= memcmp(slot + c->count * 8, mine, 24) == 0;
+    }
+    c->data_ok = same;
+    if (!same || !c->dcount)
+        return;
+    const size_t blk = HC_SHM_FOLD_BYTES / c->es, n = c->dcount;
+    for (size_t b = 0; b < n; b += blk) {
+        size_t nb = n - b < blk ? n - b : blk, boff = hb + b * c->es;
+        hc_reduce(c->dst + b * c->es, hc_shm_slot(s, 0, g) + boff, hc_shm_slot(s, 1, g) + boff,
+                  nb, c->dtype, c->op);
+        for (int q = 2; q < s->L; q++)
+            hc_reduce(c->dst + b * c->es, c->dst + b * c->es, hc_shm_slot(s, q, g) + boff, nb,
+                      c->dtype, c->op);
+    }
+}
+
 static hcoll_status_t hc_shm_publish(hc_shm_t *s, const hc_shm_call_t *c, uint64_t k)
 {
     const uint64_t g = c->base + k;
@@ -177,6 +225,8 @@ static hcoll_status_t hc_shm_publish(hc_shm_t *s, const hc_shm_call_t *c, uint64
     } else if (c->kind == HC_SHM_KIND_AR) {
         n = hc_shm_ar_piece(c, k, &elem);
         memcpy(slot, c->src + elem * c->es, n * c->es);
+    } else if (c->kind == HC_SHM_KIND_AGREE) {
+        hc_shm_agree_publish(c, slot);
     } else if (c->kind == HC_SHM_KIND_SC && s->lrank == (int)c->op) {
         /* The root: every other shard's piece through its sub-piece of the
          * slot, as RS lays them out; its own straight to recvbuf. */
@@ -205,8 +255,9 @@ static hcoll_status_t hc_shm_check_desc(hc_shm_t *s, const hc_shm_call_t *c, uin
         if (q == s->lrank)
             continue;
         const hc_shm_desc_t *d = &s->hdr->ranks[q].desc[g % HC_SHM_NSLOTS];
+        /* An agreement's data may differ: its words say so (hc_shm_agree). */
         int same = d->step == g && d->kind == (uint32_t)c->kind && d->count == c->count &&
-                   d->dtype == (uint32_t)c->dtype &&
+                   (c->kind == HC_SHM_KIND_AGREE || d->dtype == (uint32_t)c->dtype) &&
                    ((c->kind != HC_SHM_KIND_RS && c->kind != HC_SHM_KIND_AR &&
                      c->kind != HC_SHM_KIND_SC) ||
                     d->op == (uint32_t)c->op);
@@ -272,7 +323,7 @@ static void hc_shm_ar_fold(hc_shm_t *s, const hc_shm_call_t *c, uint64_t g, size
     }
 }
 
-static hcoll_status_t hc_shm_consume(hc_shm_t *s, const hc_shm_call_t *c, uint64_t k)
+static hcoll_status_t hc_shm_consume(hc_shm_t *s, hc_shm_call_t *c, uint64_t k)
 {
     const uint64_t g = c->base + k;
     hcoll_status_t st = hc_shm_wait(s, hc_shm_pending_posted, g + 1, hc_shm_kind_name(c->kind));
@@ -296,6 +347,8 @@ static hcoll_status_t hc_shm_consume(hc_shm_t *s, const hc_shm_call_t *c, uint64
     } else if (c->kind == HC_SHM_KIND_AR) {
         n = hc_shm_ar_piece(c, k, &elem);
         hc_shm_ar_fold(s, c, g, elem, n);
+    } else if (c->kind == HC_SHM_KIND_AGREE) {
+        hc_shm_agree_consume(s, c, g);
     } else if (c->kind == HC_SHM_KIND_SC && s->lrank != (int)c->op) {
         n = hc_shm_piece(s, c, s->lrank, k, &elem);
         if (n)
@@ -535,6 +588,41 @@ hcoll_status_t hc_shm_allreduce(hc_intra_t *ctx, const void *sendbuf, void *recv
     c.per = s->slot_bytes / es;
     c.nsteps = (count + c.per - 1) / c.per;
     return hc_shm_run(s, &c);
+}
+
+/* The agreement and a small all-reduce in one step (intra.h, agree): the
+ * descriptors name the kind and the number of words only, so local ranks
+ * that passed different arguments run the same step and learn it from the
+ * words; the data goes along when it fits the slot with the header. */
+hcoll_status_t hc_shm_agree(hc_intra_t *ctx, int64_t *words, int nwords, const void *sendbuf,
+                            void *recvbuf, size_t count, hcoll_dtype_t dtype, hcoll_op_t op,
+                            int *data_ok)
+{
+    hc_shm_t *s = (hc_shm_t *)ctx;
+    *data_ok = 0;
+    hcoll_status_t st = hc_shm_enter(s, "agreement", words, count ? recvbuf : words, count,
+                                     dtype, op, NULL);
+    if (st != HCOLL_SUCCESS)
+        return st;
+    const size_t es = hcoll_dtype_size(dtype);
+    if (nwords < 1 || hc_shm_agree_hdr(nwords) + count * es > s->slot_bytes)
+        return hc_err_set(s->eb, HC_SHM, s->rank, HCOLL_ERR_INVALID_ARG,
+                          "intra-node shm agreement: %d words and %zu bytes do not fit a slot "
+                          "of %zu", nwords, count * es, s->slot_bytes);
+    if (s->L == 1) {
+        if (count && sendbuf != recvbuf)
+            memcpy(recvbuf, sendbuf, count * es);
+        *data_ok = 1;
+        return HCOLL_SUCCESS;
+    }
+    hc_shm_call_t c = {
+        .kind = HC_SHM_KIND_AGREE, .src = sendbuf, .dst = recvbuf, .count = (size_t)nwords,
+        .es = es, .dtype = dtype, .op = op, .per = 1, .nsteps = 1, .words = words,
+        .dcount = count,
+    };
+    st = hc_shm_run(s, &c);
+    *data_ok = c.data_ok;
+    return st;
 }
 
 hcoll_status_t hc_shm_barrier(hc_intra_t *ctx)
