@@ -138,27 +138,6 @@ static hcoll_status_t run_3stage(hc_coll_t *co, const hc_coll_args_t *rq, hcoll_
     hcoll_status_t st = HCOLL_SUCCESS, rst;
     double t;
 
-    if (npieces == 1) {
-        /* Nothing to overlap: the ring on this thread, as the latency path
-         * drives it, saves the two hand-offs to the ring thread and back. */
-        size_t soff, slen;
-        t = hc_now_us();
-        st = iops->reduce_scatter(co->intra, prescale(rq, 0, rq->count), recv, rq->count,
-                                  rq->dtype, rq->op, NULL);
-        tm->intra_rs_us += hc_now_us() - t;
-        hc_intra_shard(rq->count, L, c->local_rank, &soff, &slen);
-        t = hc_now_us();
-        if (st == HCOLL_SUCCESS)
-            st = ring_run_here(co, recv + soff * esize, recv + soff * esize, slen, rq->dtype,
-                               rq->op);
-        tm->inter_us += hc_now_us() - t;
-        t = hc_now_us();
-        if (st == HCOLL_SUCCESS)
-            st = iops->all_gather(co->intra, recv, rq->count, rq->dtype, NULL);
-        tm->intra_ag_us += hc_now_us() - t;
-        return st;
-    }
-
     /* Stage 2 of piece k is waited for only after stage 1 of piece k+1. */
     uint64_t pending_id = 0;
     size_t pending_off = 0, pending_n = 0;
