@@ -356,3 +356,10 @@ int hc_coll_bcast_tree_applies(const hc_coll_t *co, size_t bytes)
             return 0;
     return co->plan == HC_PLAN_INTRA || hc_algo_bcast(&co->algo, co->plan, bytes) == HC_ALGO_TREE;
 }
+
+enum hc_algo hc_coll_bcast_algo(const hc_coll_t *co, size_t bytes)
+{
+    if (co->plan == HC_PLAN_SINGLE || co->plan == HC_PLAN_INTRA)
+        return hc_algo_bcast(&co->algo, co->plan, bytes);
+    return hc_coll_bcast_tree_applies(co, bytes) ? HC_ALGO_TREE : HC_ALGO_CHAIN;
+}

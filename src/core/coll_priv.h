@@ -179,6 +179,9 @@ hcoll_status_t hc_coll_tree_setup(hc_coll_t *co, const hc_transport_ops_t *ops,
 /* Whether a broadcast of bytes takes hc_coll_bcast_tree: the tree's size
  * on plans across nodes, every size on one node (the node step alone). */
 int hc_coll_bcast_tree_applies(const hc_coll_t *co, size_t bytes);
+/* What a broadcast of bytes runs, as hcoll_comm_last_algo names it: copy,
+ * intra, tree or chain. */
+enum hc_algo hc_coll_bcast_algo(const hc_coll_t *co, size_t bytes);
 /* The broadcast of n elements of idt in a->recvbuf (the root's bytes on
  * the root): the tree across nodes among the root's rail (all ranks where
  * the plan has no node step), then the node step from the root's local

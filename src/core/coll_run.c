@@ -407,7 +407,7 @@ hcoll_status_t hc_coll_run(hc_coll_t *co, const hc_coll_args_t *a, hcoll_stage_t
     case HC_COLL_ALLREDUCE: st = run_allreduce(co, a, tm); break;
     case HC_COLL_BROADCAST:
         st = run_broadcast(co, a, tm);
-        co->cur_algo = hc_algo_bcast(&co->algo, co->plan, a->count * hcoll_dtype_size(a->dtype));
+        co->cur_algo = hc_coll_bcast_algo(co, a->count * hcoll_dtype_size(a->dtype));
         break;
     case HC_COLL_BARRIER:
         /* The agreement is itself a barrier: an all-reduce, which no rank
