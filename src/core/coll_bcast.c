@@ -75,6 +75,7 @@ typedef struct landed_watch {
     uint64_t id;       /* the chain's ring job */
     double t0;         /* when the executor first looked */
     size_t got0;       /* and what had landed then */
+    double idle_nap;   /* the next nap while nothing has landed (no rate yet) */
 } landed_watch_t;
 
 /* Wait until the chain has landed need bytes of this rank's shard; 0 once
@@ -89,9 +90,13 @@ static int wait_landed(hc_coll_t *co, landed_watch_t *w, size_t need)
         if (hc_ringthr_test(co->ringthr, w->id))
             return atomic_load_explicit(w->landed, memory_order_acquire) < need;
         const double now = hc_now_us();
-        double nap = BCAST_NAP_MAX_US;
+        /* No rate yet: naps from the shortest, doubling, rather than the
+         * longest (a small chain lands in well under 5 ms). */
+        double nap = w->idle_nap;
         if (got > w->got0)
             nap = (double)(need - got) * (now - w->t0) / (double)(got - w->got0) / 2;
+        else if (w->idle_nap < BCAST_NAP_MAX_US)
+            w->idle_nap *= 2;
         if (nap < BCAST_NAP_MIN_US)
             nap = BCAST_NAP_MIN_US;
         if (nap > BCAST_NAP_MAX_US)
@@ -212,7 +217,7 @@ hcoll_status_t hc_coll_bcast_3stage(hc_coll_t *co, const hc_coll_args_t *a, size
     const hc_ringdrv_op_t job = { .dst = buf + soff * es, .count = slen, .dtype = idt,
                                   .bcast = 1, .root = root_node, .seq = (uint32_t)co->opseq };
     const uint64_t id = hc_ringthr_post_watched(co->ringthr, &job, &landed);
-    landed_watch_t w = { &landed, id, hc_now_us(), atomic_load(&landed) };
+    landed_watch_t w = { &landed, id, hc_now_us(), atomic_load(&landed), BCAST_NAP_MIN_US };
     int ring_ended = 0;
     st = iops->all_gather_blocks ? gather_pieces(co, buf, n, es, idt, &w, tm, &ring_ended)
                                  : HCOLL_SUCCESS;
