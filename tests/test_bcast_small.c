@@ -15,7 +15,7 @@
  * HCOLL_ALGO=broadcast=tree, =chain, =auto, and tree with
  * HCOLL_CHECK_ARGS=0 (no agreement before each call: partners run ahead
  * and their messages land early, slots must be handed back): every root,
- * counts 0, 1, 7, 4093, just below and above the 64 KiB crossover (and
+ * counts 0, 1, 7, 4093, at and just above the 256 KiB crossover (and
  * over one tree slot of 256 KiB under tree), dtypes of 1, 2, 4 and 8
  * bytes, in place and not. The root's bytes are a hash of (root, case,
  * index): every rank compares its recvbuf with them byte for byte, checks
@@ -36,7 +36,7 @@
 #define MAX_RANKS 6
 #define TIMEOUT_MS 30000
 #define GUARD 32
-#define CROSS_BYTES (64 << 10) /* core/algo.c's table: the tree up to 64 KiB */
+#define CROSS_BYTES (256 << 10) /* core/algo.c's table: the tree up to 256 KiB */
 #define SEG_BYTES (256 << 10)  /* the tree's slot under broadcast=tree */
 #define BIG_BYTES (SEG_BYTES * 2 + 4099)
 #define NCONF 4

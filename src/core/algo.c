@@ -251,16 +251,21 @@ hcoll_status_t hc_coll_rd_run(hc_coll_t *co, void *buf, size_t count, hcoll_dtyp
 /* ------------------------------------------------------------------------ */
 
 /* Largest broadcast (bytes) that takes the tree, by plan and node count
- * (the first row that matches), measured with hcoll_info --tune over TCP
- * loopback on the shared 2-core host (docs/design.md, "Algorithm choice"). */
+ * (the first row that matches; docs/design.md, "Algorithm choice").
+ * hcoll_info --tune over TCP loopback on the shared 2-core host: the tree
+ * 1.4-2.9x faster than the chain from 1 KiB to 256 KiB on 2 x 2 and 4 x 1
+ * in every run, and still ahead (0.94-3.3x) up to 16 MiB, where loopback
+ * cannot show what the chain is for: its root's NIC sends S/L bytes, the
+ * tree's root S per child (log2 N children) over one rail. So the tree up
+ * to 256 KiB, the size a network hop of any rail sends in tens of us. */
 static const struct {
     enum hc_plan plan;
     int min_nodes;
     uint64_t tree_max;
 } bcast_crossover[] = {
-    { HC_PLAN_3STAGE, 2, 64 << 10 },
-    { HC_PLAN_RING, 2, 64 << 10 },
-    { HC_PLAN_FLAT, 2, 64 << 10 },
+    { HC_PLAN_3STAGE, 2, 256 << 10 },
+    { HC_PLAN_RING, 2, 256 << 10 },
+    { HC_PLAN_FLAT, 2, 256 << 10 },
 };
 
 /* Slots of the tree: broadcasts up to the crossover go in one message per
