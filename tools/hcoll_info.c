@@ -14,8 +14,10 @@
  *                         recursive doubling and the ring on this machine:
  *                         hcoll_perf -np NP (4) --ranks-per-node RPN (2),
  *                         1 KiB..1 MiB, under HCOLL_ALGO=rd and =ring,
- *                         alternately, twice; prints the table and the
- *                         HCOLL_ALGO line that reproduces the choice
+ *                         alternately, twice; then the broadcast's between
+ *                         the tree and the chain (broadcast=tree, =chain)
+ *                         alike; prints the tables and the HCOLL_ALGO line
+ *                         that reproduces the choice
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -263,18 +265,20 @@ static int memreg_probe(size_t mib, int iters)
 /* ------------------------------------------------------------------------ */
 
 #define TUNE_SIZES 6 /* 1K 4K 16K 64K 256K 1M */
+#define TUNE_BCAST_SIZES 8 /* and 4M 16M: where the chain's S/L per NIC tells */
 #define TUNE_REPS 2
 
-/* One hcoll_perf sweep under HCOLL_ALGO=algo: per size, the mean of its
- * out-of-place and in-place times (us) into us[], keeping the minimum. */
-static int tune_sweep(const char *perf, const char *algo, int np, int rpn,
-                      double us[TUNE_SIZES])
+/* One hcoll_perf sweep of collective coll under HCOLL_ALGO=algo: per size,
+ * the mean of its out-of-place and in-place times (us) into us[], keeping
+ * the minimum. */
+static int tune_sweep(const char *perf, const char *coll, const char *algo, int np, int rpn,
+                      int nsizes, double *us)
 {
     char cmd[4200];
     snprintf(cmd, sizeof cmd,
-             "HCOLL_ALGO=%s '%s' -np %d --ranks-per-node %d -b 1K -e 1M -f 4 -n 100 -w 10 "
-             "-c 0 2>/dev/null",
-             algo, perf, np, rpn);
+             "HCOLL_ALGO=%s '%s' -np %d --ranks-per-node %d -o %s -b 1K -e %lluK -f 4 -n %d "
+             "-w 10 -c 0 2>/dev/null",
+             algo, perf, np, rpn, coll, 1ull << (2 * (nsizes - 1)), nsizes > TUNE_SIZES ? 30 : 100);
     FILE *f = popen(cmd, "r");
     if (!f)
         return -1;
@@ -289,7 +293,7 @@ static int tune_sweep(const char *perf, const char *algo, int np, int rpn,
                    skip[0], skip[1], skip[2], skip[3], skip[4], &oop, skip[5], skip[5], skip[5],
                    &ip) != 11)
             continue;
-        for (int k = 0; k < TUNE_SIZES; k++)
+        for (int k = 0; k < nsizes; k++)
             if (bytes == (1024ull << (2 * k))) {
                 double t = (oop + ip) / 2;
                 if (us[k] < 0 || t < us[k])
@@ -298,7 +302,40 @@ static int tune_sweep(const char *perf, const char *algo, int np, int rpn,
             }
     }
     int rc = pclose(f);
-    return rc == 0 && rows == TUNE_SIZES ? 0 : -1;
+    return rc == 0 && rows == nsizes ? 0 : -1;
+}
+
+/* The broadcast's sweeps: the tree against the chain, as the all-reduce's;
+ * prints the table and its crossover into *cross_out. */
+static int tune_bcast(const char *perf, int np, int rpn, uint64_t *cross_out)
+{
+    double tree[TUNE_BCAST_SIZES], chain[TUNE_BCAST_SIZES];
+    for (int k = 0; k < TUNE_BCAST_SIZES; k++)
+        tree[k] = chain[k] = -1;
+    printf("# broadcast, root 0, 1 KiB..16 MiB, the same way\n");
+    fflush(stdout);
+    for (int r = 0; r < TUNE_REPS; r++)
+        if (tune_sweep(perf, "broadcast", "broadcast=tree", np, rpn, TUNE_BCAST_SIZES, tree) ||
+            tune_sweep(perf, "broadcast", "broadcast=chain", np, rpn, TUNE_BCAST_SIZES, chain))
+            return -1;
+    uint64_t cross = 0;
+    printf("#%11s  %10s  %10s  %8s  %s\n", "size (B)", "tree (us)", "chain (us)", "chain/tree",
+           "faster");
+    for (int k = 0; k < TUNE_BCAST_SIZES; k++) {
+        const uint64_t b = 1024ull << (2 * k);
+        if (tree[k] <= chain[k])
+            cross = b;
+        printf("%12llu  %10.1f  %10.1f  %8.2f  %s\n", (unsigned long long)b, tree[k], chain[k],
+               chain[k] / tree[k], tree[k] <= chain[k] ? "tree" : "chain");
+    }
+    const int nodes = np / rpn;
+    const uint64_t dflt = hc_algo_default_bcast_max(
+        nodes == 1 ? HC_PLAN_INTRA : rpn == 1 ? HC_PLAN_RING : HC_PLAN_3STAGE, nodes, rpn);
+    printf("# crossover: the tree up to %llu bytes (the built-in table says %llu for this "
+           "layout)\n",
+           (unsigned long long)cross, (unsigned long long)dflt);
+    *cross_out = cross;
+    return 0;
 }
 
 static int tune(int np, int rpn)
@@ -322,7 +359,8 @@ static int tune(int np, int rpn)
            np, rpn, "HCOLL_NET's transport on loopback", TUNE_REPS);
     fflush(stdout);
     for (int r = 0; r < TUNE_REPS; r++)
-        if (tune_sweep(perf, "rd", np, rpn, rd) || tune_sweep(perf, "ring", np, rpn, ring))
+        if (tune_sweep(perf, "allreduce", "rd", np, rpn, TUNE_SIZES, rd) ||
+            tune_sweep(perf, "allreduce", "ring", np, rpn, TUNE_SIZES, ring))
             return fprintf(stderr, "hcoll_info: --tune: hcoll_perf failed\n"), 1;
     uint64_t cross = 0;
     printf("#%11s  %10s  %10s  %8s  %s\n", "size (B)", "rd (us)", "ring (us)", "ring/rd",
@@ -339,10 +377,19 @@ static int tune(int np, int rpn)
         nodes == 1 ? HC_PLAN_INTRA : rpn == 1 ? HC_PLAN_RING : HC_PLAN_3STAGE, nodes, rpn);
     printf("# crossover: rd up to %llu bytes (the built-in table says %llu for this layout)\n",
            (unsigned long long)cross, (unsigned long long)dflt);
+    uint64_t bcross = 0;
+    if (tune_bcast(perf, np, rpn, &bcross) != 0)
+        return fprintf(stderr, "hcoll_info: --tune: hcoll_perf failed\n"), 1;
+    char ar[64], bc[64];
     if (cross == 0)
-        printf("HCOLL_ALGO=allreduce=ring\n");
+        snprintf(ar, sizeof ar, "allreduce=ring");
     else
-        printf("HCOLL_ALGO=allreduce=rd:%lluK\n", (unsigned long long)(cross >> 10));
+        snprintf(ar, sizeof ar, "allreduce=rd:%lluK", (unsigned long long)(cross >> 10));
+    if (bcross == 0)
+        snprintf(bc, sizeof bc, "broadcast=chain");
+    else
+        snprintf(bc, sizeof bc, "broadcast=tree:%lluK", (unsigned long long)(bcross >> 10));
+    printf("HCOLL_ALGO=%s,%s\n", ar, bc);
     return 0;
 }
 
@@ -358,8 +405,9 @@ static void usage(FILE *f)
                "  --memreg  count registrations: two ranks of this host all-reduce N times\n"
                "            (100) a registered buffer of MIB MiB (64) over HCOLL_NET\n"
                "  --tune [NP [RPN]]  measure the all-reduce crossover between recursive\n"
-               "            doubling and the ring with hcoll_perf -np NP (4) --ranks-per-node\n"
-               "            RPN (2); prints the table and the HCOLL_ALGO line for it\n");
+               "            doubling and the ring, and the broadcast's between the tree and\n"
+               "            the chain, with hcoll_perf -np NP (4) --ranks-per-node RPN (2);\n"
+               "            prints the tables and the HCOLL_ALGO line for them\n");
 }
 
 int main(int argc, char **argv)

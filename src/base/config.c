@@ -167,7 +167,9 @@ static const hc_knob_t knobs[] = {
     { "HCOLL_ALGO", HC_KNOB_STR, "auto", 0, 0, NULL, 0, 0, OFF(algo),
       "All-reduce algorithm across nodes: auto (the measured crossover table: recursive "
       "doubling up to it, the ring above), ring, rd, or rd:SIZE (rd up to SIZE bytes); each "
-      "may be written allreduce=... . Must be equal on every rank." },
+      "may be written allreduce=... . Broadcast: broadcast=auto (the tree up to the table's "
+      "crossover, the chain above), tree, chain or tree:SIZE, in a comma list with the "
+      "all-reduce's. Must be equal on every rank." },
     /* 0, measured: hcoll_perf -np 4 --ranks-per-node 2 -b 4K, HCOLL_ALGO=rd, on the
      * shared 2-core host (load 50): spin 0 338-400 us per call, spin 50 498-802 us;
      * a spinning rank takes the core its peer needs. Worth trying on hosts with

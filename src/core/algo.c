@@ -96,11 +96,15 @@ static int parse_one(const char *v, hc_algo_conf_t *conf, uint64_t dflt)
     return -1;
 }
 
+static int hc_algo_parse_bcast(const char *v, enum hc_plan plan, int nnodes, int local_size,
+                               hc_algo_conf_t *conf);
+
 hcoll_status_t hc_algo_parse(const char *s, enum hc_plan plan, int nnodes, int local_size,
                              hc_algo_conf_t *out, char *msg, size_t msglen)
 {
     const uint64_t dflt = hc_algo_default_rd_max(plan, nnodes, local_size);
-    hc_algo_conf_t conf = { dflt, 0 };
+    hc_algo_conf_t conf = { dflt, 0, 0, 0 };
+    conf.bcast_max = hc_algo_default_bcast_max(plan, nnodes, local_size);
     char buf[HC_PARAM_STR_MAX];
     snprintf(buf, sizeof buf, "%s", s ? s : "");
     char *save = NULL;
@@ -116,10 +120,20 @@ hcoll_status_t hc_algo_parse(const char *s, enum hc_plan plan, int nnodes, int l
         if (eq) {
             *eq = '\0';
             v = eq + 1;
+            if (strcasecmp(tok, "broadcast") == 0) {
+                if (hc_algo_parse_bcast(v, plan, nnodes, local_size, &conf) != 0) {
+                    snprintf(msg, msglen,
+                             "HCOLL_ALGO: bad broadcast algorithm '%s' (expected auto, tree, "
+                             "chain or tree:SIZE)",
+                             v);
+                    return HCOLL_ERR_INVALID_ARG;
+                }
+                continue;
+            }
             if (strcasecmp(tok, "allreduce") != 0) {
                 snprintf(msg, msglen,
-                         "HCOLL_ALGO: unknown collective '%s' (only allreduce has a choice of "
-                         "algorithm)",
+                         "HCOLL_ALGO: unknown collective '%s' (allreduce and broadcast have a "
+                         "choice of algorithm)",
                          tok);
                 return HCOLL_ERR_INVALID_ARG;
             }
@@ -165,6 +179,7 @@ const char *hc_algo_name(enum hc_algo a)
     case HC_ALGO_CHAIN: return "chain";
     case HC_ALGO_DISSEM: return "dissem";
     case HC_ALGO_RSAG: return "ring-rsag";
+    case HC_ALGO_TREE: return "tree";
     }
     return "?";
 }
@@ -262,4 +277,79 @@ hcoll_status_t hc_coll_rd_agree(hc_coll_t *co, int64_t *words, int nw, void *buf
         return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INTERNAL,
                           "the agreement without its connections");
     return rd_drive(co, hc_rd_start_agree(co->rd, words, nw, buf, count, dtype, op, data_ok));
+}
+
+/* ------------------------------------------------------------------------ */
+/* Broadcast: the tree below the crossover, the chain above it               */
+/* ------------------------------------------------------------------------ */
+
+/* Largest broadcast (bytes) that takes the tree, by plan and node count
+ * (the first row that matches; docs/design.md, "Algorithm choice").
+ * hcoll_info --tune over TCP loopback on the shared 2-core host: the tree
+ * 1.4-2.9x faster than the chain from 1 KiB to 256 KiB on 2 x 2 and 4 x 1
+ * in every run, and still ahead (0.94-3.3x) up to 16 MiB, where loopback
+ * cannot show what the chain is for: its root's NIC sends S/L bytes, the
+ * tree's root S per child (log2 N children) over one rail. So the tree up
+ * to 256 KiB, the size a network hop of any rail sends in tens of us. */
+static const struct {
+    enum hc_plan plan;
+    int min_nodes;
+    uint64_t tree_max;
+} bcast_crossover[] = {
+    { HC_PLAN_3STAGE, 2, 256 << 10 },
+    { HC_PLAN_RING, 2, 256 << 10 },
+    { HC_PLAN_FLAT, 2, 256 << 10 },
+};
+
+/* Slots of the tree: broadcasts up to the crossover go in one message per
+ * hop, longer ones (HCOLL_ALGO=broadcast=tree) in segments of this. */
+#define TREE_SEG_MIN (4u << 10)
+#define TREE_SEG_MAX (256u << 10)
+
+uint64_t hc_algo_default_bcast_max(enum hc_plan plan, int nnodes, int local_size)
+{
+    (void)local_size;
+    for (size_t i = 0; i < sizeof bcast_crossover / sizeof bcast_crossover[0]; i++)
+        if (bcast_crossover[i].plan == plan && nnodes >= bcast_crossover[i].min_nodes)
+            return bcast_crossover[i].tree_max;
+    return 0;
+}
+
+static int hc_algo_parse_bcast(const char *v, enum hc_plan plan, int nnodes, int local_size,
+                               hc_algo_conf_t *conf)
+{
+    uint64_t b;
+    if (strcasecmp(v, "auto") == 0) {
+        conf->bcast_max = hc_algo_default_bcast_max(plan, nnodes, local_size);
+        conf->bcast_forced = 0;
+        return 0;
+    }
+    if (strcasecmp(v, "chain") == 0)
+        b = 0;
+    else if (strcasecmp(v, "tree") == 0)
+        b = UINT64_MAX;
+    else if (strncasecmp(v, "tree:", 5) != 0 || hc_parse_size(v + 5, &b) != HCOLL_SUCCESS)
+        return -1;
+    conf->bcast_max = b;
+    conf->bcast_forced = 1;
+    return 0;
+}
+
+enum hc_algo hc_algo_bcast(const hc_algo_conf_t *conf, enum hc_plan plan, size_t bytes)
+{
+    switch (plan) {
+    case HC_PLAN_SINGLE: return HC_ALGO_COPY;
+    case HC_PLAN_INTRA: return HC_ALGO_INTRA;
+    default: return conf->bcast_max && bytes <= conf->bcast_max ? HC_ALGO_TREE : HC_ALGO_CHAIN;
+    }
+}
+
+size_t hc_algo_tree_seg(const hc_algo_conf_t *conf)
+{
+    uint64_t s = conf->bcast_max;
+    if (s < TREE_SEG_MIN)
+        s = TREE_SEG_MIN;
+    if (s > TREE_SEG_MAX)
+        s = TREE_SEG_MAX;
+    return (size_t)((s + 63) & ~(uint64_t)63);
 }

@@ -34,6 +34,7 @@ enum hc_algo {
     HC_ALGO_CHAIN,      /* broadcast: the ring's chain */
     HC_ALGO_DISSEM,     /* barrier: dissemination (without the agreement) */
     HC_ALGO_RSAG,       /* reduce-scatter / all-gather: the ring's phases */
+    HC_ALGO_TREE,       /* broadcast: binomial tree across nodes + node step */
 };
 
 /* HCOLL_ALGO, parsed: all-reduces of at most rd_max bytes take rd
@@ -41,6 +42,10 @@ enum hc_algo {
 typedef struct hc_algo_conf {
     uint64_t rd_max;
     int forced;          /* set by HCOLL_ALGO rather than the table */
+    /* Broadcasts of at most bcast_max bytes take the tree (0: never;
+     * UINT64_MAX: always); bcast_forced as forced. */
+    uint64_t bcast_max;
+    int bcast_forced;
 } hc_algo_conf_t;
 
 /* The table's crossover for this plan and layout (nodes x ranks per node). */
@@ -48,8 +53,10 @@ uint64_t hc_algo_default_rd_max(enum hc_plan plan, int nnodes, int local_size);
 
 /* Parse HCOLL_ALGO into *out (the table's crossover for this plan and
  * layout where it says auto). Accepted: "", "auto", "ring", "rd", "rd:SIZE"
- * (rd up to SIZE bytes, then ring), each optionally as "allreduce=..."; a
- * comma list of such entries, the last winning. Bad: HCOLL_ERR_INVALID_ARG
+ * (rd up to SIZE bytes, then ring), each optionally as "allreduce=...";
+ * "broadcast=auto|tree|chain|tree:SIZE" (the tree up to SIZE bytes, then
+ * the chain); a comma list of such entries, the last of each collective
+ * winning. Bad: HCOLL_ERR_INVALID_ARG
  * with the reason in msg (nothing recorded: the caller does). */
 hcoll_status_t hc_algo_parse(const char *s, enum hc_plan plan, int nnodes, int local_size,
                              hc_algo_conf_t *out, char *msg, size_t msglen);
@@ -73,5 +80,16 @@ size_t hc_algo_rd_seg(const hc_algo_conf_t *conf);
 #define HC_ALGO_INLINE_MAX (64u << 10)
 #define HC_ALGO_AGREE_HDR  256u /* room for the agreement's header in a slot */
 size_t hc_algo_inline_max(const hc_algo_conf_t *conf, int check_args, size_t chunk_bytes);
+/* Broadcast (the block at the end of algo.c). */
+
+/* The table's broadcast crossover for this plan and layout. */
+uint64_t hc_algo_default_bcast_max(enum hc_plan plan, int nnodes, int local_size);
+
+/* The broadcast algorithm for bytes on this plan: copy, intra, tree or
+ * chain. */
+enum hc_algo hc_algo_bcast(const hc_algo_conf_t *conf, enum hc_plan plan, size_t bytes);
+
+/* The slot size of the tree broadcast for this configuration. */
+size_t hc_algo_tree_seg(const hc_algo_conf_t *conf);
 
 #endif

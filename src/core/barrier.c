@@ -1,25 +1,30 @@
 /*
  * The barrier: an intra-node step, then a dissemination barrier across
- * nodes among the ranks that share a rail (inter/dissem.h).
+ * nodes among the nodes' local rank 0 (inter/dissem.h), then a second
+ * intra-node step that lets the node's other ranks go.
  *
  *   node A            node B            node C
  *   r0 r1             r0 r1             r0 r1
  *   └intra barrier┘   └intra barrier┘   └intra barrier┘   every local rank entered
  *   r0 ─rail 0 dissemination (A, B, C): ceil(log2 N) rounds of signals─
- *   r1 ─rail 1 dissemination (A, B, C)─
+ *   └intra barrier┘   └intra barrier┘   └intra barrier┘   r0 has heard from every node
  *
- * When local rank i of a node leaves, its rail's dissemination has heard
- * from every node's local rank i, each of which left its intra barrier
- * only after all its node's ranks had entered: so everyone has. Each rail
- * carries its own signals, as each rail carries its shard of an
- * all-reduce.
+ * When local rank 0 of a node leaves the dissemination, it has heard,
+ * through the chain, from every node's local rank 0, each of which left
+ * its first intra barrier only after all its node's ranks had entered: so
+ * everyone has; the second intra barrier passes that on. One rail instead
+ * of every rail running the dissemination: on 2 x 2 over loopback
+ * (bench/RESULTS.md, HCOLL_CHECK_ARGS=0) a median of 86-139 us against
+ * 120-155 us, L - 1 fewer ranks sending and waking per round for one
+ * more shared-memory step.
  *
  *   plan     intra step          dissemination over
  *   single   -                   -
  *   intra    the node's barrier  -
  *   ring     -                   all ranks (one per node)
  *   flat     -                   all ranks (nodes of different sizes)
- *   3stage   the node's barrier  the node's rank of each rail, per rail
+ *   3stage   the node's barrier  the nodes' local rank 0, then the node's
+ *                                barrier again
  *
  * The dissemination's partners are connected with the ring, at set-up
  * (hc_coll_barrier_setup), on a transport instance of their own. Its wait
@@ -75,15 +80,21 @@ hcoll_status_t hc_coll_barrier(hc_coll_t *co, hcoll_stage_times_t *tm)
 {
     hcoll_status_t st = HCOLL_SUCCESS;
     double t = hc_now_us();
-    if (co->plan == HC_PLAN_INTRA || co->plan == HC_PLAN_3STAGE) {
+    const int node_step = co->plan == HC_PLAN_INTRA || co->plan == HC_PLAN_3STAGE;
+    if (node_step) {
         st = co->intra->ops->barrier(co->intra);
-        /* One intra step: split it as the fused all-reduce's is. */
-        tm->intra_rs_us = tm->intra_ag_us = (hc_now_us() - t) / 2;
+        tm->intra_rs_us = hc_now_us() - t;
     }
-    if (st == HCOLL_SUCCESS && co->dissem) {
+    if (st == HCOLL_SUCCESS && co->dissem && (co->plan != HC_PLAN_3STAGE ||
+                                              co->comm->local_rank == 0)) {
         t = hc_now_us();
         st = dissem_run(co, (uint32_t)co->opseq);
         tm->inter_us = hc_now_us() - t;
+    }
+    if (st == HCOLL_SUCCESS && co->plan == HC_PLAN_3STAGE) {
+        t = hc_now_us();
+        st = co->intra->ops->barrier(co->intra);
+        tm->intra_ag_us = hc_now_us() - t;
     }
     return st;
 }

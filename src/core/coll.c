@@ -44,6 +44,7 @@
 #include "base/reduce.h"
 #include "inter/rd.h"
 #include "inter/ring.h"
+#include "inter/tree.h"
 #include "intra/intra.h"
 #include "boot/hmac.h" /* the data connections' hello MAC */
 
@@ -164,6 +165,7 @@ static hcoll_status_t execute(hc_coll_t *co, struct hcoll_request *rq)
         hc_ring_fail(co->ring, st);
         hc_dissem_fail(co->dissem, st);
         hc_rd_fail(co->rd, st);
+        hc_tree_fail(co->tree, st);
     }
 
     pthread_mutex_lock(&co->lock);
@@ -478,8 +480,11 @@ void hc_coll_destroy(hc_coll_t *co, int aborting)
         hc_dissem_fail(co->dissem, HCOLL_ERR_ABORTED);
     if (aborting)
         hc_rd_fail(co->rd, HCOLL_ERR_ABORTED);
+    if (aborting)
+        hc_tree_fail(co->tree, HCOLL_ERR_ABORTED);
     hc_dissem_destroy(co->dissem);
     hc_rd_destroy(co->rd);
+    hc_tree_destroy(co->tree);
     hc_ring_destroy(co->ring);
     hc_intra_destroy(co->intra);
     free(co->intra_ag.members);
@@ -584,6 +589,8 @@ static hcoll_status_t ring_setup(hc_coll_t *co, int nmembers, int position)
                                    op_timeout(c)),
              out);
     st = hc_coll_rd_setup(co, ops, &rp.tp, group_allgather, &co->ring_ag, op_timeout(c));
+    if (st == HCOLL_SUCCESS)
+        st = hc_coll_tree_setup(co, ops, &rp.tp, group_allgather, &co->ring_ag, op_timeout(c));
 out:
     return st;
 }

@@ -31,6 +31,20 @@
  * per shard), never this rank's own shard, which the chain may still be
  * reading to forward it. Where the intra backend cannot gather blocks, the
  * all-gather runs once the chain is done, as one call.
+ *
+ * Small broadcasts (up to the crossover of algo.c, HCOLL_ALGO's broadcast=)
+ * take the tree instead, on the executor's thread, no hand-off:
+ *
+ *   rail of the root (local rank r = the root's)   every other local rank
+ *     binomial tree of the whole vector among          │
+ *     the nodes' local rank r (inter/tree.h)           │
+ *     ── landed ──► node step: shm bcast from ────────►│ copies it out
+ *                   local rank r                       ▼
+ *     then the acks of its own tree messages
+ *
+ * One node step, none before the tree: the root sends from where it is.
+ * One rank per node or unequal nodes: the tree over all ranks (the flat
+ * fallback); one node: the node step alone.
  */
 #include "core/coll_priv.h"
 #include "base/clock.h"
@@ -41,10 +55,13 @@
 #include <string.h>
 #include <time.h>
 
+#include "boot/boot.h"
 #include "core/comm.h"
 #include "core/ringdrv.h"
 #include "base/err.h"
 #include "base/log.h"
+#include "inter/dissem.h"
+#include "inter/tree.h"
 
 /* The executor sleeps between two looks at the chain's count for about
  * half the time the bytes it waits for should take at the rate seen so
@@ -58,6 +75,7 @@ typedef struct landed_watch {
     uint64_t id;       /* the chain's ring job */
     double t0;         /* when the executor first looked */
     size_t got0;       /* and what had landed then */
+    double idle_nap;   /* the next nap while nothing has landed (no rate yet) */
 } landed_watch_t;
 
 /* Wait until the chain has landed need bytes of this rank's shard; 0 once
@@ -72,9 +90,13 @@ static int wait_landed(hc_coll_t *co, landed_watch_t *w, size_t need)
         if (hc_ringthr_test(co->ringthr, w->id))
             return atomic_load_explicit(w->landed, memory_order_acquire) < need;
         const double now = hc_now_us();
-        double nap = BCAST_NAP_MAX_US;
+        /* No rate yet: naps from the shortest, doubling, rather than the
+         * longest (a small chain lands in well under 5 ms). */
+        double nap = w->idle_nap;
         if (got > w->got0)
             nap = (double)(need - got) * (now - w->t0) / (double)(got - w->got0) / 2;
+        else if (w->idle_nap < BCAST_NAP_MAX_US)
+            w->idle_nap *= 2;
         if (nap < BCAST_NAP_MIN_US)
             nap = BCAST_NAP_MIN_US;
         if (nap > BCAST_NAP_MAX_US)
@@ -195,7 +217,7 @@ hcoll_status_t hc_coll_bcast_3stage(hc_coll_t *co, const hc_coll_args_t *a, size
     const hc_ringdrv_op_t job = { .dst = buf + soff * es, .count = slen, .dtype = idt,
                                   .bcast = 1, .root = root_node, .seq = (uint32_t)co->opseq };
     const uint64_t id = hc_ringthr_post_watched(co->ringthr, &job, &landed);
-    landed_watch_t w = { &landed, id, hc_now_us(), atomic_load(&landed) };
+    landed_watch_t w = { &landed, id, hc_now_us(), atomic_load(&landed), BCAST_NAP_MIN_US };
     int ring_ended = 0;
     st = iops->all_gather_blocks ? gather_pieces(co, buf, n, es, idt, &w, tm, &ring_ended)
                                  : HCOLL_SUCCESS;
@@ -220,4 +242,129 @@ hcoll_status_t hc_coll_bcast_3stage(hc_coll_t *co, const hc_coll_args_t *a, size
         return st;
     }
     return gather_rest(co, buf, n, es, idt, tm);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The small broadcast: tree across nodes, then the node step               */
+/* ------------------------------------------------------------------------ */
+
+hcoll_status_t hc_coll_tree_setup(hc_coll_t *co, const hc_transport_ops_t *ops,
+                                  const hc_transport_params_t *tp, hc_allgather_fn allgather,
+                                  void *ag_ctx, int op_timeout_ms)
+{
+    struct hcoll_comm *c = co->comm;
+    /* Ranks with different limits would run the tree against the chain
+     * (or connect against nothing): refuse at init, over every rank. */
+    const uint64_t mine = co->algo.bcast_max;
+    uint64_t *all = calloc((size_t)c->nranks, sizeof *all);
+    if (!all)
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_NO_MEMORY,
+                          "no memory for the set-up exchange");
+    hcoll_status_t st = hc_boot_allgather(c->boot, &mine, all, sizeof mine);
+    for (int r = 0; st == HCOLL_SUCCESS && r < c->nranks; r++)
+        if (all[r] != mine)
+            st = hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_MISMATCH,
+                            "HCOLL_ALGO's broadcast limit is %llu on rank %d but %llu on "
+                            "rank %d; it must be equal on every rank",
+                            (unsigned long long)all[r], r, (unsigned long long)mine, c->rank);
+    free(all);
+    if (st != HCOLL_SUCCESS || mine == 0)
+        return st; /* broadcast=chain: no connections for the tree */
+    const hc_tree_params_t p = { .ops = ops, .tp = *tp, .allgather = allgather,
+                                 .ag_ctx = ag_ctx, .op_timeout_ms = op_timeout_ms,
+                                 .seg_bytes = hc_algo_tree_seg(&co->algo),
+                                 .spin_us = (int)c->params.spin_us };
+    return hc_tree_create(&p, &co->tree);
+}
+
+/* Drive the tree until *cond says so (landed, or done), an error or an
+ * abort; the driver's checks between slices are the ring driver's. */
+static hcoll_status_t tree_drive(hc_coll_t *co, int until_done)
+{
+    struct hcoll_comm *c = co->comm;
+    hcoll_status_t st = HCOLL_SUCCESS;
+    int done = 0;
+    for (int slice = 0; !(until_done ? done : hc_tree_landed(co->tree)); slice++) {
+        if (atomic_load(&c->aborted))
+            return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_ABORTED,
+                              "communicator aborted during the broadcast");
+        if ((st = hc_intra_health(co->intra, "(seen from the broadcast)")) != HCOLL_SUCCESS)
+            return st;
+        /* Only once a slice went by without the end: a call that is not
+         * held up pays nothing for these. */
+        if (slice > 0) {
+            if ((st = hc_coll_peers_alive(co, "(seen from the broadcast)")) != HCOLL_SUCCESS)
+                return st;
+            if ((st = hc_ring_live_left_status(co->ring)) != HCOLL_SUCCESS)
+                return st;
+            if ((st = hc_dissem_absorb(co->dissem, (uint32_t)co->opseq, "a broadcast")) !=
+                HCOLL_SUCCESS)
+                return st;
+        }
+        if ((st = hc_tree_progress(co->tree, HC_RINGDRV_POLL_MS, &done)) != HCOLL_SUCCESS)
+            break;
+    }
+    if (st != HCOLL_SUCCESS && atomic_load(&c->aborted))
+        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_ABORTED,
+                          "communicator aborted during the broadcast");
+    return st;
+}
+
+hcoll_status_t hc_coll_bcast_tree(hc_coll_t *co, const hc_coll_args_t *a, size_t n,
+                                  hcoll_dtype_t idt, hcoll_stage_times_t *tm)
+{
+    struct hcoll_comm *c = co->comm;
+    const hc_intra_ops_t *iops = co->intra ? co->intra->ops : NULL;
+    unsigned char *buf = a->recvbuf;
+    const int lroot = c->local_of[a->root];
+    const int on_tree = co->plan != HC_PLAN_INTRA && (co->plan != HC_PLAN_3STAGE ||
+                                                      c->local_rank == lroot);
+    const int node_step = co->plan == HC_PLAN_INTRA || co->plan == HC_PLAN_3STAGE;
+    hcoll_status_t st = HCOLL_SUCCESS;
+    double t = hc_now_us();
+    if (on_tree) {
+        if (!co->tree)
+            return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INTERNAL,
+                              "tree broadcast chosen without its connections");
+        /* Rail rings have one rank per node, in node order; the others
+         * all ranks in rank order. */
+        const int root = co->plan == HC_PLAN_3STAGE ? c->node_of[a->root] : a->root;
+        st = hc_tree_start(co->tree, buf, n * hcoll_dtype_size(idt), root);
+        if (st == HCOLL_SUCCESS)
+            st = tree_drive(co, 0);
+        tm->inter_us += hc_now_us() - t;
+    }
+    if (st == HCOLL_SUCCESS && node_step) {
+        t = hc_now_us();
+        st = iops->bcast(co->intra, buf, buf, n, idt, lroot, NULL);
+        tm->intra_ag_us += hc_now_us() - t;
+    }
+    if (st == HCOLL_SUCCESS && on_tree) {
+        /* The acks of our own messages, which travelled meanwhile. */
+        t = hc_now_us();
+        st = tree_drive(co, 1);
+        tm->inter_us += hc_now_us() - t;
+    }
+    /* Local ranks may wait for this one in the node step that it will not
+     * run: they fail now rather than at a deadline. */
+    if (st != HCOLL_SUCCESS && node_step)
+        hc_intra_poison(co->intra);
+    return st;
+}
+
+int hc_coll_bcast_tree_applies(const hc_coll_t *co, size_t bytes)
+{
+    if (co->plan == HC_PLAN_SINGLE)
+        return 0;
+    if (co->plan == HC_PLAN_INTRA || co->plan == HC_PLAN_3STAGE)
+        if (!co->intra->ops->bcast)
+            return 0;
+    return co->plan == HC_PLAN_INTRA || hc_algo_bcast(&co->algo, co->plan, bytes) == HC_ALGO_TREE;
+}
+
+enum hc_algo hc_coll_bcast_algo(const hc_coll_t *co, size_t bytes)
+{
+    if (co->plan == HC_PLAN_SINGLE || co->plan == HC_PLAN_INTRA)
+        return hc_algo_bcast(&co->algo, co->plan, bytes);
+    return hc_coll_bcast_tree_applies(co, bytes) ? HC_ALGO_TREE : HC_ALGO_CHAIN;
 }

@@ -80,6 +80,10 @@ struct hc_coll {
      * 0: never), reduced in agree_buf until every rank has judged. */
     size_t inline_max;
     unsigned char *agree_buf;
+    /* The small broadcast's tree across nodes (coll_bcast.c), on a
+     * transport instance of its own; NULL under HCOLL_ALGO=broadcast=chain
+     * or without inter-node stage. */
+    struct hc_tree *tree;
 };
 
 /* Run one host-buffer operation of any kind as the executor (the caller
@@ -179,5 +183,26 @@ hcoll_status_t hc_coll_rd_agree(hc_coll_t *co, int64_t *words, int nw, void *buf
  * coll_run.c); its stage times add to *tm. */
 hcoll_status_t hc_coll_bcast_3stage(hc_coll_t *co, const hc_coll_args_t *a, size_t n,
                                     hcoll_dtype_t idt, hcoll_stage_times_t *tm);
+
+/* The small broadcast (coll_bcast.c). Setup: every rank compares
+ * HCOLL_ALGO's broadcast limit (HCOLL_ERR_MISMATCH where they differ) and
+ * the ring's ranks connect the tree's partners on a transport instance of
+ * their own, as the barrier's (nothing under broadcast=chain). Collective
+ * over every rank, after the ring. */
+hcoll_status_t hc_coll_tree_setup(hc_coll_t *co, const hc_transport_ops_t *ops,
+                                  const hc_transport_params_t *tp, hc_allgather_fn allgather,
+                                  void *ag_ctx, int op_timeout_ms);
+/* Whether a broadcast of bytes takes hc_coll_bcast_tree: the tree's size
+ * on plans across nodes, every size on one node (the node step alone). */
+int hc_coll_bcast_tree_applies(const hc_coll_t *co, size_t bytes);
+/* What a broadcast of bytes runs, as hcoll_comm_last_algo names it: copy,
+ * intra, tree or chain. */
+enum hc_algo hc_coll_bcast_algo(const hc_coll_t *co, size_t bytes);
+/* The broadcast of n elements of idt in a->recvbuf (the root's bytes on
+ * the root): the tree across nodes among the root's rail (all ranks where
+ * the plan has no node step), then the node step from the root's local
+ * rank, on this thread; its stage times add to *tm. */
+hcoll_status_t hc_coll_bcast_tree(hc_coll_t *co, const hc_coll_args_t *a, size_t n,
+                                  hcoll_dtype_t idt, hcoll_stage_times_t *tm);
 
 #endif

@@ -431,6 +431,8 @@ static hcoll_status_t run_broadcast(hc_coll_t *co, const hc_coll_args_t *a,
      * and shards that split no element of it. */
     hcoll_dtype_t idt = bytes % 8 == 0 ? HCOLL_INT64 : bytes % 4 == 0 ? HCOLL_INT32 : HCOLL_UINT8;
     const size_t n = bytes / hcoll_dtype_size(idt);
+    if (hc_coll_bcast_tree_applies(co, bytes)) /* small: tree + node step (coll_bcast.c) */
+        return hc_coll_bcast_tree(co, a, n, idt, tm);
     switch (co->plan) {
     case HC_PLAN_SINGLE:
         return HCOLL_SUCCESS;
@@ -475,9 +477,7 @@ hcoll_status_t hc_coll_run(hc_coll_t *co, const hc_coll_args_t *a, hcoll_stage_t
     case HC_COLL_ALLREDUCE: st = run_allreduce(co, a, tm); break;
     case HC_COLL_BROADCAST:
         st = run_broadcast(co, a, tm);
-        co->cur_algo = co->plan == HC_PLAN_SINGLE ? HC_ALGO_COPY
-                       : co->plan == HC_PLAN_INTRA ? HC_ALGO_INTRA
-                                                   : HC_ALGO_CHAIN;
+        co->cur_algo = hc_coll_bcast_algo(co, a->count * hcoll_dtype_size(a->dtype));
         break;
     case HC_COLL_BARRIER:
         /* The agreement is itself a barrier: an all-reduce, which no rank

@@ -429,4 +429,5 @@ const hc_intra_ops_t hc_intra_shm_ops = {
     .alive = hc_shm_alive,
     .poison = hc_shm_poison_op,
     .scatter = hc_shm_scatter,
+    .bcast = hc_shm_bcast,
 };

@@ -30,7 +30,7 @@
 #define HC_SHM_FOLD_BYTES (16 * 1024)
 
 enum { HC_SHM_KIND_RS = 1, HC_SHM_KIND_AG = 2, HC_SHM_KIND_BARRIER = 3, HC_SHM_KIND_AR = 4,
-       HC_SHM_KIND_SC = 5, HC_SHM_KIND_AGREE = 6 };
+       HC_SHM_KIND_SC = 5, HC_SHM_KIND_AGREE = 6, HC_SHM_KIND_BC = 7 };
 enum { HC_SHM_ST_NONE = 0, HC_SHM_ST_ATTACHED = 1, HC_SHM_ST_LEFT = 2, HC_SHM_ST_ABORTED = 3 };
 
 /* Written by the slot's owner before it publishes the step. */
@@ -138,6 +138,7 @@ static inline const char *hc_shm_kind_name(int kind)
     case HC_SHM_KIND_AR: return "allreduce";
     case HC_SHM_KIND_SC: return "scatter";
     case HC_SHM_KIND_AGREE: return "agreement";
+    case HC_SHM_KIND_BC: return "bcast";
     default: return "unknown";
     }
 }
@@ -188,6 +189,8 @@ hcoll_status_t hc_shm_allreduce(hc_intra_t *ctx, const void *sendbuf, void *recv
                                 size_t count, hcoll_dtype_t dtype, hcoll_op_t op, void *stream);
 hcoll_status_t hc_shm_scatter(hc_intra_t *ctx, const void *sendbuf, void *recvbuf, size_t count,
                               hcoll_dtype_t dtype, int root, void *stream);
+hcoll_status_t hc_shm_bcast(hc_intra_t *ctx, const void *sendbuf, void *recvbuf, size_t count,
+                            hcoll_dtype_t dtype, int root, void *stream);
 hcoll_status_t hc_shm_barrier(hc_intra_t *ctx);
 void hc_shm_abort(hc_intra_t *ctx);
 void hc_shm_beat(hc_intra_t *ctx);

@@ -28,6 +28,10 @@
  *   its slot, laid out as RS's, and rank j copies sub-piece j out to recvbuf
  *   at shard j's offset (one writer; the broadcast's first stage).
  *
+ *   bcast, step g: the root copies piece g of the whole vector into its
+ *   slot, every other rank copies it out to recvbuf (one writer; the small
+ *   broadcast's node step).
+ *
  *   allreduce (fused), step g: every rank copies a piece of the whole
  *   vector into its slot, then every rank folds all L slots into recvbuf:
  *
@@ -237,6 +241,12 @@ static hcoll_status_t hc_shm_publish(hc_shm_t *s, const hc_shm_call_t *c, uint64
             else if (n && c->src != c->dst)
                 memcpy(c->dst + elem * c->es, c->src + elem * c->es, n * c->es);
         }
+    } else if (c->kind == HC_SHM_KIND_BC && s->lrank == (int)c->op) {
+        /* The root: piece k of the whole vector through its slot. */
+        n = hc_shm_ar_piece(c, k, &elem);
+        memcpy(slot, c->src + elem * c->es, n * c->es);
+        if (c->src != c->dst)
+            memcpy(c->dst + elem * c->es, c->src + elem * c->es, n * c->es);
     }
     hc_shm_desc_t *d = &s->hdr->ranks[s->lrank].desc[g % HC_SHM_NSLOTS];
     d->step = g;
@@ -259,7 +269,7 @@ static hcoll_status_t hc_shm_check_desc(hc_shm_t *s, const hc_shm_call_t *c, uin
         int same = d->step == g && d->kind == (uint32_t)c->kind && d->count == c->count &&
                    (c->kind == HC_SHM_KIND_AGREE || d->dtype == (uint32_t)c->dtype) &&
                    ((c->kind != HC_SHM_KIND_RS && c->kind != HC_SHM_KIND_AR &&
-                     c->kind != HC_SHM_KIND_SC) ||
+                     c->kind != HC_SHM_KIND_SC && c->kind != HC_SHM_KIND_BC) ||
                     d->op == (uint32_t)c->op);
         if (!same) {
             hc_shm_poison(s, HCOLL_ERR_MISMATCH, q);
@@ -355,6 +365,9 @@ static hcoll_status_t hc_shm_consume(hc_shm_t *s, hc_shm_call_t *c, uint64_t k)
             memcpy(c->dst + elem * c->es,
                    hc_shm_slot(s, (int)c->op, g) + (size_t)s->lrank * c->per * c->es,
                    n * c->es);
+    } else if (c->kind == HC_SHM_KIND_BC && s->lrank != (int)c->op) {
+        n = hc_shm_ar_piece(c, k, &elem);
+        memcpy(c->dst + elem * c->es, hc_shm_slot(s, (int)c->op, g), n * c->es);
     }
     /* seq_cst (hence release): our reads of the slots happen before the
      * owners may overwrite them. */
@@ -623,6 +636,36 @@ hcoll_status_t hc_shm_agree(hc_intra_t *ctx, int64_t *words, int nwords, const v
     st = hc_shm_run(s, &c);
     *data_ok = c.data_ok;
     return st;
+}
+
+/* Broadcast: the root's whole vector through its slots, a slot-full per
+ * step, every other rank copying it out (one writer, as the scatter, and
+ * one synchronisation per step); the descriptors' op names the root. */
+hcoll_status_t hc_shm_bcast(hc_intra_t *ctx, const void *sendbuf, void *recvbuf, size_t count,
+                            hcoll_dtype_t dtype, int root, void *stream)
+{
+    hc_shm_t *s = (hc_shm_t *)ctx;
+    hcoll_status_t st = hc_shm_enter(s, "bcast", recvbuf, recvbuf, count, dtype, HCOLL_SUM,
+                                     stream);
+    if (st != HCOLL_SUCCESS || count == 0)
+        return st;
+    if (root < 0 || root >= s->L || (s->lrank == root && !sendbuf))
+        return hc_err_set(s->eb, HC_SHM, s->rank, HCOLL_ERR_INVALID_ARG,
+                          "intra-node shm bcast: root %d of %d local ranks%s", root, s->L,
+                          s->lrank == root && !sendbuf ? " has a NULL sendbuf" : "");
+    const size_t es = hcoll_dtype_size(dtype);
+    if (s->L == 1) {
+        if (sendbuf != recvbuf)
+            memcpy(recvbuf, sendbuf, count * es);
+        return HCOLL_SUCCESS;
+    }
+    hc_shm_call_t c = {
+        .kind = HC_SHM_KIND_BC, .src = sendbuf, .dst = recvbuf, .count = count, .es = es,
+        .dtype = dtype, .op = (hcoll_op_t)root,
+    };
+    c.per = s->slot_bytes / es;
+    c.nsteps = (count + c.per - 1) / c.per;
+    return hc_shm_run(s, &c);
 }
 
 hcoll_status_t hc_shm_barrier(hc_intra_t *ctx)
