@@ -447,16 +447,12 @@ static hcoll_status_t hs_timeout(hs_t *h)
                 mid |= h->p[j].state == P_RECV || h->p[j].state == P_SEND;
                 err = h->p[j].last_err ? h->p[j].last_err : err;
             }
-        int n = snprintf(miss + o, sizeof miss - o, "%s%s rank %d (%d of %d socket(s)%s%s)",
+        int n = snprintf(miss + o, sizeof miss - o, "%s%s rank %d (%d of %d socket(s)%s%s%s)",
                          o ? "; " : "", tr->p.rank < h->peers[i] ? "to" : "from",
                          hc_tp_rank(&tr->p, h->peers[i]), got, want,
                          mid ? ", hello under way" : "",
-                         err ? ", last attempt: " : "");
+                         err ? ", last attempt: " : "", err ? strerror(err) : "");
         o += n > 0 ? (size_t)n : 0;
-        if (err && o < sizeof miss) {
-            n = snprintf(miss + o, sizeof miss - o, "%s", strerror(err));
-            o += n > 0 ? (size_t)n : 0;
-        }
     }
     drop_counts(h, drops, sizeof drops);
     return hc_tcp_fail(tr, HCOLL_ERR_TIMEOUT,
