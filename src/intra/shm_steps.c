@@ -544,6 +544,30 @@ hcoll_status_t hc_shm_all_gather_blocks(hc_intra_t *ctx, const void *src, void *
     return hc_shm_run(s, &c);
 }
 
+/* What scatter and bcast share before their steps: enter, check the root,
+ * and on a node of one rank just copy. *done is set when nothing is left
+ * to run (an error, count 0 or L == 1). */
+static hcoll_status_t root_prologue(hc_shm_t *s, const char *what, const void *sendbuf,
+                                    void *recvbuf, size_t count, hcoll_dtype_t dtype, int root,
+                                    void *stream, int *done)
+{
+    *done = 1;
+    hcoll_status_t st = hc_shm_enter(s, what, recvbuf, recvbuf, count, dtype, HCOLL_SUM, stream);
+    if (st != HCOLL_SUCCESS || count == 0)
+        return st;
+    if (root < 0 || root >= s->L || (s->lrank == root && !sendbuf))
+        return hc_err_set(s->eb, HC_SHM, s->rank, HCOLL_ERR_INVALID_ARG,
+                          "intra-node shm %s: root %d of %d local ranks%s", what, root, s->L,
+                          s->lrank == root && !sendbuf ? " has a NULL sendbuf" : "");
+    if (s->L == 1) {
+        if (sendbuf != recvbuf)
+            memcpy(recvbuf, sendbuf, count * hcoll_dtype_size(dtype));
+        return HCOLL_SUCCESS;
+    }
+    *done = 0;
+    return HCOLL_SUCCESS;
+}
+
 /* Scatter: the root's shards through its slots, RS's layout with one
  * writer; the op field of the steps' descriptors names the root, so local
  * ranks that disagree on it fail with HCOLL_ERR_MISMATCH. */
@@ -551,20 +575,12 @@ hcoll_status_t hc_shm_scatter(hc_intra_t *ctx, const void *sendbuf, void *recvbu
                               hcoll_dtype_t dtype, int root, void *stream)
 {
     hc_shm_t *s = (hc_shm_t *)ctx;
-    hcoll_status_t st = hc_shm_enter(s, "scatter", recvbuf, recvbuf, count, dtype, HCOLL_SUM,
-                                     stream);
-    if (st != HCOLL_SUCCESS || count == 0)
+    int done;
+    hcoll_status_t st = root_prologue(s, "scatter", sendbuf, recvbuf, count, dtype, root, stream,
+                                      &done);
+    if (done)
         return st;
-    if (root < 0 || root >= s->L || (s->lrank == root && !sendbuf))
-        return hc_err_set(s->eb, HC_SHM, s->rank, HCOLL_ERR_INVALID_ARG,
-                          "intra-node shm scatter: root %d of %d local ranks%s", root, s->L,
-                          s->lrank == root && !sendbuf ? " has a NULL sendbuf" : "");
     const size_t es = hcoll_dtype_size(dtype);
-    if (s->L == 1) {
-        if (sendbuf != recvbuf)
-            memcpy(recvbuf, sendbuf, count * es);
-        return HCOLL_SUCCESS;
-    }
     hc_shm_call_t c = {
         .kind = HC_SHM_KIND_SC, .src = sendbuf, .dst = recvbuf, .count = count, .es = es,
         .dtype = dtype, .op = (hcoll_op_t)root,
@@ -645,20 +661,12 @@ hcoll_status_t hc_shm_bcast(hc_intra_t *ctx, const void *sendbuf, void *recvbuf,
                             hcoll_dtype_t dtype, int root, void *stream)
 {
     hc_shm_t *s = (hc_shm_t *)ctx;
-    hcoll_status_t st = hc_shm_enter(s, "bcast", recvbuf, recvbuf, count, dtype, HCOLL_SUM,
-                                     stream);
-    if (st != HCOLL_SUCCESS || count == 0)
+    int done;
+    hcoll_status_t st = root_prologue(s, "bcast", sendbuf, recvbuf, count, dtype, root, stream,
+                                      &done);
+    if (done)
         return st;
-    if (root < 0 || root >= s->L || (s->lrank == root && !sendbuf))
-        return hc_err_set(s->eb, HC_SHM, s->rank, HCOLL_ERR_INVALID_ARG,
-                          "intra-node shm bcast: root %d of %d local ranks%s", root, s->L,
-                          s->lrank == root && !sendbuf ? " has a NULL sendbuf" : "");
     const size_t es = hcoll_dtype_size(dtype);
-    if (s->L == 1) {
-        if (sendbuf != recvbuf)
-            memcpy(recvbuf, sendbuf, count * es);
-        return HCOLL_SUCCESS;
-    }
     hc_shm_call_t c = {
         .kind = HC_SHM_KIND_BC, .src = sendbuf, .dst = recvbuf, .count = count, .es = es,
         .dtype = dtype, .op = (hcoll_op_t)root,
