@@ -40,7 +40,7 @@
 #if HCOLL_BUILD_VERBS
 
 #define TEST_TIMEOUT_S 120
-#define MAX_RANKS 4
+#define MAX_RANKS 6
 #define SENTINEL 0x5a5a5a5a
 #define AR_COUNT (96 * 1024 + 5) /* int32: past HCOLL_SMALL_BYTES, many pieces */
 #define RSAG_COUNT 20003         /* int32 per rank */
@@ -256,54 +256,20 @@ END_TEST
 /* HCOLL_CHECK_ARGS=0: nothing pinned ahead, no agreement; the refusal
  * comes inside the running ring, which voids that operation (every rank
  * fails it, naming the rank) and goes on. Before: the ring broke, and with
- * it the communicator. */
-/* HCOLL_CHECK_ARGS=0 on 2x2: the void reaches the odd rank's rail only
- * (the other rail's ring went through), so the failure is the
- * communicator's: every rank must still fail the call, or the next one,
- * with an error, and none may hang. */
-static int rank_noagree_2x2(int rank, int nranks, void *argp)
-{
-    world_t *w = argp;
-    setenv("HCOLL_CHECK_ARGS", "0", 1);
-    setenv("HCOLL_NET", "ib", 1);
-    setenv("HCOLL_SOCKET_IFNAME", "=lo", 1);
-    hcoll_unique_id_t id;
-    hcoll_config_t cfg = HCOLL_CONFIG_INITIALIZER;
-    cfg.timeout_ms = 20000;
-    cfg.net = "ib";
-    cfg.chunk_bytes = 4096;
-    HCT_REQUIRE(hct_share_unique_id(&w->slot, rank, 20000, &id) == 0, "no unique id");
-    hcoll_comm_t comm;
-    HCT_OK(NULL, hcoll_comm_init(&comm, nranks, rank, &id, &cfg));
-    int32_t *in = malloc(AR_COUNT * sizeof *in), *out = malloc(AR_COUNT * sizeof *out);
-    HCT_REQUIRE(in && out, "no memory");
-    if (rank == nranks - 1)
-        setenv("HCMOCK_IB_REG_FAIL", "12", 1);
-    const double t0 = hct_now_ms();
-    hcoll_status_t st = call(comm, K_ALLREDUCE, rank, nranks, 0, in, out);
-    unsetenv("HCMOCK_IB_REG_FAIL");
-    if (st == HCOLL_SUCCESS) /* its rail's ring went through: the next call */
-        st = call(comm, K_ALLREDUCE, rank, nranks, 1, in, out);
-    fprintf(stderr, "rank %d: 2x2 without the agreement: %s after %.0f ms: %s\n", rank,
-            hcoll_status_name(st), hct_now_ms() - t0, hcoll_comm_last_error(comm));
-    HCT_REQUIRE(st != HCOLL_SUCCESS, "rank %d: no error", rank);
-    HCT_REQUIRE(hct_now_ms() - t0 < 15000, "rank %d: the error took %.0f ms", rank,
-                hct_now_ms() - t0);
-    hcoll_comm_destroy(comm);
-    free(in);
-    free(out);
-    return 0;
-}
-
+ * it the communicator. With several ranks per node (three stages) only
+ * the odd rank's rail hears the void; its ranks tell their nodes' others
+ * through the node's closing step: every rank of every node fails the
+ * call, with the message, and the next calls are exact. Before that, the
+ * other rails finished their part and the communicator ended. */
 START_TEST(regfail_host_noagree_2x2)
 {
-    world_t *w = hct_shared_alloc(sizeof *w);
-    ck_assert_ptr_nonnull(w);
-    hct_opts_t o = { .nranks = 4, .ranks_per_node = 2, .timeout_ms = 60000 };
-    hct_result_t res[MAX_RANKS];
-    int bad = hct_run(&o, rank_noagree_2x2, w, res);
-    ck_assert_msg(bad == 0, "%d rank(s) failed (see stderr)", bad);
-    hct_shared_free(w, sizeof *w);
+    run_host(4, 2, 1);
+}
+END_TEST
+
+START_TEST(regfail_host_noagree_3x2)
+{
+    run_host(6, 2, 1);
 }
 END_TEST
 
@@ -595,6 +561,7 @@ static Suite *suite(void)
     tcase_add_test(t, regfail_dev_staged_setup);
     tcase_add_test(t, regfail_host_noagree_3x1);
     tcase_add_test(t, regfail_host_noagree_2x2);
+    tcase_add_test(t, regfail_host_noagree_3x2);
     tcase_add_test(t, regfail_dev_gdr_3x1);
     tcase_add_test(t, fallback_flush_qp_refused);
     suite_add_tcase(s, t);

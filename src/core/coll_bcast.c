@@ -221,8 +221,11 @@ hcoll_status_t hc_coll_bcast_3stage(hc_coll_t *co, const hc_coll_args_t *a, size
     int ring_ended = 0;
     st = iops->all_gather_blocks ? gather_pieces(co, buf, n, es, idt, &w, tm, &ring_ended)
                                  : HCOLL_SUCCESS;
-    /* The buffer goes back to the caller only once the ring is done with it. */
-    const hcoll_status_t rst = hc_ringthr_wait(co->ringthr, id, &tm->inter_us);
+    /* The buffer goes back to the caller only once the ring is done with it.
+     * A void chain (its watcher saw every byte) goes on to the end, the
+     * node told (coll_rail.c). */
+    hc_coll_void_t v = { HCOLL_SUCCESS };
+    const hcoll_status_t rst = hc_coll_rail_wait(co, id, &tm->inter_us, &v);
     if (st == HCOLL_SUCCESS && rst != HCOLL_SUCCESS)
         st = rst;
     if (st == HCOLL_SUCCESS && ring_ended)
@@ -239,9 +242,9 @@ hcoll_status_t hc_coll_bcast_3stage(hc_coll_t *co, const hc_coll_args_t *a, size
         t = hc_now_us();
         st = iops->all_gather(co->intra, buf, n, idt, NULL);
         tm->intra_ag_us += hc_now_us() - t;
-        return st;
+        return hc_coll_rail_end(co, &v, st, 1);
     }
-    return gather_rest(co, buf, n, es, idt, tm);
+    return hc_coll_rail_end(co, &v, gather_rest(co, buf, n, es, idt, tm), 0);
 }
 
 /* ------------------------------------------------------------------------ */

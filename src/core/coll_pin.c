@@ -140,7 +140,10 @@ void hc_coll_unpin(hc_coll_pins_t *s)
 
 int hc_coll_void_agreed(const hc_coll_t *co, uint64_t voided_before)
 {
-    return co->ring && hc_ring_voided(co->ring) > voided_before &&
-           hc_ring_error(co->ring) == HCOLL_SUCCESS &&
+    if (!co->ring || hc_ring_error(co->ring) != HCOLL_SUCCESS)
+        return 0;
+    if (co->plan == HC_PLAN_3STAGE)
+        return co->rail_void_op != 0 && co->rail_void_op == co->opseq;
+    return hc_ring_voided(co->ring) > voided_before &&
            (co->plan == HC_PLAN_RING || co->plan == HC_PLAN_FLAT);
 }

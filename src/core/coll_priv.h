@@ -5,7 +5,8 @@
  * Calls go one way: coll.c -> coll_run.c -> coll_rsag.c (and coll.c ->
  * coll_rsag.c, which frees its buffers at destroy; coll_run.c ->
  * coll_pin.c -> coll_rsag.c, what a call will register), coll_run.c ->
- * coll_bcast.c (the three-stage broadcast).
+ * coll_bcast.c (the three-stage broadcast); coll_run.c, coll_bcast.c,
+ * coll_rsag.c -> coll_rail.c (a void on one rail, three stages).
  */
 #ifndef HC_CORE_COLL_PRIV_H
 #define HC_CORE_COLL_PRIV_H
@@ -84,6 +85,10 @@ struct hc_coll {
      * transport instance of its own; NULL under HCOLL_ALGO=broadcast=chain
      * or without inter-node stage. */
     struct hc_tree *tree;
+    /* The operation (opseq) that a rail voided under three stages and
+     * every local rank failed alike (coll_rail.c, hc_coll_rail_end); 0:
+     * none. Under the executor role. */
+    uint64_t rail_void_op;
 };
 
 /* Run one host-buffer operation of any kind as the executor (the caller
@@ -139,11 +144,34 @@ hcoll_status_t hc_coll_pin(hc_coll_t *co, const hc_coll_args_t *a, hc_coll_pins_
 void hc_coll_unpin(hc_coll_pins_t *pins);
 /* 1 when a call that failed failed alike on every rank and left the
  * communicator usable because the ring voided one of its operations (a
- * rank could not register its buffers; ring_void.c): the ring voided
- * more than voided_before operations, still works, and holds every rank
- * (the ring and flat plans; with several ranks per node the other rails
- * never hear of it, so the failure stays the communicator's). */
+ * rank could not register its buffers; ring_void.c): the ring still works
+ * and either holds every rank and voided more than voided_before
+ * operations (the ring and flat plans), or, three stages, a rail voided
+ * this operation and every local rank heard (hc_coll_rail_end). */
 int hc_coll_void_agreed(const hc_coll_t *co, uint64_t voided_before);
+/* Three stages (several ranks per node): a void on one rail reaches the
+ * node's other ranks through the node's later steps (coll_rail.c). A call
+ * starts with v zeroed; hc_coll_rail_wait is hc_ringthr_wait, except that
+ * a void operation's failure is kept in v, marks this rank's node steps
+ * from now on, and returns HCOLL_SUCCESS so that the call goes on in
+ * step with the other rails (its result undefined); hc_coll_rail_end
+ * takes st, the call's status, at its end, after its last node step: st
+ * where it failed; else the void's (this rail's, recorded, or another
+ * rail's, recorded here naming the rank), and then hc_coll_void_agreed
+ * holds for this operation. */
+typedef struct hc_coll_void {
+    hcoll_status_t st;
+} hc_coll_void_t;
+hcoll_status_t hc_coll_rail_wait(hc_coll_t *co, uint64_t id, double *inter_us, hc_coll_void_t *v);
+/* The same for a ring job run on this thread: st its status, voided_before
+ * hc_ring_voided before it. */
+hcoll_status_t hc_coll_rail_ran(hc_coll_t *co, hcoll_status_t st, uint64_t voided_before,
+                                hc_coll_void_t *v);
+/* step_after: a node step (intra all-gather) followed the call's last ring
+ * job wait; 0: one more (a barrier) where the ring can void, to carry the
+ * note. */
+hcoll_status_t hc_coll_rail_end(hc_coll_t *co, hc_coll_void_t *v, hcoll_status_t st,
+                                int step_after);
 /* fn(arg, p, bytes) for every range a ring job of the reduce-scatter or
  * all-gather a registers (coll_rsag.c; makes its permuted vector first);
  * stops at fn's first failure and returns it. */

@@ -374,7 +374,7 @@ static hcoll_status_t stage_last(const rsag_t *x, size_t k)
  * stage_first(k+1). Every job posted is waited for before returning, so
  * the buffers go back to the caller only when the ring thread is done
  * with them. */
-static hcoll_status_t run_pipelined(const rsag_t *x, size_t npieces)
+static hcoll_status_t run_pipelined(const rsag_t *x, size_t npieces, hc_coll_void_t *v)
 {
     hc_ringthr_t *rt = x->co->ringthr;
     hcoll_status_t st = HCOLL_SUCCESS;
@@ -392,7 +392,7 @@ static hcoll_status_t run_pipelined(const rsag_t *x, size_t npieces)
             posted = 1;
         }
         if (have_pending) {
-            st = hc_ringthr_wait(rt, pending, &x->tm->inter_us);
+            st = hc_coll_rail_wait(x->co, pending, &x->tm->inter_us, v);
             if (st == HCOLL_SUCCESS)
                 st = stage_last(x, k - 1);
         }
@@ -438,14 +438,20 @@ hcoll_status_t hc_coll_run_rsag(hc_coll_t *co, const hc_coll_args_t *a, hcoll_st
     if (st != HCOLL_SUCCESS)
         return st;
     const size_t npieces = (x.B + x.P - 1) / x.P;
+    /* A void on this rail goes on to the end, the node told (coll_rail.c);
+     * the all-gather's last stage is a node step, the reduce-scatter's
+     * a copy. */
+    hc_coll_void_t v = { HCOLL_SUCCESS };
     if (x.threaded && npieces > 1)
-        return run_pipelined(&x, npieces);
+        return hc_coll_rail_end(co, &v, run_pipelined(&x, npieces, &v), !x.rs && x.use_intra);
     for (size_t k = 0; k < npieces && st == HCOLL_SUCCESS; k++) {
         st = stage_first(&x, k);
-        if (st == HCOLL_SUCCESS && x.use_ring)
-            st = ring_here(&x, k);
+        if (st == HCOLL_SUCCESS && x.use_ring) {
+            const uint64_t voided = hc_ring_voided(co->ring);
+            st = hc_coll_rail_ran(co, ring_here(&x, k), voided, &v);
+        }
         if (st == HCOLL_SUCCESS)
             st = stage_last(&x, k);
     }
-    return st;
+    return hc_coll_rail_end(co, &v, st, !x.rs && x.use_intra);
 }

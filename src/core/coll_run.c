@@ -142,6 +142,7 @@ static hcoll_status_t run_3stage(hc_coll_t *co, const hc_coll_args_t *rq, hcoll_
     uint64_t pending_id = 0;
     size_t pending_off = 0, pending_n = 0;
     int have_pending = 0;
+    hc_coll_void_t v = { HCOLL_SUCCESS }; /* a void on this rail (coll_rail.c) */
 
     for (size_t k = 0; k <= npieces; k++) {
         if (k < npieces) {
@@ -167,7 +168,7 @@ static hcoll_status_t run_3stage(hc_coll_t *co, const hc_coll_args_t *rq, hcoll_
                                           (uint32_t)co->opseq };
             uint64_t id = hc_ringthr_post(co->ringthr, &job);
             if (have_pending) {
-                rst = hc_ringthr_wait(co->ringthr, pending_id, &tm->inter_us);
+                rst = hc_coll_rail_wait(co, pending_id, &tm->inter_us, &v);
                 if (rst != HCOLL_SUCCESS) {
                     st = rst;
                     /* Let the ring thread finish the job just posted (it
@@ -189,7 +190,7 @@ static hcoll_status_t run_3stage(hc_coll_t *co, const hc_coll_args_t *rq, hcoll_
             pending_n = n;
             have_pending = 1;
         } else if (have_pending) {
-            st = hc_ringthr_wait(co->ringthr, pending_id, &tm->inter_us);
+            st = hc_coll_rail_wait(co, pending_id, &tm->inter_us, &v);
             if (st != HCOLL_SUCCESS)
                 break;
             t = hc_now_us();
@@ -198,7 +199,7 @@ static hcoll_status_t run_3stage(hc_coll_t *co, const hc_coll_args_t *rq, hcoll_
             tm->intra_ag_us += hc_now_us() - t;
         }
     }
-    return st;
+    return hc_coll_rail_end(co, &v, st, 1);
 }
 
 /* Recursive doubling (algo.c): the fused intra step where there is one,

@@ -18,6 +18,7 @@ typedef struct ring_job {
     atomic_size_t *landed; /* hc_ringthr_post_watched, else NULL */
     double busy_us; /* written by the ring thread */
     hcoll_status_t st; /* the job's own status, under lock */
+    int voided; /* st is a void operation's (not sticky), under lock */
 } ring_job_t;
 
 struct hc_ringthr {
@@ -57,10 +58,10 @@ static void *ringthr_main(void *arg)
 
         pthread_mutex_lock(&t->lock);
         job->st = st;
+        job->voided = st != HCOLL_SUCCESS && hc_ring_voided(t->ring) != voided;
         /* A void operation failed that job on every rank alike and left
          * the ring in step: not sticky. */
-        if (st != HCOLL_SUCCESS && t->status == HCOLL_SUCCESS &&
-            hc_ring_voided(t->ring) == voided)
+        if (st != HCOLL_SUCCESS && t->status == HCOLL_SUCCESS && !job->voided)
             t->status = st;
         t->done = ++next;
         pthread_cond_broadcast(&t->cond);
@@ -120,6 +121,14 @@ hcoll_status_t hc_ringthr_wait(hc_ringthr_t *t, uint64_t id, double *inter_us)
     hcoll_status_t st = t->status != HCOLL_SUCCESS ? t->status : t->jobs[id % HC_RINGTHR_JOBS].st;
     pthread_mutex_unlock(&t->lock);
     return st;
+}
+
+int hc_ringthr_voided(hc_ringthr_t *t, uint64_t id)
+{
+    pthread_mutex_lock(&t->lock);
+    int v = t->done > id && t->status == HCOLL_SUCCESS && t->jobs[id % HC_RINGTHR_JOBS].voided;
+    pthread_mutex_unlock(&t->lock);
+    return v;
 }
 
 int hc_ringthr_test(hc_ringthr_t *t, uint64_t id)

@@ -40,6 +40,11 @@ uint64_t hc_ringthr_post_watched(hc_ringthr_t *t, const hc_ringdrv_op_t *job,
  * to *inter_us. */
 hcoll_status_t hc_ringthr_wait(hc_ringthr_t *t, uint64_t id, double *inter_us);
 
+/* After hc_ringthr_wait(id) failed: whether job id was a void operation
+ * (hc_ring_voided: every rank of this rail failed it alike, the ring
+ * went on in step) rather than the ring's failure. Before the next post. */
+int hc_ringthr_voided(hc_ringthr_t *t, uint64_t id);
+
 /* Whether job id is done (waited for or not); never blocks. */
 int hc_ringthr_test(hc_ringthr_t *t, uint64_t id);
 

@@ -247,6 +247,11 @@ int hc_ring_registers(const hc_ring_t *ring, size_t count, hcoll_dtype_t dtype, 
  * sees it grow over a failed call knows every rank of the ring failed
  * that call alike. 0 for NULL. */
 uint64_t hc_ring_voided(const hc_ring_t *ring);
+/* The communicator rank that could not register in the last voided
+ * operation (this rank's own where it refused), -1 where no position came
+ * with the notice or nothing was voided. Read after the operation ended,
+ * from the thread that waited for it. */
+int hc_ring_void_rank(const hc_ring_t *ring);
 /* The ring's sticky error (HCOLL_SUCCESS while it works); NULL: success. */
 hcoll_status_t hc_ring_error(const hc_ring_t *ring);
 

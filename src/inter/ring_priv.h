@@ -158,6 +158,7 @@ struct hc_ring {
     uint8_t desc_seen[16];
     uint32_t desc_void[16]; /* an early descriptor's void notice (0: none) */
     uint64_t nvoid;       /* operations voided (hc_ring_voided) */
+    int void_rank;        /* hc_ring_void_rank */
     uint32_t early[EARLY_MAX];
     int nearly;
     size_t puts_out;

@@ -149,13 +149,14 @@ hcoll_status_t hc_ring_void_end(hc_ring_t *r)
      * wait for bytes that will never come: it is a failed call. */
     if (o->landed)
         atomic_store_explicit(o->landed, o->count * o->esize, memory_order_release);
+    r->void_rank = o->void_pos == 0xffff ? -1 : hc_tp_rank(&r->p.tp, o->void_pos);
     if (o->void_self)
         return o->void_st; /* recorded by the registration */
     char who[32];
-    if (o->void_pos == 0xffff)
+    if (r->void_rank < 0)
         snprintf(who, sizeof who, "a rank");
     else
-        snprintf(who, sizeof who, "rank %d", hc_tp_rank(&r->p.tp, o->void_pos));
+        snprintf(who, sizeof who, "rank %d", r->void_rank);
     return hc_err_set(RING_ERRBUF(r), HC_NET, RING_LOGRANK(r), o->void_st,
                       "ring: %s could not take part in operation %llu: registering its buffers "
                       "failed there (%s; its own message says why); every rank of the ring fails "
@@ -166,6 +167,11 @@ hcoll_status_t hc_ring_void_end(hc_ring_t *r)
 uint64_t hc_ring_voided(const hc_ring_t *r)
 {
     return r ? r->nvoid : 0;
+}
+
+int hc_ring_void_rank(const hc_ring_t *r)
+{
+    return r && r->nvoid ? r->void_rank : -1;
 }
 
 hcoll_status_t hc_ring_error(const hc_ring_t *r)

@@ -51,3 +51,16 @@ void hc_intra_poison(hc_intra_t *ctx)
     if (ctx && ctx->ops && ctx->ops->poison)
         ctx->ops->poison(ctx);
 }
+
+void hc_intra_note_set(hc_intra_t *ctx, uint32_t note)
+{
+    if (ctx && ctx->ops && ctx->ops->note_set)
+        ctx->ops->note_set(ctx, note);
+}
+
+uint32_t hc_intra_note_take(hc_intra_t *ctx)
+{
+    if (ctx && ctx->ops && ctx->ops->note_take)
+        return ctx->ops->note_take(ctx);
+    return 0;
+}

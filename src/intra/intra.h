@@ -178,6 +178,15 @@ struct hc_intra_ops {
     hcoll_status_t (*agree)(hc_intra_t *ctx, int64_t *words, int nwords, const void *sendbuf,
                             void *recvbuf, size_t count, hcoll_dtype_t dtype, hcoll_op_t op,
                             int *data_ok);
+    /* Optional (NULL: the backend carries no note). A word that rides on
+     * every step this rank publishes from now on (0: none), at no extra
+     * synchronisation: the three-stage plan's rail that voided an
+     * operation tells the node's other ranks through the steps that follow
+     * (core/coll_pin.c). Not thread-safe with the backend's calls. */
+    void (*note_set)(hc_intra_t *ctx, uint32_t note);
+    /* The first non-zero note seen on another local rank's steps that this
+     * rank consumed since the last take (0: none); clears it. */
+    uint32_t (*note_take)(hc_intra_t *ctx);
 };
 
 /* Every backend's object starts with this, so the generic helpers below can
@@ -222,6 +231,9 @@ hcoll_status_t hc_intra_health(hc_intra_t *ctx, const char *what);
 hcoll_status_t hc_intra_alive(hc_intra_t *ctx, const char *what);
 /* ctx->ops->poison; NULL is a no-op. */
 void hc_intra_poison(hc_intra_t *ctx);
+/* ctx->ops->note_set / note_take; a no-op / 0 where the backend has none. */
+void hc_intra_note_set(hc_intra_t *ctx, uint32_t note);
+uint32_t hc_intra_note_take(hc_intra_t *ctx);
 void hc_intra_destroy(hc_intra_t *ctx);
 
 #endif

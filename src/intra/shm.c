@@ -412,6 +412,21 @@ out:
     return st;
 }
 
+/* The note rides in each step's descriptor (shm.h), read where the
+ * descriptors are checked: every step of every other rank is consumed. */
+static void shm_note_set(hc_intra_t *ctx, uint32_t note)
+{
+    ((hc_shm_t *)ctx)->note_out = note;
+}
+
+static uint32_t shm_note_take(hc_intra_t *ctx)
+{
+    hc_shm_t *s = (hc_shm_t *)ctx;
+    const uint32_t n = s->note_in;
+    s->note_in = 0;
+    return n;
+}
+
 const hc_intra_ops_t hc_intra_shm_ops = {
     .name = "shm",
     .create = hc_shm_create,
@@ -430,4 +445,6 @@ const hc_intra_ops_t hc_intra_shm_ops = {
     .poison = hc_shm_poison_op,
     .scatter = hc_shm_scatter,
     .bcast = hc_shm_bcast,
+    .note_set = shm_note_set,
+    .note_take = shm_note_take,
 };

@@ -37,7 +37,8 @@ enum { HC_SHM_ST_NONE = 0, HC_SHM_ST_ATTACHED = 1, HC_SHM_ST_LEFT = 2, HC_SHM_ST
 typedef struct hc_shm_desc {
     uint64_t step;
     uint64_t count;
-    uint32_t kind, dtype, op, pad;
+    uint32_t kind, dtype, op;
+    uint32_t note; /* the owner's note (intra.h note_set), 0: none */
 } hc_shm_desc_t;
 
 typedef struct hc_shm_rank {
@@ -98,6 +99,8 @@ typedef struct hc_shm {
     int spins;           /* spin iterations before yielding */
     int aborted;         /* atomic: hc_intra_abort was called here */
     hcoll_status_t broken; /* a call failed: every later call fails alike */
+    uint32_t note_out;   /* published with every step (note_set) */
+    uint32_t note_in;    /* first other rank's note consumed (note_take) */
     int *pidfd;          /* per local rank; -1: none (self, or fallback) */
     pid_t *pid;          /* per local rank; 0: liveness unknown (other pid ns) */
     char name[NAME_MAX + 1];

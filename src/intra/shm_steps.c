@@ -254,6 +254,7 @@ static hcoll_status_t hc_shm_publish(hc_shm_t *s, const hc_shm_call_t *c, uint64
     d->kind = (uint32_t)c->kind;
     d->dtype = (uint32_t)c->dtype;
     d->op = (uint32_t)c->op;
+    d->note = s->note_out;
     __atomic_store_n(&s->hdr->ranks[s->lrank].posted, g + 1, __ATOMIC_SEQ_CST);
     hc_shm_wake(s->hdr);
     return HCOLL_SUCCESS;
@@ -284,6 +285,8 @@ static hcoll_status_t hc_shm_check_desc(hc_shm_t *s, const hc_shm_call_t *c, uin
                               hcoll_dtype_name(c->dtype), hcoll_op_name(c->op),
                               (unsigned long long)g);
         }
+        if (d->note && !s->note_in)
+            s->note_in = d->note;
     }
     return HCOLL_SUCCESS;
 }
