@@ -815,6 +815,89 @@ START_TEST(budget_puts_chained)
 }
 END_TEST
 
+/* ---- host all-reduces of unregistered buffers register nothing per call -- */
+
+#define UNREG_CALLS 100
+#define UNREG_COUNT (256 * 1024 + 7) /* int32, about 1 MiB: three stages on 2x2 */
+
+typedef struct unreg_arg {
+    hct_id_slot_t slot;
+    uint64_t regs[6]; /* per rank, over the UNREG_CALLS calls */
+} unreg_arg_t;
+
+/* UNREG_CALLS all-reduces of a malloc'ed buffer nobody registered (a
+ * fresh one each call, freed after it, so an address may come back),
+ * after one call of warm-up: hcoll_rdma_counters' registrations must not
+ * grow with the calls, and every result must be exact. */
+static int rank_unreg(int rank, int n, void *argp)
+{
+    unreg_arg_t *a = argp;
+    setenv("HCOLL_SOCKET_IFNAME", "=lo", 1);
+    setenv("HCMOCK_IB_REG_PAGE_NS", "250", 1); /* a registration costs per page */
+    hcoll_unique_id_t id;
+    hcoll_config_t cfg = HCOLL_CONFIG_INITIALIZER;
+    cfg.net = "ib";
+    cfg.timeout_ms = 20000;
+    HCT_REQUIRE(hct_share_unique_id(&a->slot, rank, 20000, &id) == 0, "no unique id");
+    hcoll_comm_t comm;
+    HCT_OK(NULL, hcoll_comm_init(&comm, n, rank, &id, &cfg));
+    hcoll_rdma_counters_t c0 = HCOLL_RDMA_COUNTERS_INITIALIZER, c1 = c0;
+    for (int it = 0; it <= UNREG_CALLS; it++) {
+        if (it == 1)
+            HCT_OK(comm, hcoll_rdma_counters(&c0));
+        int32_t *in = malloc(UNREG_COUNT * sizeof *in), *out = malloc(UNREG_COUNT * sizeof *out);
+        HCT_REQUIRE(in && out, "no memory");
+        for (size_t i = 0; i < UNREG_COUNT; i++)
+            in[i] = (int32_t)(rank * 31 + (int)(i % 977) + it);
+        HCT_OK(comm, hcoll_allreduce(comm, in, out, UNREG_COUNT, HCOLL_INT32, HCOLL_SUM, NULL));
+        for (size_t i = 0; i < UNREG_COUNT; i++) {
+            int32_t want = 0;
+            for (int r = 0; r < n; r++)
+                want += (int32_t)(r * 31 + (int)(i % 977) + it);
+            HCT_REQUIRE(out[i] == want, "rank %d: call %d: [%zu] = %d, want %d", rank, it, i,
+                        out[i], want);
+        }
+        free(in);
+        free(out);
+    }
+    HCT_OK(comm, hcoll_rdma_counters(&c1));
+    a->regs[rank] = c1.registrations - c0.registrations;
+    HCT_OK(comm, hcoll_comm_destroy(comm));
+    return 0;
+}
+
+static void run_unreg(int nranks, int per_node)
+{
+    unreg_arg_t *a = hct_shared_alloc(sizeof *a);
+    ck_assert_ptr_nonnull(a);
+    hct_opts_t o = { .nranks = nranks, .ranks_per_node = per_node, .timeout_ms = 80000 };
+    hct_result_t res[6];
+    int bad = hct_run(&o, rank_unreg, a, res);
+    ck_assert_msg(bad == 0, "%d rank(s) failed (see stderr)", bad);
+    for (int r = 0; r < nranks; r++) {
+        fprintf(stderr, "%dx%d rank %d: %llu registration(s) over %d all-reduces of %zu bytes\n",
+                nranks / per_node, per_node, r, (unsigned long long)a->regs[r], UNREG_CALLS,
+                UNREG_COUNT * sizeof(int32_t));
+        ck_assert_msg(a->regs[r] <= 2,
+                      "rank %d: %llu registrations over %d all-reduces of an unregistered host "
+                      "buffer: they grow with the calls",
+                      r, (unsigned long long)a->regs[r], UNREG_CALLS);
+    }
+    hct_shared_free(a, sizeof *a);
+}
+
+START_TEST(budget_host_unregistered_2x2)
+{
+    run_unreg(4, 2);
+}
+END_TEST
+
+START_TEST(budget_host_unregistered_3x1)
+{
+    run_unreg(3, 1);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("ib_budget");
@@ -827,6 +910,8 @@ static Suite *suite(void)
     tcase_add_test(t, budget_puts_chained);
     tcase_add_test(t, budget_long_wait_sleeps);
     tcase_add_test(t, budget_ring_offsets_aligned);
+    tcase_add_test(t, budget_host_unregistered_2x2);
+    tcase_add_test(t, budget_host_unregistered_3x1);
     suite_add_tcase(s, t);
     return s;
 }

@@ -68,8 +68,11 @@ static hcoll_status_t pin_3stage_shards(hc_coll_pins_t *s, const hc_coll_args_t 
         const size_t n = a->count - off < piece ? a->count - off : piece;
         size_t soff, slen;
         hc_intra_shard(n, L, c->local_rank, &soff, &slen);
-        if (hc_ring_registers(co->ring, slen, a->dtype, HC_RING_PHASE_ALLREDUCE))
-            st = pins_add(s, (unsigned char *)a->recvbuf + (off + soff) * es, slen * es);
+        unsigned char *shard = (unsigned char *)a->recvbuf + (off + soff) * es;
+        if (hc_ring_stages(co->ring, shard, shard, slen, a->dtype, HC_RING_PHASE_ALLREDUCE))
+            st = hc_ring_stage_reserve(co->ring, slen * es); /* nothing of the caller's */
+        else if (hc_ring_registers(co->ring, slen, a->dtype, HC_RING_PHASE_ALLREDUCE))
+            st = pins_add(s, shard, slen * es);
     }
     return st;
 }
@@ -86,6 +89,10 @@ static hcoll_status_t pin_allreduce(hc_coll_pins_t *s, const hc_coll_args_t *a)
         return pin_3stage_shards(s, a);
     if (!hc_ring_registers(co->ring, a->count, a->dtype, HC_RING_PHASE_ALLREDUCE))
         return HCOLL_SUCCESS;
+    /* The ring and flat plans send from sendbuf itself (unscaled). */
+    const void *send = co->plan != HC_PLAN_3STAGE && !a->ro.scaled ? a->sendbuf : a->recvbuf;
+    if (hc_ring_stages(co->ring, send, a->recvbuf, a->count, a->dtype, HC_RING_PHASE_ALLREDUCE))
+        return hc_ring_stage_reserve(co->ring, bytes);
     hcoll_status_t st = pins_add(s, a->recvbuf, bytes);
     /* The ring and flat plans send from sendbuf itself (unscaled). */
     if (st == HCOLL_SUCCESS && co->plan != HC_PLAN_3STAGE && !a->ro.scaled &&

@@ -42,6 +42,8 @@ static hcoll_status_t op_drained(hc_ring_t *r)
 static void op_finish(hc_ring_t *r)
 {
     ring_op_t *o = &r->op;
+    if (o->user_recv) /* the stage's registration stays */
+        o->send_mr = o->recv_mr = NULL;
     if (o->send_mr && o->send_mr != o->recv_mr)
         r->ops->mr_dereg(r->tr, o->send_mr);
     if (o->recv_mr)
@@ -190,6 +192,77 @@ clean_active:
     return ring_fail(r, st);
 }
 
+/* ---- the stage (ring.h, HC_RING_STAGE_MAX) -------------------------------- */
+
+static int stage_wanted(const hc_ring_t *r, const void *send, const void *recv, size_t bytes,
+                        int phase)
+{
+    return phase == HC_RING_PHASE_ALLREDUCE && bytes > 0 && bytes <= HC_RING_STAGE_MAX &&
+           r->ops->mem_pinned &&
+           !(r->ops->mem_pinned(r->tr, recv, bytes) &&
+             (send == recv || r->ops->mem_pinned(r->tr, send, bytes)));
+}
+
+int hc_ring_stages(const hc_ring_t *r, const void *sendbuf, const void *recvbuf, size_t count,
+                   hcoll_dtype_t dtype, int phase)
+{
+    return hc_ring_registers(r, count, dtype, phase) &&
+           stage_wanted(r, sendbuf, recvbuf, count * hcoll_dtype_size(dtype), phase);
+}
+
+hcoll_status_t hc_ring_stage_reserve(hc_ring_t *r, size_t bytes)
+{
+    if (!r || bytes <= r->stage_cap || bytes > HC_RING_STAGE_MAX || !r->ops->mem_pinned)
+        return HCOLL_SUCCESS;
+    /* Whole 64 KiB, at least twice the last size: a few growths at most. */
+    size_t cap = r->stage_cap * 2 > bytes ? r->stage_cap * 2 : bytes;
+    cap = (cap + 65535) & ~(size_t)65535;
+    if (cap > HC_RING_STAGE_MAX)
+        cap = HC_RING_STAGE_MAX;
+    char *p = aligned_alloc(4096, cap);
+    if (!p)
+        return hc_err_set(RING_ERRBUF(r), HC_NET, RING_LOGRANK(r), HCOLL_ERR_NO_MEMORY,
+                          "ring: no memory for a stage of %zu bytes", cap);
+    hc_mr_t *mr = NULL;
+    hc_rkey_t rk;
+    hcoll_status_t st = r->ops->mr_reg(r->tr, p, cap, &mr, &rk);
+    if (st != HCOLL_SUCCESS) {
+        free(p);
+        return st;
+    }
+    if (r->stage_mr)
+        r->ops->mr_dereg(r->tr, r->stage_mr);
+    free(r->stage);
+    r->stage = p;
+    r->stage_cap = cap;
+    r->stage_mr = mr;
+    r->stage_rkey = rk;
+    return HCOLL_SUCCESS;
+}
+
+/* Run the operation in the stage: sendbuf copied in, recv kept for the
+ * end (op_stage_out); the stage's registration serves both sides. */
+static hcoll_status_t op_stage_in(hc_ring_t *r, size_t bytes, hc_rkey_t *rkey_out)
+{
+    ring_op_t *o = &r->op;
+    hcoll_status_t st = hc_ring_stage_reserve(r, bytes);
+    if (st != HCOLL_SUCCESS)
+        return st;
+    memcpy(r->stage, o->send, bytes);
+    o->user_recv = o->recv;
+    o->send = o->recv = r->stage;
+    o->send_mr = o->recv_mr = r->stage_mr;
+    *rkey_out = r->stage_rkey;
+    return HCOLL_SUCCESS;
+}
+
+static void op_stage_out(hc_ring_t *r)
+{
+    ring_op_t *o = &r->op;
+    if (o->user_recv && !o->voided)
+        memcpy(o->user_recv, r->stage, o->count * o->esize);
+}
+
 /* The chunked ring: both buffers registered, prev told where my output
  * is (its all-gather writes straight there), then the first chunks. */
 static hcoll_status_t start_chunked(hc_ring_t *r)
@@ -200,8 +273,14 @@ static hcoll_status_t start_chunked(hc_ring_t *r)
     hc_rkey_t recv_rkey;
     /* A refused registration voids the operation (ring_void.c) instead of
      * breaking the ring: the neighbours are in it already. */
-    hcoll_status_t reg = r->ops->mr_reg(r->tr, o->recv, bytes, &o->recv_mr, &recv_rkey);
-    if (reg == HCOLL_SUCCESS && o->send == o->recv) {
+    hcoll_status_t reg;
+    if (!o->dev && !o->bcast && stage_wanted(r, o->send, o->recv, bytes, o->phase))
+        reg = op_stage_in(r, bytes, &recv_rkey);
+    else
+        reg = r->ops->mr_reg(r->tr, o->recv, bytes, &o->recv_mr, &recv_rkey);
+    if (reg == HCOLL_SUCCESS && o->user_recv) {
+        /* both in the stage */
+    } else if (reg == HCOLL_SUCCESS && o->send == o->recv) {
         o->send_mr = o->recv_mr;
     } else if (reg == HCOLL_SUCCESS) {
         reg = r->ops->mr_reg(r->tr, (void *)o->send, bytes, &o->send_mr, NULL);
@@ -474,6 +553,7 @@ hcoll_status_t hc_ring_progress(hc_ring_t *r, int wait_ms, int *done_out)
     }
     HC_CHECK(op_drained(r), out);
     st = r->op.voided ? hc_ring_void_end(r) : HCOLL_SUCCESS; /* not sticky */
+    op_stage_out(r);
     op_finish(r);
     *done_out = 1;
     return st;

@@ -124,6 +124,7 @@ typedef struct ring_op {
     int void_pos;        /* ring position of the rank that failed (0xffff: ?) */
     hcoll_status_t void_st; /* its status */
     int void_self;       /* this rank is the one (its error is recorded) */
+    char *user_recv;     /* staged: the caller's recvbuf (recv is the stage) */
     uint32_t slot_landed[HC_RING_MAX_SLOTS]; /* gated: messages landed per slot */
 } ring_op_t;
 
@@ -159,6 +160,12 @@ struct hc_ring {
     uint32_t desc_void[16]; /* an early descriptor's void notice (0: none) */
     uint64_t nvoid;       /* operations voided (hc_ring_voided) */
     int void_rank;        /* hc_ring_void_rank */
+    /* The stage (ring_op.c): host all-reduces run here instead of in the
+     * caller's buffers, registered once, grown to the largest seen. */
+    char *stage;
+    size_t stage_cap;
+    hc_mr_t *stage_mr;
+    hc_rkey_t stage_rkey;
     uint32_t early[EARLY_MAX];
     int nearly;
     size_t puts_out;

@@ -168,6 +168,7 @@ void hc_ring_destroy(hc_ring_t *r)
         r->tr = NULL;
     }
     hc_ring_live_close(r, graceful);
+    free(r->stage); /* its registration went with the transport */
     free(r->flags);
     free(r->gbuf);
     free(r->ctrl);

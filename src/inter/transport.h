@@ -206,6 +206,12 @@ typedef struct hc_transport_ops {
      * is an orderly goodbye; otherwise reset the connections so that peers
      * notice a failure at once. NULL is a no-op. */
     void (*destroy)(hc_transport_t *tr, int graceful);
+
+    /* Optional (NULL: never). 1 when [base, base+len) of host memory lies
+     * inside a registration someone holds now (mem_pin: hcoll_mem_register),
+     * so that mr_reg of it would register nothing; idle cache entries (of
+     * memory that may have been freed) do not count. Changes nothing. */
+    int (*mem_pinned)(hc_transport_t *tr, const void *base, size_t len);
 } hc_transport_ops_t;
 
 /* What the selector needs to know about this rank (select.c). */

@@ -226,6 +226,7 @@ const hc_transport_ops_t hc_ib_ops = {
     .put = ib_put,
     .poll = ib_poll,
     .destroy = ib_destroy,
+    .mem_pinned = ib_mem_pinned,
 };
 
 #else /* !HCOLL_BUILD_VERBS */

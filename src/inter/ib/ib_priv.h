@@ -321,6 +321,7 @@ void ib_mr_dereg(hc_transport_t *tr, hc_mr_t *h);
 void ib_mr_free_handles(hc_transport_t *tr);
 /* The transport's mem_pin / mem_unpin: a cache entry held until unpinned. */
 hcoll_status_t ib_mem_pin(hc_transport_t *tr, void *base, size_t len, hc_mr_t **pin_out);
+int ib_mem_pinned(hc_transport_t *tr, const void *base, size_t len);
 void ib_mem_unpin(hc_transport_t *tr, hc_mr_t *pin);
 /* The cache's deregistration callback (ctx: the transport). */
 void ib_mrc_dereg(void *ctx, hc_mrc_entry_t *e);

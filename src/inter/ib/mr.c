@@ -496,4 +496,18 @@ void ib_mem_unpin(hc_transport_t *tr, hc_mr_t *pin)
     ib_mr_dereg(tr, pin);
 }
 
+/* A held (refs > 0) remote-access host entry covering the range: the
+ * cache's own test, without taking a reference or counting a hit. */
+int ib_mem_pinned(hc_transport_t *tr, const void *base, size_t len)
+{
+    const char *b = base;
+    for (const hc_mrc_entry_t *e = tr->mrc.list; e; e = e->next) {
+        const char *eb = e->base;
+        if (e->refs > 0 && e->gen == 0 && (e->flags & HC_MRC_REMOTE) && b >= eb &&
+            len <= e->len && (size_t)(b - eb) <= e->len - len)
+            return 1;
+    }
+    return 0;
+}
+
 #endif /* HCOLL_BUILD_VERBS */
