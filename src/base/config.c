@@ -184,6 +184,13 @@ static const hc_knob_t knobs[] = {
       "While a large payload arrives, wake the receiving thread once per this many bytes "
       "(SO_RCVLOWAT, at most what is left of the payload and a quarter of the receive "
       "buffer) instead of once per segment or two; 0 leaves the socket's default." },
+    /* The all-reduce's crossovers under HCOLL_ALGO=auto (core/algo_model.c). */
+    { "HCOLL_ALGO_MODEL", HC_KNOB_STR, "probe", 0, 0, NULL, 0, 0, OFF(algo_model),
+      "Where HCOLL_ALGO=auto takes the all-reduce's crossovers from: probe (time recursive "
+      "doubling across nodes at init, a few ms, and choose rd or the ring by an alpha-beta "
+      "cost model of the measured latency and bandwidth), table (the fixed crossover "
+      "table), or ALPHA_US:MBPS (the model with this latency per message, microseconds, and "
+      "this bandwidth per rank, MB/s, without the probe). Must be equal on every rank." },
 };
 
 #undef OFF

@@ -535,6 +535,14 @@ static hcoll_status_t knobs_agree(hc_coll_t *co)
     return st;
 }
 
+/* The model's limits (algo_model.c), compared again: they derive from
+ * figures every rank gathered, so they cannot differ unless a knob does. */
+static hcoll_status_t algo_tune(hc_coll_t *co)
+{
+    hcoll_status_t st = hc_coll_algo_tune(co);
+    return st == HCOLL_SUCCESS && co->model.chosen ? knobs_agree(co) : st;
+}
+
 static hcoll_status_t ring_setup(hc_coll_t *co, int nmembers, int position)
 {
     struct hcoll_comm *c = co->comm;
@@ -617,6 +625,13 @@ hcoll_status_t hc_coll_create(struct hcoll_comm *c)
         st = hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG, "%s", amsg);
         goto out;
     }
+    if (hc_algo_model_parse(c->params.algo_model, &co->model) != 0) {
+        st = hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
+                        "HCOLL_ALGO_MODEL: bad value '%s' (expected probe, table or "
+                        "ALPHA_US:MBPS, e.g. 50:117)",
+                        c->params.algo_model);
+        goto out;
+    }
 
     if (c->rank == 0)
         HC_INFO(HC_INIT, c->rank, "all-reduce plan: %s (%d nodes x %d ranks%s)",
@@ -667,11 +682,13 @@ hcoll_status_t hc_coll_create(struct hcoll_comm *c)
         for (int r = 0; r < c->nranks; r++)
             co->ring_ag.members[r] = r;
         HC_CHECK(ring_setup(co, c->nranks, c->rank), out);
+        HC_CHECK(algo_tune(co), out);
     } else if (co->plan == HC_PLAN_3STAGE) {
         HC_CHECK(group_init(&co->ring_ag, c, c->nnodes), out);
         for (int n = 0; n < c->nnodes; n++)
             co->ring_ag.members[n] = hc_comm_rank_at(c, n, c->local_rank);
         HC_CHECK(ring_setup(co, c->nnodes, c->node), out);
+        HC_CHECK(algo_tune(co), out);
         const hc_ringdrv_env_t env = { &c->aborted, &c->err, c->rank,
                                        "the inter-node stage", co->intra, co->dissem };
         HC_CHECK(hc_ringthr_start(co->ring, &env, &co->ringthr), out);
