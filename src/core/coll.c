@@ -513,18 +513,24 @@ static const hc_iface_t *rail_iface(const struct hcoll_comm *c, int r)
 static hcoll_status_t knobs_agree(hc_coll_t *co)
 {
     struct hcoll_comm *c = co->comm;
-    static const char *const names[4] = { "HCOLL_SMALL_BYTES", "HCOLL_CHECK_ARGS",
+    static const char *const names[5] = { "HCOLL_SMALL_BYTES", "HCOLL_CHECK_ARGS",
                                           "HCOLL_ALGO's rd limit",
-                                          "the agreement's inline limit (HCOLL_ALGO=ring: 0)" };
-    uint64_t mine[4] = { co->small_bytes, (uint64_t)co->check_args, co->algo.rd_max,
-                         co->inline_max };
-    uint64_t(*all)[4] = calloc((size_t)c->nranks, sizeof *all);
+                                          "the agreement's inline limit (HCOLL_ALGO=ring: 0)",
+                                          "HCOLL_ALGO_MODEL (hashed)" };
+    /* Ranks that disagree on the model would not all probe: its hash. */
+    uint64_t model = (uint64_t)co->model.mode * 0x9e3779b97f4a7c15ull;
+    for (const unsigned char *p = (const unsigned char *)c->params.algo_model;
+         co->model.mode == HC_MODEL_GIVEN && *p; p++)
+        model = (model ^ *p) * 0x100000001b3ull;
+    uint64_t mine[5] = { co->small_bytes, (uint64_t)co->check_args, co->algo.rd_max,
+                         co->inline_max, model };
+    uint64_t(*all)[5] = calloc((size_t)c->nranks, sizeof *all);
     if (!all)
         return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_NO_MEMORY,
                           "no memory for the set-up exchange");
     hcoll_status_t st = hc_boot_allgather(c->boot, mine, all, sizeof mine);
     for (int r = 0; st == HCOLL_SUCCESS && r < c->nranks; r++)
-        for (int k = 0; st == HCOLL_SUCCESS && k < 4; k++)
+        for (int k = 0; st == HCOLL_SUCCESS && k < 5; k++)
             if (all[r][k] != mine[k])
                 st = hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_MISMATCH,
                                 "%s is %llu on rank %d but %llu on rank %d; it must be equal "
