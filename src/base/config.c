@@ -165,8 +165,8 @@ static const hc_knob_t knobs[] = {
       "For tests: every set gives the same bits." },
     /* Algorithm choice by size (core/algo.c, inter/rd.c). */
     { "HCOLL_ALGO", HC_KNOB_STR, "auto", 0, 0, NULL, 0, 0, OFF(algo),
-      "All-reduce algorithm across nodes: auto (the measured crossover table: recursive "
-      "doubling up to it, the ring above), ring, rd, or rd:SIZE (rd up to SIZE bytes); each "
+      "All-reduce algorithm across nodes: auto (recursive doubling up to the limit "
+      "HCOLL_ALGO_MODEL sets, the ring above), ring, rd, or rd:SIZE (rd up to SIZE bytes); each "
       "may be written allreduce=... . Broadcast: broadcast=auto (the tree up to the table's "
       "crossover, the chain above), tree, chain or tree:SIZE, in a comma list with the "
       "all-reduce's. Must be equal on every rank." },

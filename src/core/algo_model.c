@@ -37,8 +37,9 @@
 #include "inter/rd.h"
 
 #define PROBE_SMALL 64u          /* bytes: alpha */
-#define PROBE_BIG   (128u << 10) /* bytes: beta (past a shaper's burst of ~1 ms at 1 Gbit/s) */
-#define PROBE_REPS  5            /* timed, after one warm-up; the fastest (load only adds) */
+#define PROBE_BIG   (256u << 10) /* bytes: beta, at the largest size rd may get (one slot) */
+#define PROBE_REPS  9            /* small ones timed, after one warm-up; the median */
+#define PROBE_BIG_REPS 3         /* big ones (each after a small one) */
 #define BETA_MAX    1e6          /* bytes/us: "no bandwidth cost" */
 
 int hc_algo_model_parse(const char *s, hc_algo_model_t *m)
@@ -178,26 +179,27 @@ static hcoll_status_t probe_local(hc_coll_t *co, int nnodes, double out[2])
     if (!buf)
         return hc_err_set(&co->comm->err, HC_COLL, co->comm->rank, HCOLL_ERR_NO_MEMORY,
                           "no memory for the link probe");
-    double small[PROBE_REPS], big[PROBE_REPS], t;
+    double small[PROBE_REPS], big[PROBE_BIG_REPS], t;
     hcoll_status_t st = HCOLL_SUCCESS;
     for (int r = -1; st == HCOLL_SUCCESS && r < PROBE_REPS; r++) {
         if ((st = probe_once(co, buf, PROBE_SMALL / 8, &t)) == HCOLL_SUCCESS && r >= 0)
             small[r] = t;
-        if (st == HCOLL_SUCCESS && (st = probe_once(co, buf, PROBE_BIG / 8, &t)) == HCOLL_SUCCESS &&
-            r >= 0)
+        if (st == HCOLL_SUCCESS && r < PROBE_BIG_REPS &&
+            (st = probe_once(co, buf, PROBE_BIG / 8, &t)) == HCOLL_SUCCESS && r >= 0)
             big[r] = t;
     }
     free(buf);
     if (st != HCOLL_SUCCESS)
         return st;
     const int steps = hc_algo_model_steps(nnodes);
-    double ts = small[0], tb = big[0];
-    for (int r = 1; r < PROBE_REPS; r++) {
-        ts = small[r] < ts ? small[r] : ts;
-        tb = big[r] < tb ? big[r] : tb;
-    }
+    /* Medians: the latency calls typically pay (the fastest of nine is a
+     * lucky one on a loaded host, and made the ring look cheap at 4 KiB). */
+    const double ts = median(small, PROBE_REPS), tb = median(big, PROBE_BIG_REPS);
     out[0] = ts / steps;
-    out[1] = tb > ts ? (PROBE_BIG - PROBE_SMALL) * steps / (tb - ts) : BETA_MAX;
+    /* The bytes' share of the big one's time, at least half of it: a
+     * small one slowed by the load must not make the link look free. */
+    const double tbytes = tb - ts > tb / 2 ? tb - ts : tb / 2;
+    out[1] = tbytes > 0 ? (PROBE_BIG - PROBE_SMALL) * steps / tbytes : BETA_MAX;
     if (out[1] > BETA_MAX)
         out[1] = BETA_MAX;
     return HCOLL_SUCCESS;
