@@ -469,6 +469,12 @@ int rank_main(Rank &r, const std::string &store_dir)
 {
     int rc = 0;
     try {
+        /* An unwritable -J fails before minutes of sweeping, not after. */
+        if (r.rank == 0 && !r.o.json.empty()) {
+            FILE *f = fopen(r.o.json.c_str(), "w");
+            if (!f) throw std::runtime_error("-J " + r.o.json + ": " + strerror(errno));
+            fclose(f);
+        }
         connect(r, store_dir);
         if (r.rank == 0) print_header(r);
         std::vector<Row> rows;
@@ -485,6 +491,14 @@ int rank_main(Rank &r, const std::string &store_dir)
     } catch (const std::exception &e) {
         fprintf(stderr, "gloo_bench: rank %d: %s\n", r.rank, e.what());
         rc = 1;
+#if GLOO_BENCH_MPI
+        /* The others wait in a collective this rank will never enter:
+         * end the job now rather than at mpirun's deadline. */
+        if (r.mpi) {
+            fflush(stdout);
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+#endif
     }
     if (r.comm) hcoll_comm_destroy(r.comm);
     r.ctx.reset();

@@ -30,6 +30,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 out=${out:-bench/sweep-${nodes}x$rails-$rate}
+case $out in /*) ;; *) out=$PWD/$out ;; esac # -J goes to ranks started elsewhere
+mkdir -p "$(dirname "$out")" || exit 1
 [ "$(id -u)" -eq 0 ] || { echo "gloo_cluster: needs root (network namespaces)" >&2; exit 1; }
 [ -x bin/gloo_bench ] && grep -q MPI_Allreduce bin/gloo_bench ||
   { echo "gloo_cluster: bin/gloo_bench not built with MPI (libgloo-dev, Open MPI, make)" >&2; exit 1; }
@@ -63,7 +65,7 @@ for k in $(seq 1 "$reps"); do
     read -r name sizes <<<"$part"
     # shellcheck disable=SC2086
     "$nc" mpirun --deadline 1800 -- "${mpi_args[@]}" "$PWD/bin/gloo_bench" $sizes -f 4 -w 2 \
-      -A hcoll,mpi,gloo --iface rail0 "$@" -J "$PWD/$out-rep$k-$name.json" || exit 1
+      -A hcoll,mpi,gloo --iface rail0 "$@" -J "$out-rep$k-$name.json" || exit 1
     jsons+=("$out-rep$k-$name.json")
   done
 done

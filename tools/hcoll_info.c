@@ -338,6 +338,29 @@ static int tune_bcast(const char *perf, int np, int rpn, uint64_t *cross_out)
     return 0;
 }
 
+/* What HCOLL_ALGO=auto chooses here: the probe's figures and limits, as
+ * rank 0 logs them at init (core/algo_model.c). */
+static void tune_model(const char *perf, int np, int rpn)
+{
+    char cmd[4400], line[1024];
+    snprintf(cmd, sizeof cmd,
+             "HCOLL_ALGO=auto HCOLL_DEBUG=info HCOLL_DEBUG_SUBSYS=INIT '%s' -np %d "
+             "--ranks-per-node %d -b 4K -e 4K -n 1 -w 0 -c 0 2>&1",
+             perf, np, rpn);
+    FILE *f = popen(cmd, "r");
+    if (!f)
+        return;
+    int found = 0;
+    while (fgets(line, sizeof line, f)) {
+        const char *m = strstr(line, "all-reduce model");
+        if (m && !found++)
+            printf("# HCOLL_ALGO=auto: %s", m);
+    }
+    pclose(f);
+    if (!found)
+        printf("# HCOLL_ALGO=auto: no model line (HCOLL_ALGO_MODEL=table, or one node)\n");
+}
+
 static int tune(int np, int rpn)
 {
     char self[4096], perf[4096 + 16];
@@ -377,6 +400,7 @@ static int tune(int np, int rpn)
         nodes == 1 ? HC_PLAN_INTRA : rpn == 1 ? HC_PLAN_RING : HC_PLAN_3STAGE, nodes, rpn);
     printf("# crossover: rd up to %llu bytes (the built-in table says %llu for this layout)\n",
            (unsigned long long)cross, (unsigned long long)dflt);
+    tune_model(perf, np, rpn);
     uint64_t bcross = 0;
     if (tune_bcast(perf, np, rpn, &bcross) != 0)
         return fprintf(stderr, "hcoll_info: --tune: hcoll_perf failed\n"), 1;

@@ -165,8 +165,8 @@ static const hc_knob_t knobs[] = {
       "For tests: every set gives the same bits." },
     /* Algorithm choice by size (core/algo.c, inter/rd.c). */
     { "HCOLL_ALGO", HC_KNOB_STR, "auto", 0, 0, NULL, 0, 0, OFF(algo),
-      "All-reduce algorithm across nodes: auto (the measured crossover table: recursive "
-      "doubling up to it, the ring above), ring, rd, or rd:SIZE (rd up to SIZE bytes); each "
+      "All-reduce algorithm across nodes: auto (recursive doubling up to the limit "
+      "HCOLL_ALGO_MODEL sets, the ring above), ring, rd, or rd:SIZE (rd up to SIZE bytes); each "
       "may be written allreduce=... . Broadcast: broadcast=auto (the tree up to the table's "
       "crossover, the chain above), tree, chain or tree:SIZE, in a comma list with the "
       "all-reduce's. Must be equal on every rank." },
@@ -184,6 +184,13 @@ static const hc_knob_t knobs[] = {
       "While a large payload arrives, wake the receiving thread once per this many bytes "
       "(SO_RCVLOWAT, at most what is left of the payload and a quarter of the receive "
       "buffer) instead of once per segment or two; 0 leaves the socket's default." },
+    /* The all-reduce's crossovers under HCOLL_ALGO=auto (core/algo_model.c). */
+    { "HCOLL_ALGO_MODEL", HC_KNOB_STR, "probe", 0, 0, NULL, 0, 0, OFF(algo_model),
+      "Where HCOLL_ALGO=auto takes the all-reduce's crossovers from: probe (time recursive "
+      "doubling across nodes at init, a few ms, and choose rd or the ring by an alpha-beta "
+      "cost model of the measured latency and bandwidth), table (the fixed crossover "
+      "table), or ALPHA_US:MBPS (the model with this latency per message, microseconds, and "
+      "this bandwidth per rank, MB/s, without the probe). Must be equal on every rank." },
 };
 
 #undef OFF

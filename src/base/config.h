@@ -59,6 +59,7 @@ typedef struct hc_params {
     char algo[HC_PARAM_STR_MAX];          /* HCOLL_ALGO, parsed by core/algo.c */
     int64_t spin_us;                      /* latency path: poll this long before sleeping */
     uint64_t tcp_rcvlowat;                /* TCP: largest SO_RCVLOWAT, 0 = never set */
+    char algo_model[HC_PARAM_STR_MAX];    /* HCOLL_ALGO_MODEL, parsed by core/algo_model.c */
 } hc_params_t;
 
 typedef enum hc_knob_kind {

@@ -194,6 +194,11 @@ size_t hc_algo_rd_seg(const hc_algo_conf_t *conf)
     return (size_t)((s + 63) & ~(uint64_t)63);
 }
 
+size_t hc_algo_rd_seg_max(void)
+{
+    return RD_SEG_MAX;
+}
+
 size_t hc_algo_inline_max(const hc_algo_conf_t *conf, int check_args, size_t chunk_bytes)
 {
     if (!check_args || (conf->forced && conf->rd_max == 0))
@@ -212,9 +217,11 @@ hcoll_status_t hc_coll_rd_setup(hc_coll_t *co, const hc_transport_ops_t *ops,
                                 const hc_transport_params_t *tp, hc_allgather_fn allgather,
                                 void *ag_ctx, int op_timeout_ms)
 {
-    if (co->algo.rd_max == 0 && !co->check_args)
+    const int model = !co->algo.forced && co->model.mode != HC_MODEL_TABLE;
+    if (co->algo.rd_max == 0 && !co->check_args && !model)
         return HCOLL_SUCCESS; /* HCOLL_ALGO=ring, no agreement: no connections for it */
-    size_t seg = hc_algo_rd_seg(&co->algo);
+    /* The model may choose rd up to one whole slot (algo_model.c). */
+    size_t seg = model ? RD_SEG_MAX : hc_algo_rd_seg(&co->algo);
     if (co->check_args && seg < co->inline_max + HC_ALGO_AGREE_HDR)
         seg = co->inline_max + HC_ALGO_AGREE_HDR; /* the agreement with its data */
     const hc_rd_params_t rp = { .ops = ops, .tp = *tp, .allgather = allgather,

@@ -92,4 +92,39 @@ enum hc_algo hc_algo_bcast(const hc_algo_conf_t *conf, enum hc_plan plan, size_t
 /* The slot size of the tree broadcast for this configuration. */
 size_t hc_algo_tree_seg(const hc_algo_conf_t *conf);
 
+/* The cost model (algo_model.c): under HCOLL_ALGO=auto the all-reduce's
+ * rd limit and inline limit come from it unless HCOLL_ALGO_MODEL=table. */
+enum hc_model_mode { HC_MODEL_PROBE = 0, HC_MODEL_TABLE, HC_MODEL_GIVEN };
+typedef struct hc_algo_model {
+    enum hc_model_mode mode;
+    double alpha_us; /* per message across nodes, us */
+    double beta;     /* bytes per us (MB/s) per rank, every rank sending */
+    int chosen;      /* the limits in force came from this model */
+} hc_algo_model_t;
+
+/* What the costs depend on besides alpha and beta. */
+typedef struct hc_algo_layout {
+    int nnodes;          /* members of the rd / ring group */
+    int rails;           /* the three-stage ring's shards (local ranks); 1: flat */
+    size_t small_bytes;  /* HCOLL_SMALL_BYTES: the fused, whole-vector ring up to it */
+    int check_args;      /* the agreement costs one rd of words... */
+    size_t inline_cap;   /* ...unless the data travels with it (up to this) */
+} hc_algo_layout_t;
+
+/* HCOLL_ALGO_MODEL: "probe" (or ""), "table", "ALPHA_US:MBPS". 0, or -1
+ * when bad. */
+int hc_algo_model_parse(const char *s, hc_algo_model_t *m);
+/* Messages on rd's critical path among n: log2 P, +2 with a fold. */
+int hc_algo_model_steps(int n);
+/* Modelled time (us) of an all-reduce of bytes by rd / by the ring,
+ * the agreement included. */
+double hc_algo_cost_rd(const hc_algo_model_t *m, const hc_algo_layout_t *l, size_t bytes);
+double hc_algo_cost_ring(const hc_algo_model_t *m, const hc_algo_layout_t *l, size_t bytes);
+/* The largest size (a multiple of 64, at most rd_cap) up to which rd
+ * costs no more than the ring, and the inline limit under it. Pure. */
+void hc_algo_model_choose(const hc_algo_model_t *m, const hc_algo_layout_t *l, uint64_t rd_cap,
+                          uint64_t *rd_max, size_t *inline_max);
+/* rd's largest slot: the model's rd limit is capped at it. */
+size_t hc_algo_rd_seg_max(void);
+
 #endif

@@ -513,18 +513,24 @@ static const hc_iface_t *rail_iface(const struct hcoll_comm *c, int r)
 static hcoll_status_t knobs_agree(hc_coll_t *co)
 {
     struct hcoll_comm *c = co->comm;
-    static const char *const names[4] = { "HCOLL_SMALL_BYTES", "HCOLL_CHECK_ARGS",
+    static const char *const names[5] = { "HCOLL_SMALL_BYTES", "HCOLL_CHECK_ARGS",
                                           "HCOLL_ALGO's rd limit",
-                                          "the agreement's inline limit (HCOLL_ALGO=ring: 0)" };
-    uint64_t mine[4] = { co->small_bytes, (uint64_t)co->check_args, co->algo.rd_max,
-                         co->inline_max };
-    uint64_t(*all)[4] = calloc((size_t)c->nranks, sizeof *all);
+                                          "the agreement's inline limit (HCOLL_ALGO=ring: 0)",
+                                          "HCOLL_ALGO_MODEL (hashed)" };
+    /* Ranks that disagree on the model would not all probe: its hash. */
+    uint64_t model = (uint64_t)co->model.mode * 0x9e3779b97f4a7c15ull;
+    for (const unsigned char *p = (const unsigned char *)c->params.algo_model;
+         co->model.mode == HC_MODEL_GIVEN && *p; p++)
+        model = (model ^ *p) * 0x100000001b3ull;
+    uint64_t mine[5] = { co->small_bytes, (uint64_t)co->check_args, co->algo.rd_max,
+                         co->inline_max, model };
+    uint64_t(*all)[5] = calloc((size_t)c->nranks, sizeof *all);
     if (!all)
         return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_NO_MEMORY,
                           "no memory for the set-up exchange");
     hcoll_status_t st = hc_boot_allgather(c->boot, mine, all, sizeof mine);
     for (int r = 0; st == HCOLL_SUCCESS && r < c->nranks; r++)
-        for (int k = 0; st == HCOLL_SUCCESS && k < 4; k++)
+        for (int k = 0; st == HCOLL_SUCCESS && k < 5; k++)
             if (all[r][k] != mine[k])
                 st = hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_MISMATCH,
                                 "%s is %llu on rank %d but %llu on rank %d; it must be equal "
@@ -533,6 +539,14 @@ static hcoll_status_t knobs_agree(hc_coll_t *co)
                                 (unsigned long long)mine[k], c->rank);
     free(all);
     return st;
+}
+
+/* The model's limits (algo_model.c), compared again: they derive from
+ * figures every rank gathered, so they cannot differ unless a knob does. */
+static hcoll_status_t algo_tune(hc_coll_t *co)
+{
+    hcoll_status_t st = hc_coll_algo_tune(co);
+    return st == HCOLL_SUCCESS && co->model.chosen ? knobs_agree(co) : st;
 }
 
 static hcoll_status_t ring_setup(hc_coll_t *co, int nmembers, int position)
@@ -617,6 +631,13 @@ hcoll_status_t hc_coll_create(struct hcoll_comm *c)
         st = hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG, "%s", amsg);
         goto out;
     }
+    if (hc_algo_model_parse(c->params.algo_model, &co->model) != 0) {
+        st = hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INVALID_ARG,
+                        "HCOLL_ALGO_MODEL: bad value '%s' (expected probe, table or "
+                        "ALPHA_US:MBPS, e.g. 50:117)",
+                        c->params.algo_model);
+        goto out;
+    }
 
     if (c->rank == 0)
         HC_INFO(HC_INIT, c->rank, "all-reduce plan: %s (%d nodes x %d ranks%s)",
@@ -667,11 +688,13 @@ hcoll_status_t hc_coll_create(struct hcoll_comm *c)
         for (int r = 0; r < c->nranks; r++)
             co->ring_ag.members[r] = r;
         HC_CHECK(ring_setup(co, c->nranks, c->rank), out);
+        HC_CHECK(algo_tune(co), out);
     } else if (co->plan == HC_PLAN_3STAGE) {
         HC_CHECK(group_init(&co->ring_ag, c, c->nnodes), out);
         for (int n = 0; n < c->nnodes; n++)
             co->ring_ag.members[n] = hc_comm_rank_at(c, n, c->local_rank);
         HC_CHECK(ring_setup(co, c->nnodes, c->node), out);
+        HC_CHECK(algo_tune(co), out);
         const hc_ringdrv_env_t env = { &c->aborted, &c->err, c->rank,
                                        "the inter-node stage", co->intra, co->dissem };
         HC_CHECK(hc_ringthr_start(co->ring, &env, &co->ringthr), out);

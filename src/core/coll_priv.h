@@ -74,6 +74,7 @@ struct hc_coll {
      * doubling's own transport instance (NULL under HCOLL_ALGO=ring or
      * without inter-node stage); what the last operation ran. */
     hc_algo_conf_t algo;
+    hc_algo_model_t model;  /* HCOLL_ALGO_MODEL and what it measured (algo_model.c) */
     struct hc_rd *rd;
     enum hc_algo last_algo; /* under lock */
     enum hc_algo cur_algo;  /* the running operation's, under the executor role */
@@ -193,6 +194,14 @@ hcoll_status_t hc_coll_barrier(hc_coll_t *co, hcoll_stage_times_t *times);
 /* Recursive doubling (algo.c): connect its partners among the ring's
  * ranks on a transport instance of its own, as the barrier's (nothing
  * under HCOLL_ALGO=ring). Collective over those ranks, after the ring. */
+/* Under HCOLL_ALGO=auto and the model (algo_model.c): probe the links
+ * (collective over every rank; a few ms) or take HCOLL_ALGO_MODEL's
+ * figures, and set co->algo.rd_max and co->inline_max from the costs.
+ * After ring_setup (needs co->rd), before any operation. */
+hcoll_status_t hc_coll_algo_tune(hc_coll_t *co);
+/* The model and the limits in force, one line, for hcoll_comm_algo_model. */
+int hc_coll_algo_model_str(const hc_coll_t *co, char *buf, size_t len);
+
 hcoll_status_t hc_coll_rd_setup(hc_coll_t *co, const hc_transport_ops_t *ops,
                                 const hc_transport_params_t *tp, hc_allgather_fn allgather,
                                 void *ag_ctx, int op_timeout_ms);

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "base/clock.h"
 #include "base/log.h"
@@ -41,6 +42,7 @@ struct hc_rd {
     hc_ep_t *ep_round[RD_MAX_ROUNDS], *ep_fold;
     hc_rkey_t rk_round[RD_MAX_ROUNDS], rk_fold;
     unsigned char *recv, *send;
+    size_t recv_bytes, send_bytes; /* mapped: see rd_map */
     hc_mr_t *recv_mr, *send_mr;
     size_t seg;          /* bytes per slot */
     int nslots;          /* rounds + 1: the fold's slot is the last */
@@ -141,13 +143,26 @@ static hcoll_status_t exchange_keys(hc_rd_t *d, const hc_rkey_t *mine_key)
     return st;
 }
 
+/* The slots are mapped, not malloc'd: a freed block this large raises
+ * glibc's mmap threshold, later ones come from the heap, and the pages
+ * the init probe (core/algo_model.c) touched stayed resident after
+ * destroy (test_lifecycle: RSS +1.4 MB over 9 init/abort cycles). NULL
+ * when the mapping fails. */
+static unsigned char *rd_map(size_t bytes)
+{
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
 static hcoll_status_t rd_setup(hc_rd_t *d)
 {
     hcoll_status_t st;
     const size_t recv_bytes = 2 * (size_t)d->nslots * d->seg;
     const size_t send_bytes = (size_t)(d->rounds + 2) * d->seg;
-    d->recv = aligned_alloc(64, recv_bytes);
-    d->send = aligned_alloc(64, send_bytes);
+    d->recv = rd_map(recv_bytes);
+    d->recv_bytes = d->recv ? recv_bytes : 0;
+    d->send = rd_map(send_bytes);
+    d->send_bytes = d->send ? send_bytes : 0;
     if (!d->recv || !d->send)
         return hc_err_set(RD_EB(d), HC_NET, RD_LR(d), HCOLL_ERR_NO_MEMORY,
                           "recursive doubling: out of memory for %zu bytes of slots",
@@ -535,7 +550,9 @@ void hc_rd_destroy(hc_rd_t *d)
             d->ops->mr_dereg(d->tr, d->recv_mr);
         d->ops->destroy(d->tr, d->err == HCOLL_SUCCESS && !d->active);
     }
-    free(d->recv);
-    free(d->send);
+    if (d->recv)
+        munmap(d->recv, d->recv_bytes);
+    if (d->send)
+        munmap(d->send, d->send_bytes);
     free(d);
 }
