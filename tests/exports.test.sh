@@ -66,6 +66,9 @@ echo "checker self-test ok (flags an HPC-X name, a leaked symbol, a missing call
 
 # 2. The real library.
 lib=lib/libhcoll.so
+# Another build tree (make test-asan: build-asan/lib) exports the same.
+build=${HCOLL_TEST_BUILD:-build}
+[ "$build" != build ] && lib=$build/lib/libhcoll.so
 [ -e "$lib" ] || { echo "FAIL: $lib not built"; exit 1; }
 if out=$(check_lib "$lib" include/hcoll.h); then
   echo "exports ok: $out"

@@ -1174,19 +1174,53 @@ END_TEST
 /*
  * hcoll_comm_abort from another thread while this thread's blocking call
  * waits behind queued requests: the call returns an error, the requests
- * end, and nothing touches the freed communicator (run under ASan to see
- * the latter). The peers issue nothing until the abort is done, so the
- * first request is stuck waiting for them when the abort comes.
+ * end, and nothing touches the freed communicator (run under ASan and TSan
+ * to see the latter). The peers issue nothing until the abort is done, so
+ * the first request is stuck waiting for them when the abort comes.
  */
 typedef struct thr_abort {
     hcoll_comm_t comm;
     fail_arg_t *a;
+    pid_t tid;   /* the caller's thread */
+    int in_call; /* set just before the blocking call */
 } thr_abort_t;
 
+/* 1 when thread tid of this process sleeps in the kernel (state S). */
+static int thread_sleeping(pid_t tid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/self/task/%d/stat", (int)tid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')'); /* the name in parentheses may hold spaces */
+    return p && p[1] == ' ' && p[2] == 'S';
+}
+
+/* Abort once the caller is blocked in its call: asleep for 50 ms on end
+ * after it said it is calling. A fixed delay (it was 30 ms) let the abort
+ * come, on a loaded host or under a sanitizer, before the call was made,
+ * and the call then ran on the freed communicator (a hang, or a report). */
 static void *abort_later(void *p)
 {
     thr_abort_t *t = p;
-    usleep(30 * 1000);
+    const double give_up = hct_now_ms() + TIMEOUT_MS;
+    double asleep_since = -1;
+    while (hct_now_ms() < give_up) {
+        const double now = hct_now_ms();
+        if (__atomic_load_n(&t->in_call, __ATOMIC_ACQUIRE) && thread_sleeping(t->tid)) {
+            if (asleep_since < 0)
+                asleep_since = now;
+            else if (now - asleep_since >= 50)
+                break;
+        } else {
+            asleep_since = -1;
+        }
+        usleep(1000);
+    }
     t->a->event_ms = hct_now_ms();
     hcoll_comm_abort(t->comm);
     return NULL;
@@ -1212,18 +1246,21 @@ static int rank_abort_blocked(int rank, int nranks, void *argp)
             return 1;
     }
     pthread_t th;
-    thr_abort_t t = { comm, a };
+    thr_abort_t t = { comm, a, gettid(), 0 };
     if (rank == a->victim)
         HCT_REQUIRE(pthread_create(&th, NULL, abort_later, &t) == 0, "pthread_create");
-    double t0 = hct_now_ms();
+    __atomic_store_n(&t.in_call, 1, __ATOMIC_RELEASE);
     hcoll_status_t st = hcoll_allreduce(comm, x, x, ABORT_COUNT, HCOLL_FLOAT32, HCOLL_SUM, NULL);
-    double dt = hct_now_ms() - t0;
+    const double returned_ms = hct_now_ms();
+    __atomic_store_n(&t.in_call, 0, __ATOMIC_RELEASE);
     if (rank == a->victim) {
         pthread_join(th, NULL);
         set_flag(&w->flag[0]);
+        const double dt = returned_ms - a->event_ms;
         HCT_REQUIRE(st == HCOLL_ERR_ABORTED, "%s aborter: blocked call -> %s", w->name,
                     hcoll_status_name(st));
-        HCT_REQUIRE(dt < 2000, "%s aborter: blocked call returned after %.0f ms", w->name, dt);
+        HCT_REQUIRE(dt < 2000, "%s aborter: blocked call returned %.0f ms after the abort",
+                    w->name, dt);
     } else {
         HCT_REQUIRE(is_failure(st), "%s rank %d: blocking call -> %s", w->name, rank,
                     hcoll_status_name(st));

@@ -455,7 +455,17 @@ int main(int argc, char **argv)
             printf("SKIP: %s not built (make tests)\n", shim);
             return 77;
         }
-        setenv("LD_PRELOAD", abs, 1);
+        char preload[2 * PATH_MAX + 2];
+        snprintf(preload, sizeof preload, "%s", abs);
+#ifdef __SANITIZE_ADDRESS__
+        /* make test-asan: ASan's runtime must be the first library loaded,
+         * ahead of the preloaded shim, or the program refuses to start. */
+        Dl_info di;
+        void *asan = dlsym(RTLD_DEFAULT, "__asan_init");
+        if (asan && dladdr(asan, &di) && di.dli_fname)
+            snprintf(preload, sizeof preload, "%s:%s", di.dli_fname, abs);
+#endif
+        setenv("LD_PRELOAD", preload, 1);
         setenv("HCMOCK_PAGE_SIZE", "65536", 1);
     }
     int rc = hct_mockib_enter(argv);

@@ -1080,9 +1080,11 @@ START_TEST(test_avg_finish_int_edges)
             s ^= s << 13, s ^= s >> 7, s ^= s << 17;
             int j = i % 8, sign = (i / 8) % 2 ? -1 : 1;
             int64_t m32 = j < 3 ? q32 * d + j - 1 : (int64_t)(int32_t)s;
-            int64_t m64 = j < 3 ? q64 * d + j - 1 : (int64_t)s;
+            /* Past INT64_MAX (d divides it, as 7 does) it wraps to the
+             * other end, on purpose: unsigned, which is defined (UBSan). */
+            uint64_t m64 = j < 3 ? (uint64_t)q64 * (uint64_t)d + (uint64_t)(j - 1) : s;
             a[i] = j == 3 ? INT32_MIN : j == 4 ? INT32_MAX : (int32_t)(sign * m32);
-            b[i] = j == 3 ? INT64_MIN : j == 4 ? INT64_MAX : sign * m64;
+            b[i] = j == 3 ? INT64_MIN : j == 4 ? INT64_MAX : (int64_t)((uint64_t)sign * m64);
             w32[i] = a[i] / d;
             w64[i] = b[i] / d;
         }

@@ -359,11 +359,14 @@ hcoll_status_t hc_coll_submit(hc_coll_t *co, const hc_coll_args_t *args, void *s
 
     /* Blocking: after every earlier request, on this thread. */
     if (!role_take_locked(co)) {
+        /* Recorded before the lock goes: abort frees comm (its err too)
+         * as soon as it sees this caller out. */
+        st = hc_err_set(&comm->err, HC_COLL, comm->rank, HCOLL_ERR_ABORTED,
+                        "the communicator was aborted while this call waited for "
+                        "earlier requests");
         pthread_mutex_unlock(&co->lock);
         hc_request_destroy(rq);
-        return hc_err_set(&comm->err, HC_COLL, comm->rank, HCOLL_ERR_ABORTED,
-                          "the communicator was aborted while this call waited for "
-                          "earlier requests");
+        return st;
     }
     pthread_mutex_unlock(&co->lock);
     st = execute(co, rq);
@@ -387,13 +390,13 @@ static hcoll_status_t exec_enter(hc_coll_t *co, const char *what)
                           "%s from a completion callback of the same communicator would "
                           "deadlock",
                           what);
+    hcoll_status_t st = HCOLL_SUCCESS;
     pthread_mutex_lock(&co->lock);
-    const int taken = role_take_locked(co);
+    if (!role_take_locked(co)) /* recorded under the lock, as in hc_coll_submit */
+        st = hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_ABORTED,
+                        "%s: the communicator is being destroyed", what);
     pthread_mutex_unlock(&co->lock);
-    if (!taken)
-        return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_ABORTED,
-                          "%s: the communicator is being destroyed", what);
-    return HCOLL_SUCCESS;
+    return st;
 }
 
 hcoll_status_t hc_coll_mem_register(hc_coll_t *co, void *ptr, size_t bytes,

@@ -36,6 +36,8 @@ struct hc_dissem {
     uint32_t got;        /* rounds of seq heard */
     uint32_t got_next;   /* rounds of next_seq heard early */
     uint32_t next_seq;
+    uint32_t last;       /* the operation entered or absorbed last (16 bits) */
+    int ran;             /* last is valid: some operation was seen */
     double round_start;  /* hc_now_ms when the current round began */
     int op_timeout_ms;   /* < 0: none */
     hcoll_status_t err;
@@ -131,9 +133,32 @@ static hcoll_status_t send_round(hc_dissem_t *d, int k)
     return st == HCOLL_SUCCESS ? st : ds_fail(d, st);
 }
 
-/* One landed signal: for the current barrier (in_barrier), for the next
- * one, or (running operation cur as something else) a mismatch. */
-static hcoll_status_t take(hc_dissem_t *d, const hc_comp_t *c, uint32_t cur, int in_barrier,
+/* A signal for a barrier this rank has not entered yet: kept. A partner
+ * is at most one barrier ahead (it cannot leave one before this rank
+ * entered it), so the kept signals all name one barrier; a second one
+ * means the ranks' sequences of collectives differ. */
+static hcoll_status_t keep_early(hc_dissem_t *d, uint32_t s, int k, int who)
+{
+    if (d->got_next && d->next_seq != s)
+        return ds_fail(d, hc_err_set(DS_EB(d), HC_COLL, DS_LR(d), HCOLL_ERR_MISMATCH,
+                                     "barrier: rank %d signalled a barrier as operation %u, "
+                                     "another as operation %u before this rank entered "
+                                     "either; the ranks' sequences of collectives differ",
+                                     who, (unsigned)d->next_seq, (unsigned)s));
+    d->next_seq = s;
+    d->got_next |= 1u << k;
+    return HCOLL_SUCCESS;
+}
+
+/* What this rank does while signals land (take, reap). */
+enum { DS_ABSORB, DS_BARRIER, DS_IDLE };
+
+/* One landed signal: for the current barrier (DS_BARRIER), for the next
+ * one, or (DS_ABSORB: running operation cur as something else) a
+ * mismatch. DS_IDLE: no operation runs (progress outside a barrier); cur
+ * is the last one this rank ran, if any (d->ran), and any later barrier
+ * may come next. */
+static hcoll_status_t take(hc_dissem_t *d, const hc_comp_t *c, uint32_t cur, int mode,
                            const char *what)
 {
     if (c->kind != HC_COMP_IMM)
@@ -141,15 +166,21 @@ static hcoll_status_t take(hc_dissem_t *d, const hc_comp_t *c, uint32_t cur, int
     const uint32_t s = DS_IMM_SEQ(c->imm);
     const int k = DS_IMM_ROUND(c->imm);
     const int who = hc_tp_rank(&d->p.tp, c->peer);
+    const int in_barrier = mode == DS_BARRIER, idle = mode == DS_IDLE;
     if (DS_IMM_TAG(c->imm) != DS_TAG || k >= d->rounds || c->peer != d->from[k])
         return ds_fail(d, hc_err_set(DS_EB(d), HC_NET, DS_LR(d), HCOLL_ERR_NETWORK,
                                      "barrier: malformed signal %08x from rank %d",
                                      (unsigned)c->imm, who));
     if (in_barrier && s == cur) {
         d->got |= 1u << k;
-    } else if (s == DS_SEQ(cur + 1)) {
-        d->next_seq = s;
-        d->got_next |= 1u << k;
+    } else if (s == DS_SEQ(cur + 1) || (idle && (!d->ran || s != cur))) {
+        return keep_early(d, s, k, who);
+    } else if (idle) {
+        return ds_fail(d, hc_err_set(DS_EB(d), HC_COLL, DS_LR(d), HCOLL_ERR_MISMATCH,
+                                     "barrier: rank %d signalled a barrier as operation %u, "
+                                     "which this rank has already run; the ranks' sequences "
+                                     "of collectives differ",
+                                     who, (unsigned)s));
     } else if (s == cur) {
         return ds_fail(d, hc_err_set(DS_EB(d), HC_COLL, DS_LR(d), HCOLL_ERR_MISMATCH,
                                      "barrier: rank %d entered a barrier as operation %u, where "
@@ -167,7 +198,7 @@ static hcoll_status_t take(hc_dissem_t *d, const hc_comp_t *c, uint32_t cur, int
 }
 
 /* Poll once (waiting up to wait_ms) and take what landed; *n_out comps. */
-static hcoll_status_t reap(hc_dissem_t *d, int wait_ms, uint32_t cur, int in_barrier,
+static hcoll_status_t reap(hc_dissem_t *d, int wait_ms, uint32_t cur, int mode,
                            const char *what, int *n_out)
 {
     hc_comp_t comps[16];
@@ -177,7 +208,7 @@ static hcoll_status_t reap(hc_dissem_t *d, int wait_ms, uint32_t cur, int in_bar
     if (st != HCOLL_SUCCESS)
         return ds_fail(d, st);
     for (int i = 0; i < n; i++)
-        if ((st = take(d, &comps[i], cur, in_barrier, what)) != HCOLL_SUCCESS)
+        if ((st = take(d, &comps[i], cur, mode, what)) != HCOLL_SUCCESS)
             return st;
     return HCOLL_SUCCESS;
 }
@@ -187,6 +218,8 @@ hcoll_status_t hc_dissem_start(hc_dissem_t *d, uint32_t seq)
     if (d->err != HCOLL_SUCCESS)
         return d->err;
     d->seq = DS_SEQ(seq);
+    d->last = d->seq;
+    d->ran = 1;
     d->got = d->next_seq == d->seq ? d->got_next : 0;
     d->got_next = 0;
     d->next_seq = DS_SEQ(d->seq + 0x8000u); /* matches no barrier soon */
@@ -200,6 +233,20 @@ hcoll_status_t hc_dissem_progress(hc_dissem_t *d, int wait_ms, int *done_out)
     *done_out = 0;
     if (d->err != HCOLL_SUCCESS)
         return d->err;
+    if (!d->active) {
+        /* No barrier runs (before the first, or between two): what landed
+         * is for one to come. Taken as the barrier's own, it would make
+         * this rank send rounds of a barrier it never entered, or lose
+         * them when it does enter. Nothing to wait for. */
+        int n = 0;
+        do {
+            hcoll_status_t st;
+            if (d->tr && (st = reap(d, 0, d->last, DS_IDLE, "nothing", &n)) != HCOLL_SUCCESS)
+                return st;
+        } while (n > 0);
+        *done_out = 1;
+        return HCOLL_SUCCESS;
+    }
     for (;;) {
         hcoll_status_t st;
         while (d->round < d->rounds && (d->got >> d->round & 1u)) {
@@ -211,13 +258,13 @@ hcoll_status_t hc_dissem_progress(hc_dissem_t *d, int wait_ms, int *done_out)
             /* The last signals may still sit in the transport (TCP sends
              * what was put at its next poll): see them out before
              * leaving, since nothing may poll again for a long time. */
-            if (d->tr && (st = reap(d, 0, d->seq, 1, "a barrier", &n)) != HCOLL_SUCCESS)
+            if (d->tr && (st = reap(d, 0, d->seq, DS_BARRIER, "a barrier", &n)) != HCOLL_SUCCESS)
                 return st;
             d->active = 0;
             *done_out = 1;
             return HCOLL_SUCCESS;
         }
-        if ((st = reap(d, wait_ms, d->seq, 1, "a barrier", &n)) != HCOLL_SUCCESS)
+        if ((st = reap(d, wait_ms, d->seq, DS_BARRIER, "a barrier", &n)) != HCOLL_SUCCESS)
             return st;
         if (n > 0)
             continue;
@@ -240,6 +287,8 @@ hcoll_status_t hc_dissem_absorb(hc_dissem_t *d, uint32_t seq, const char *what)
     if (d->err != HCOLL_SUCCESS)
         return d->err;
     const uint32_t cur = DS_SEQ(seq);
+    d->last = cur;
+    d->ran = 1;
     /* A signal kept earlier for this very operation. */
     if (d->got_next && d->next_seq == cur)
         return ds_fail(d, hc_err_set(DS_EB(d), HC_COLL, DS_LR(d), HCOLL_ERR_MISMATCH,
@@ -249,7 +298,7 @@ hcoll_status_t hc_dissem_absorb(hc_dissem_t *d, uint32_t seq, const char *what)
                                      (unsigned)cur, what));
     int n;
     do {
-        hcoll_status_t st = reap(d, 0, cur, 0, what, &n);
+        hcoll_status_t st = reap(d, 0, cur, DS_ABSORB, what, &n);
         if (st != HCOLL_SUCCESS)
             return st;
     } while (n > 0);

@@ -63,7 +63,11 @@ hcoll_status_t hc_dissem_start(hc_dissem_t *d, uint32_t seq);
 /* Drive the barrier: returns when it is done (*done_out = 1) or when
  * nothing arrived for wait_ms. HCOLL_ERR_TIMEOUT (recorded, naming the
  * awaited rank) after op_timeout_ms in one round; the transport's error
- * (sticky) when a partner failed. */
+ * (sticky) when a partner failed. With no barrier running (before the
+ * first start, or after one is done): takes the signals that landed,
+ * without waiting, and keeps them for the barrier to come (sends nothing;
+ * *done_out = 1); HCOLL_ERR_MISMATCH when they name a barrier this rank
+ * already ran, or two different barriers. */
 hcoll_status_t hc_dissem_progress(hc_dissem_t *d, int wait_ms, int *done_out);
 
 /* While this rank runs operation seq that is not a barrier: take the

@@ -215,16 +215,19 @@ static hcoll_status_t check(hcoll_status_t now, hcoll_status_t st)
 
 static hcoll_status_t progress(hc_dissem_t *d, hcoll_status_t st)
 {
-    /* (Its caller, core/barrier.c, drives only a barrier it entered, to
-     * its end: between barriers progress would take signals as the last
-     * barrier's neighbours, not as the operation that runs.) */
-    if (!F.active)
-        return st;
+    /* With no barrier running (core/barrier.c never calls it so, the
+     * module allows it) progress only keeps what landed for the barrier
+     * to come: fz_put refuses any signal sent meanwhile. */
+    const int idle = !F.active;
     int done = 0;
     hcoll_status_t now = hc_dissem_progress(d, 0, &done);
-    FUZZ_SAY("dissem: progress: %s%s %s\n", hcoll_status_name(now), done ? " (done)" : "",
-             now ? hc_errbuf_get(F.eb) : "");
+    FUZZ_SAY("dissem: progress%s: %s%s %s\n", idle ? " (idle)" : "", hcoll_status_name(now),
+             done ? " (done)" : "", now ? hc_errbuf_get(F.eb) : "");
     now = check(now, st);
+    if (idle) {
+        FUZZ_CHECK(now != HCOLL_SUCCESS || done);
+        return now;
+    }
     if (now == HCOLL_SUCCESS && done) {
         const uint32_t *h = heard_find(F.cur);
         const uint32_t all = F.rounds >= 32 ? ~0u : (1u << F.rounds) - 1u;
