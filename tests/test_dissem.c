@@ -245,6 +245,23 @@ START_TEST(idle_then_absorb)
 }
 END_TEST
 
+/* A signal for barrier 5 kept while idle, then this rank enters barrier 4:
+ * the sender ran 4 as something else. A mismatch at once, not a signal
+ * dropped (the fuzz target's crash: dropped, the later absorb of 5 passed). */
+START_TEST(idle_then_other_barrier)
+{
+    hc_dissem_t *d = make();
+    land(3, SIG(5, 0));
+    ck_assert_int_eq(progress(d), 1);
+    ck_assert_int_eq(hc_dissem_start(d, 4), HCOLL_ERR_MISMATCH);
+    ck_assert_ptr_nonnull(strstr(hc_errbuf_get(&eb), "operation 5 before this rank entered"));
+    ck_assert_int_eq(T.nput, 0);
+    ck_assert_int_eq(hc_dissem_absorb(d, 5, "an all-reduce"), HCOLL_ERR_MISMATCH);
+    hc_dissem_destroy(d);
+    hc_errbuf_fini(&eb);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("dissem");
@@ -254,6 +271,7 @@ int main(void)
     tcase_add_test(tc, idle_between);
     tcase_add_test(tc, idle_mismatch);
     tcase_add_test(tc, idle_then_absorb);
+    tcase_add_test(tc, idle_then_other_barrier);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -220,6 +220,15 @@ hcoll_status_t hc_dissem_start(hc_dissem_t *d, uint32_t seq)
     d->seq = DS_SEQ(seq);
     d->last = d->seq;
     d->ran = 1;
+    /* A signal kept for another barrier: its sender left (or skipped)
+     * this one without this rank, so it ran this operation as something
+     * else. Dropping it would hide the mismatch. */
+    if (d->got_next && d->next_seq != d->seq)
+        return ds_fail(d, hc_err_set(DS_EB(d), HC_COLL, DS_LR(d), HCOLL_ERR_MISMATCH,
+                                     "barrier: a rank signalled a barrier as operation %u "
+                                     "before this rank entered its barrier %u; the ranks' "
+                                     "sequences of collectives differ",
+                                     (unsigned)d->next_seq, (unsigned)d->seq));
     d->got = d->next_seq == d->seq ? d->got_next : 0;
     d->got_next = 0;
     d->next_seq = DS_SEQ(d->seq + 0x8000u); /* matches no barrier soon */
