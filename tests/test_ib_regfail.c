@@ -13,6 +13,12 @@
  *          staging buffers, registered at the device path's set-up (the
  *          first device call), which then fails on every rank, naming the
  *          registration; host calls go on
+ *   device on GPUDirect rings: the caller's buffer (or, reduce-scatter and
+ *          all-gather with three stages, hcoll's permuted vector),
+ *          registered when the worker's ring starts: the ring voids the
+ *          call; on 3x1, and on 2x2 / 3x2 (three stages: the node's other
+ *          rails hear it in a node barrier at the call's end), each
+ *          collective as an _async call, whose request fails
  * Every rank must return an error, the odd rank's message naming the
  * registration and the others' naming that rank and the registration; no
  * recvbuf may change; and the next 3 calls of that kind on the same
@@ -52,8 +58,10 @@ static const char *const kind_name[K_COUNT] = { "allreduce", "reduce_scatter", "
 
 typedef struct world {
     hct_id_slot_t slot;
+    hct_id_slot_t kslot[K_COUNT]; /* device, three stages: a communicator per kind */
     int noagree;      /* HCOLL_CHECK_ARGS=0: the ring voids the call */
     int noloop;       /* device: the NIC refuses the GPUDirect flush QP */
+    int per_node;     /* device, three stages: ranks (GPUs, NICs) per node */
     char logdir[64];  /* device cases: each rank's log */
 } world_t;
 
@@ -73,10 +81,9 @@ static int32_t val(int rank, size_t i, int it)
     return (int32_t)((size_t)rank * 7 + i % 1009 + (size_t)it * 3);
 }
 
-/* One call of kind k (iteration it), with fresh inputs; returns its
- * status. The buffers: in (the input), out (the output, SENTINEL first). */
-static hcoll_status_t call(hcoll_comm_t comm, enum kind k, int rank, int nranks, int it,
-                           int32_t *in, int32_t *out)
+/* Fresh inputs of a call of kind k (iteration it) in in, and out (the
+ * output) SENTINEL first; a broadcast works in out alone. */
+static void fill(enum kind k, int rank, int nranks, int it, int32_t *in, int32_t *out)
 {
     switch (k) {
     case K_ALLREDUCE:
@@ -84,27 +91,76 @@ static hcoll_status_t call(hcoll_comm_t comm, enum kind k, int rank, int nranks,
             in[i] = val(rank, i, it);
             out[i] = SENTINEL;
         }
-        return hcoll_allreduce(comm, in, out, AR_COUNT, HCOLL_INT32, HCOLL_SUM, NULL);
+        break;
     case K_REDUCE_SCATTER:
         for (size_t i = 0; i < (size_t)nranks * RSAG_COUNT; i++)
             in[i] = val(rank, i, it);
         for (size_t i = 0; i < RSAG_COUNT; i++)
             out[i] = SENTINEL;
-        return hcoll_reduce_scatter(comm, in, out, RSAG_COUNT, HCOLL_INT32, HCOLL_SUM, NULL);
+        break;
     case K_ALLGATHER:
         for (size_t i = 0; i < RSAG_COUNT; i++)
             in[i] = val(rank, i, it);
         for (size_t i = 0; i < (size_t)nranks * RSAG_COUNT; i++)
             out[i] = SENTINEL;
-        return hcoll_allgather(comm, in, out, RSAG_COUNT, HCOLL_INT32, NULL);
+        break;
     default: {
         unsigned char *o = (unsigned char *)out;
         for (size_t i = 0; i < BC_BYTES; i++)
             o[i] = rank == 0 ? (unsigned char)(i * 13 + (size_t)it) : 0x5a;
+    }
+    }
+}
+
+/* The bytes of in and out that a call of kind k uses. */
+static size_t in_bytes(enum kind k, int nranks)
+{
+    return k == K_ALLREDUCE        ? AR_COUNT * sizeof(int32_t)
+           : k == K_REDUCE_SCATTER ? (size_t)nranks * RSAG_COUNT * sizeof(int32_t)
+           : k == K_ALLGATHER      ? RSAG_COUNT * sizeof(int32_t)
+                                   : 0;
+}
+
+static size_t out_bytes(enum kind k, int nranks)
+{
+    return k == K_ALLREDUCE        ? AR_COUNT * sizeof(int32_t)
+           : k == K_REDUCE_SCATTER ? RSAG_COUNT * sizeof(int32_t)
+           : k == K_ALLGATHER      ? (size_t)nranks * RSAG_COUNT * sizeof(int32_t)
+                                   : BC_BYTES;
+}
+
+/* Call kind k on in and out (host or device buffers, stream NULL or
+ * not), blocking where req is NULL, else _async into *req. */
+static hcoll_status_t issue(hcoll_comm_t comm, enum kind k, void *in, void *out, void *stream,
+                            hcoll_request_t *req)
+{
+    switch (k) {
+    case K_ALLREDUCE:
+        return req ? hcoll_allreduce_async(comm, in, out, AR_COUNT, HCOLL_INT32, HCOLL_SUM,
+                                           stream, req)
+                   : hcoll_allreduce(comm, in, out, AR_COUNT, HCOLL_INT32, HCOLL_SUM, stream);
+    case K_REDUCE_SCATTER:
+        return req ? hcoll_reduce_scatter_async(comm, in, out, RSAG_COUNT, HCOLL_INT32,
+                                                HCOLL_SUM, stream, req)
+                   : hcoll_reduce_scatter(comm, in, out, RSAG_COUNT, HCOLL_INT32, HCOLL_SUM,
+                                          stream);
+    case K_ALLGATHER:
+        return req ? hcoll_allgather_async(comm, in, out, RSAG_COUNT, HCOLL_INT32, stream, req)
+                   : hcoll_allgather(comm, in, out, RSAG_COUNT, HCOLL_INT32, stream);
+    default:
         /* Rooted at rank 0: the chain reaches the odd rank's node last. */
-        return hcoll_broadcast(comm, o, o, BC_BYTES, HCOLL_UINT8, 0, NULL);
+        return req ? hcoll_broadcast_async(comm, out, out, BC_BYTES, HCOLL_UINT8, 0, stream, req)
+                   : hcoll_broadcast(comm, out, out, BC_BYTES, HCOLL_UINT8, 0, stream);
     }
-    }
+}
+
+/* One host call of kind k (iteration it), with fresh inputs; returns its
+ * status. */
+static hcoll_status_t call(hcoll_comm_t comm, enum kind k, int rank, int nranks, int it,
+                           int32_t *in, int32_t *out)
+{
+    fill(k, rank, nranks, it, in, out);
+    return issue(comm, k, in, out, NULL, NULL);
 }
 
 /* The output of a call that went through, exactly. */
@@ -165,6 +221,24 @@ static int check_untouched(enum kind k, int rank, int nranks, const int32_t *out
     return 0;
 }
 
+/* A call with rank odd's registrations refused (errno err) failed on this
+ * rank as it should: the odd rank's message names the registration, the
+ * others' name that rank and the registration. */
+static int failed_alike(hcoll_comm_t comm, hcoll_status_t st, const char *what, int rank, int odd,
+                        int err)
+{
+    const char *msg = hcoll_comm_last_error(comm);
+    fprintf(stderr, "rank %d: %s with rank %d's registrations refused (%s): %s: %s\n", rank,
+            what, odd, strerror(err), hcoll_status_name(st), msg);
+    HCT_REQUIRE(st != HCOLL_SUCCESS, "rank %d: %s went through", rank, what);
+    char want[64];
+    snprintf(want, sizeof want, "rank %d could not take part", odd);
+    HCT_REQUIRE(rank == odd ? strstr(msg, "registering") && strstr(msg, strerror(err))
+                            : strstr(msg, want) && strstr(msg, "registering its buffers"),
+                "rank %d: %s: the message does not name the registration: %s", rank, what, msg);
+    return 0;
+}
+
 static int rank_host(int rank, int nranks, void *argp)
 {
     world_t *w = argp;
@@ -194,18 +268,10 @@ static int rank_host(int rank, int nranks, void *argp)
             setenv("HCMOCK_IB_REG_FAIL", inj, 1);
         hcoll_status_t st = call(comm, (enum kind)k, rank, nranks, 0, in, out);
         unsetenv("HCMOCK_IB_REG_FAIL");
-        const char *msg = hcoll_comm_last_error(comm);
-        fprintf(stderr, "rank %d: %s with rank %d's registrations refused (%s): %s: %s\n", rank,
-                kind_name[k], odd, strerror(err), hcoll_status_name(st), msg);
-        HCT_REQUIRE(st != HCOLL_SUCCESS, "rank %d: %s went through", rank, kind_name[k]);
+        if (failed_alike(comm, st, kind_name[k], rank, odd, err))
+            return 1;
         HCT_REQUIRE(rank != odd || mock_stat("injected_reg_failures") > before,
                     "rank %d: %s registered nothing", rank, kind_name[k]);
-        char want[64];
-        snprintf(want, sizeof want, "rank %d could not take part", odd);
-        HCT_REQUIRE(rank == odd ? strstr(msg, "registering") && strstr(msg, strerror(err))
-                                : strstr(msg, want) && strstr(msg, "registering its buffers"),
-                    "rank %d: %s: the message does not name the registration: %s", rank,
-                    kind_name[k], msg);
         /* Without the agreement the ring ran (void): recvbuf is undefined. */
         if (!w->noagree && check_untouched((enum kind)k, rank, nranks, out))
             return 1;
@@ -404,9 +470,11 @@ static int dev_logged_gdr(const world_t *w, int rank)
     return dev_logged(w, rank, "stage 2 on device memory (GPUDirect RDMA)");
 }
 
-static int rank_dev_gdr(int rank, int nranks, void *argp)
+/* The environment of the GPUDirect cases: each GPU beside its NIC
+ * (sysfs-mockib), sm_80 (flush reads), each rank's log in w->logdir. 1
+ * where the fixture is missing. */
+static int dev_gdr_env(const world_t *w)
 {
-    world_t *w = argp;
     if (w->noloop) /* the flush QP cannot be made */
         setenv("HCMOCK_IB_LOOPBACK_FAIL", "95", 1);
     setenv("HCOLL_NET", "ib", 1);
@@ -421,6 +489,14 @@ static int rank_dev_gdr(int rank, int nranks, void *argp)
     HCT_REQUIRE(realpath("tests/fixtures/sysfs-mockib", root), "no tests/fixtures/sysfs-mockib");
     setenv("HCOLL_SYSFS_ROOT", root, 1);
     setenv("HCMOCK_IB_SYSFS", root, 1);
+    return 0;
+}
+
+static int rank_dev_gdr(int rank, int nranks, void *argp)
+{
+    world_t *w = argp;
+    if (dev_gdr_env(w))
+        return 1;
     const hc_cu_api_t *cu = gpu_open(0);
     HCT_REQUIRE(cu && gpu_mock_driver(), "rank %d: no mock GPU", rank);
     hcoll_unique_id_t id;
@@ -542,6 +618,181 @@ START_TEST(regfail_dev_gdr_3x1)
 }
 END_TEST
 
+/* ---- device buffers, three stages, on the GPUDirect rings ---------------- */
+
+/* A device call of kind k (iteration it) on din / dout (apart, but for a
+ * broadcast, which works in dout), through the host images hin / hout:
+ * fresh inputs copied in on stream, then the call (req NULL: blocking,
+ * else _async). 1 where a copy failed. */
+static int dev_issue(hcoll_comm_t comm, const hc_cu_api_t *cu, void *stream, enum kind k,
+                     int rank, int nranks, int it, hc_cu_dptr_t din, hc_cu_dptr_t dout,
+                     int32_t *hin, int32_t *hout, hcoll_request_t *req, hcoll_status_t *st_out)
+{
+    fill(k, rank, nranks, it, hin, hout);
+    if (in_bytes(k, nranks))
+        GPU_OK(cu->memcpy_htod_async(din, hin, in_bytes(k, nranks), stream));
+    GPU_OK(cu->memcpy_htod_async(dout, hout, out_bytes(k, nranks), stream));
+    *st_out = issue(comm, k, (void *)(uintptr_t)din, (void *)(uintptr_t)dout, stream, req);
+    return 0;
+}
+
+/* The output of a device call that went through, exactly. */
+static int dev_check_ok(const hc_cu_api_t *cu, void *stream, enum kind k, int rank, int nranks,
+                        int it, hc_cu_dptr_t dout, int32_t *hout)
+{
+    GPU_OK(cu->memcpy_dtoh_async(hout, dout, out_bytes(k, nranks), stream));
+    GPU_OK(cu->stream_synchronize(stream));
+    return check_ok(k, rank, nranks, it, hout);
+}
+
+/* Kind k on fresh allocations, which the worker registers when its rail's
+ * ring starts: refused on the odd rank in an _async call, which must fail
+ * on every rank alike and release the stream; then 3 calls bit for bit. */
+static int dev3_kind(hcoll_comm_t comm, const hc_cu_api_t *cu, void *stream, enum kind k,
+                     int rank, int nranks, int32_t *hin, int32_t *hout)
+{
+    const int odd = nranks - 1;
+    const size_t ib = in_bytes(k, nranks);
+    hc_cu_dptr_t din = 0, dout;
+    if (ib)
+        GPU_OK(cu->mem_alloc(&din, ib));
+    GPU_OK(cu->mem_alloc(&dout, out_bytes(k, nranks)));
+    const uint64_t before = mock_stat("injected_reg_failures");
+    if (rank == odd)
+        setenv("HCMOCK_IB_REG_FAIL", "12", 1);
+    hcoll_request_t req = NULL;
+    hcoll_status_t st;
+    if (dev_issue(comm, cu, stream, k, rank, nranks, 0, din, dout, hin, hout, &req, &st))
+        return 1;
+    HCT_OK(comm, st);
+    st = hcoll_wait(req);
+    unsetenv("HCMOCK_IB_REG_FAIL");
+    hcoll_request_free(req);
+    if (failed_alike(comm, st, kind_name[k], rank, odd, ENOMEM))
+        return 1;
+    HCT_REQUIRE(rank != odd || mock_stat("injected_reg_failures") > before,
+                "rank %d: %s: nothing was registered", rank, kind_name[k]);
+    GPU_OK(cu->stream_synchronize(stream)); /* released: no gate left shut */
+    hcoll_status_t ae = HCOLL_ERR_INTERNAL;
+    HCT_OK(comm, hcoll_comm_get_async_error(comm, &ae));
+    HCT_REQUIRE(ae == HCOLL_SUCCESS, "rank %d: %s: the communicator failed: %s (%s)", rank,
+                kind_name[k], hcoll_status_name(ae), hcoll_comm_last_error(comm));
+    for (int it = 1; it <= 3; it++) {
+        if (dev_issue(comm, cu, stream, k, rank, nranks, it, din, dout, hin, hout, NULL, &st))
+            return 1;
+        HCT_OK(comm, st);
+        if (dev_check_ok(cu, stream, k, rank, nranks, it, dout, hout))
+            return 1;
+    }
+    if (ib)
+        GPU_OK(cu->mem_free(din));
+    GPU_OK(cu->mem_free(dout));
+    return 0;
+}
+
+/* Kind k on a communicator of its own (a reduce-scatter's or
+ * all-gather's ring runs in hcoll's permuted vector, allocated by the
+ * first such call, and registered then: the refusal must meet it new):
+ * the first device call sets the path up (GPUDirect rings, one a rail),
+ * then dev3_kind. */
+static int dev3_comm(world_t *w, enum kind k, int rank, int nranks, const hc_cu_api_t *cu,
+                     void *stream, int32_t *hin, int32_t *hout)
+{
+    hcoll_unique_id_t id;
+    hcoll_config_t cfg = HCOLL_CONFIG_INITIALIZER;
+    cfg.timeout_ms = 20000;
+    cfg.net = "ib";
+    HCT_REQUIRE(hct_share_unique_id(&w->kslot[k], rank, 20000, &id) == 0, "no unique id");
+    hcoll_comm_t comm;
+    HCT_OK(NULL, hcoll_comm_init(&comm, nranks, rank, &id, &cfg));
+    hc_cu_dptr_t a, b;
+    GPU_OK(cu->mem_alloc(&a, AR_COUNT * sizeof(int32_t)));
+    GPU_OK(cu->mem_alloc(&b, AR_COUNT * sizeof(int32_t)));
+    hcoll_status_t st;
+    if (dev_issue(comm, cu, stream, K_ALLREDUCE, rank, nranks, 0, a, b, hin, hout, NULL, &st))
+        return 1;
+    HCT_OK(comm, st);
+    if (dev_check_ok(cu, stream, K_ALLREDUCE, rank, nranks, 0, b, hout) ||
+        dev_logged_gdr(w, rank) || dev3_kind(comm, cu, stream, k, rank, nranks, hin, hout))
+        return 1;
+    GPU_OK(cu->mem_free(a));
+    GPU_OK(cu->mem_free(b));
+    hcoll_status_t ae = HCOLL_ERR_INTERNAL;
+    HCT_OK(comm, hcoll_comm_get_async_error(comm, &ae));
+    HCT_REQUIRE(ae == HCOLL_SUCCESS, "rank %d: %s: the communicator failed later: %s (%s)", rank,
+                kind_name[k], hcoll_status_name(ae), hcoll_comm_last_error(comm));
+    HCT_OK(comm, hcoll_comm_destroy(comm));
+    return 0;
+}
+
+static int rank_dev_gdr3(int rank, int nranks, void *argp)
+{
+    world_t *w = argp;
+    if (dev_gdr_env(w))
+        return 1;
+    const hc_cu_api_t *cu = gpu_open(rank % w->per_node); /* its own GPU, beside its NIC */
+    HCT_REQUIRE(cu && gpu_mock_driver(), "rank %d: no mock GPU", rank);
+    const size_t cap = (size_t)nranks * RSAG_COUNT > AR_COUNT ? (size_t)nranks * RSAG_COUNT
+                                                              : AR_COUNT;
+    int32_t *hin = malloc(cap * sizeof *hin), *hout = malloc(cap * sizeof *hout + BC_BYTES);
+    HCT_REQUIRE(hin && hout, "no memory");
+    void *stream;
+    GPU_OK(cu->stream_create(&stream, HC_CU_STREAM_NON_BLOCKING));
+    for (int k = 0; k < K_COUNT; k++)
+        if (dev3_comm(w, (enum kind)k, rank, nranks, cu, stream, hin, hout))
+            return 1;
+    free(hin);
+    free(hout);
+    GPU_OK(cu->stream_destroy(stream));
+    return 0;
+}
+
+/* Device buffers with three stages (2 GPUs and NICs per node, NCCL's node
+ * steps on the caller's stream, a GPUDirect ring per rail): the odd rank
+ * refuses the registration of each collective's buffers when its rail's
+ * ring starts. That ring voids the call; the node's other rails hear it
+ * in one node barrier at the call's end (coll_rail.c): every rank of
+ * every node fails the _async call (the odd rank naming the registration,
+ * the others naming it), every stream is released, and the next calls are
+ * exact. Before: the refusing rail's ranks failed the communicator, the
+ * other rails' ranks succeeded with garbage. */
+static void run_dev_gdr3(int nnodes)
+{
+    char cuda[4096];
+    if (!hct_mock_cuda_built(cuda, sizeof cuda)) {
+        printf("SKIP: needs the emulated CUDA driver (%s)\n", cuda);
+        return;
+    }
+    world_t *w = hct_shared_alloc(sizeof *w);
+    ck_assert_ptr_nonnull(w);
+    w->per_node = 2;
+    snprintf(w->logdir, sizeof w->logdir, "/tmp/hcoll-regfail.XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(w->logdir));
+    hct_opts_t o = { .nranks = nnodes * 2, .ranks_per_node = 2, .timeout_ms = 90000 };
+    hct_result_t res[MAX_RANKS];
+    const double t0 = hct_now_ms();
+    int bad = hct_run(&o, rank_dev_gdr3, w, res);
+    fprintf(stderr, "[time] device %dx2: %.1f s\n", nnodes, (hct_now_ms() - t0) / 1e3);
+    ck_assert_msg(bad == 0, "%d rank(s) failed (see stderr; logs in %s)", bad, w->logdir);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", w->logdir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", w->logdir);
+    hct_shared_free(w, sizeof *w);
+}
+
+START_TEST(regfail_dev_gdr_2x2)
+{
+    run_dev_gdr3(2);
+}
+END_TEST
+
+START_TEST(regfail_dev_gdr_3x2)
+{
+    run_dev_gdr3(3);
+}
+END_TEST
+
 /* Issue 19 item 3: a NIC that refuses the loopback QP of GPUDirect flush
  * reads (sm_80 needs them) leaves stage 2 on host staging; init and the
  * device all-reduce go through. */
@@ -563,6 +814,8 @@ static Suite *suite(void)
     tcase_add_test(t, regfail_host_noagree_2x2);
     tcase_add_test(t, regfail_host_noagree_3x2);
     tcase_add_test(t, regfail_dev_gdr_3x1);
+    tcase_add_test(t, regfail_dev_gdr_2x2);
+    tcase_add_test(t, regfail_dev_gdr_3x2);
     tcase_add_test(t, fallback_flush_qp_refused);
     suite_add_tcase(s, t);
     return s;

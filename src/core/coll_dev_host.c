@@ -2,7 +2,9 @@
  * The device path's host stage (design: coll_dev.c), on the executor's
  * worker in issue order: wait for the stream's ready events, run the ring
  * over the rank's shard (staged through pinned host memory, or on device
- * memory with GPUDirect), and open the call's gates, always and in order.
+ * memory with GPUDirect), and open the call's gates, always and in order;
+ * with three stages, a void on any rail is then told to the node's ranks
+ * (coll_rail.c, hc_coll_rail_end_dev).
  */
 #include "core/coll_dev_priv.h"
 
@@ -26,9 +28,10 @@
 
 /* The ring on buf in place (host staging), or from src to dst in device
  * memory (GPUDirect: dev); a broadcast: buf along the chain from
- * o->chain_root. Adds its time to *ring_us. */
+ * o->chain_root. Adds its time to run; a void on this rail (three
+ * stages) is kept in run->v and the call goes on (coll_rail.c). */
 static hcoll_status_t ring_run(hc_coll_dev_t *d, const void *src, void *buf, size_t n,
-                               const hc_dev_op_t *o, int dev, double *ring_us)
+                               const hc_dev_op_t *o, int dev, hc_dev_run_t *run)
 {
     struct hcoll_comm *c = d->c;
     const int bcast = o->kind == HC_DEV_BCAST;
@@ -38,16 +41,17 @@ static hcoll_status_t ring_run(hc_coll_dev_t *d, const void *src, void *buf, siz
     const hc_ringdrv_env_t env = { &c->aborted, &c->err, c->rank,
                                    bcast ? "the broadcast chain" : "the inter-node stage",
                                    NULL /* NCCL: its own failures */, NULL };
+    const uint64_t voided = hc_ring_voided(d->ring);
     const double t0 = hc_now_us();
     hcoll_status_t st = hc_ringdrv_run(d->ring, &rop, &env);
-    *ring_us += hc_now_us() - t0;
-    return st;
+    run->ring_us += hc_now_us() - t0;
+    return hc_coll_rail_ran(d->c->coll, st, voided, &run->v);
 }
 
 /* A gated segment staged through host memory: the ring of every piece
  * between its copies, each piece's gate opened after its ring. */
 static hcoll_status_t gated_seg_staged(hc_coll_dev_t *d, const hc_dev_op_t *o,
-                                       const hc_dev_seg_t *g, double *ring_us)
+                                       const hc_dev_seg_t *g, hc_dev_run_t *run)
 {
     hc_gdr_dev_t *gpu = d->gpu;
     const size_t es = hcoll_dtype_size(o->dtype), piece = d->stage_bytes / es;
@@ -68,7 +72,7 @@ static hcoll_status_t gated_seg_staged(hc_coll_dev_t *d, const hc_dev_op_t *o,
         case HC_DEVSTAGE_RING:
             if (o->ro.host_scale) /* no NCCL stage scaled this rank's input */
                 hc_redop_scale_host(&o->ro, buf, NULL, n, o->dtype);
-            st = ring_run(d, buf, buf, n, o, 0, ring_us);
+            st = ring_run(d, buf, buf, n, o, 0, run);
             break;
         case HC_DEVSTAGE_H2D:
             hc_gdr_gate_release(d->gate, p->gate);
@@ -81,7 +85,7 @@ static hcoll_status_t gated_seg_staged(hc_coll_dev_t *d, const hc_dev_op_t *o,
 }
 
 static hcoll_status_t gated_seg_gdr(hc_coll_dev_t *d, const hc_dev_op_t *o,
-                                    const hc_dev_seg_t *g, double *ring_us)
+                                    const hc_dev_seg_t *g, hc_dev_run_t *run)
 {
     /* The NIC reads the range: stage ① must be done. */
     hcoll_status_t st =
@@ -89,12 +93,12 @@ static hcoll_status_t gated_seg_gdr(hc_coll_dev_t *d, const hc_dev_op_t *o,
     if (st != HCOLL_SUCCESS)
         return st;
     if (o->kind == HC_DEV_BCAST) { /* the chain: nothing for the GPU to reduce */
-        st = ring_run(d, g->src, g->dst, g->count, o, 1, ring_us);
+        st = ring_run(d, g->src, g->dst, g->count, o, 1, run);
         goto out;
     }
     hc_dev_gdr_seg_t x;
     HC_CHECK(hc_dev_gdr_seg_begin(d, g, &x), out);
-    st = ring_run(d, g->src, g->dst, g->count, o, 1, ring_us);
+    st = ring_run(d, g->src, g->dst, g->count, o, 1, run);
     hc_dev_gdr_seg_end(d, &x);
 out:
     hc_gdr_gate_release(d->gate, g->gate_end);
@@ -106,14 +110,14 @@ out:
  * ranks disagree on it: none runs), every gate opened (always, in order),
  * the gate stream waited for. */
 static hcoll_status_t gated_stage(hc_coll_dev_t *d, hc_dev_op_t *o, hcoll_status_t st,
-                                  double *ring_us)
+                                  hc_dev_run_t *run)
 {
     if (o->kind == HC_DEV_RS || o->kind == HC_DEV_AG)
-        return hc_dev_rsag_gated(d, o, st, ring_us);
+        return hc_dev_rsag_gated(d, o, st, run);
     hc_gdr_gate_release(d->gate, o->gate_start); /* the staging buffers are this call's now */
     for (int k = 0; k < o->nseg && st == HCOLL_SUCCESS; k++)
-        st = d->gdr ? gated_seg_gdr(d, o, &o->seg[k], ring_us)
-                    : gated_seg_staged(d, o, &o->seg[k], ring_us);
+        st = d->gdr ? gated_seg_gdr(d, o, &o->seg[k], run)
+                    : gated_seg_staged(d, o, &o->seg[k], run);
     /* Always, and in order: the copies back, and the caller's stream behind
      * them, wait for these gates. */
     hc_gdr_gate_release(d->gate, o->gate_hi);
@@ -161,7 +165,7 @@ hcoll_status_t hc_coll_dev_execute(hc_coll_dev_t *d, hc_dev_op_t *o, hcoll_statu
 {
     const double t0 = hc_now_us();
     hcoll_status_t st = status_in != HCOLL_SUCCESS ? status_in : o->status;
-    double ring_us = 0;
+    hc_dev_run_t run = { 0, { HCOLL_SUCCESS } };
     memset(times, 0, sizeof *times);
     /* Pushed, not set: without a worker thread this runs on the caller's
      * thread, whose current context is the application's. */
@@ -169,12 +173,16 @@ hcoll_status_t hc_coll_dev_execute(hc_coll_dev_t *d, hc_dev_op_t *o, hcoll_statu
     if (gpu)
         hc_gdr_dev_push(d->gpu);
     if (o->gated) {
-        st = gated_stage(d, o, st, &ring_us);
+        st = gated_stage(d, o, st, &run);
         for (int k = 0; k < o->nseg; k++)
             hc_gdr_dev_event_free(d->gpu, o->seg[k].ev_ready);
         hc_dev_gated_free(d, o);
+        /* The rings ran (every rank agreed, the communicator works): the
+         * node's ranks hear of a void on any rail, or end in step. */
+        if (status_in == HCOLL_SUCCESS)
+            st = hc_coll_rail_end_dev(d->c->coll, &run.v, st);
     }
-    times->inter_us = ring_us;
+    times->inter_us = run.ring_us;
     if (gpu) {
         gpu_times(d, o, st, times);
         hc_dev_tev_free(d, o);

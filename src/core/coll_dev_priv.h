@@ -14,6 +14,7 @@
 
 #include "core/coll.h"
 #include "core/coll_dev.h"
+#include "core/coll_priv.h"
 #include "core/redop.h"
 #include "gdr/devctx.h"
 #include "gdr/event.h"
@@ -206,9 +207,18 @@ hcoll_status_t hc_dev_gated_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, size_t nse
  * failures. */
 hcoll_status_t hc_dev_gated_rsag_enqueue(hc_coll_dev_t *d, hc_dev_op_t *o, void *stream,
                                          size_t P);
+/* The worker's account of one call's host stage (coll_dev_host.c): the
+ * time its rings took, and, three stages, a void on this rank's rail
+ * (each ring job's status through hc_coll_rail_ran, coll_rail.c), which
+ * the call goes on past, in step, to fail at its end. */
+typedef struct hc_dev_run {
+    double ring_us;
+    hc_coll_void_t v;
+} hc_dev_run_t;
+
 /* The worker's side of it (coll_dev_rsag.c), as the all-reduce's. */
 hcoll_status_t hc_dev_rsag_gated(hc_coll_dev_t *d, hc_dev_op_t *o, hcoll_status_t st,
-                                 double *ring_us);
+                                 hc_dev_run_t *run);
 
 /* Free what the op's gated part holds (events, pieces); the worker
  * (coll_dev_host.c) runs the host side before. */

@@ -301,9 +301,9 @@ clean_op:
 /* ------------------------------------------------------------------------ */
 
 /* One ring phase over n blocks of cnt elements from src into dst (host
- * staging, or device memory: dev). */
+ * staging, or device memory: dev); a void as ring_run (coll_dev_host.c). */
 static hcoll_status_t rsag_ring(hc_coll_dev_t *d, const hc_dev_op_t *o, const void *src,
-                                void *dst, size_t cnt, int dev, double *ring_us)
+                                void *dst, size_t cnt, int dev, hc_dev_run_t *run)
 {
     struct hcoll_comm *c = d->c;
     const hc_ringdrv_op_t rop = { src, dst, cnt * (size_t)o->nblk, o->dtype, o->op, c->nranks,
@@ -313,15 +313,16 @@ static hcoll_status_t rsag_ring(hc_coll_dev_t *d, const hc_dev_op_t *o, const vo
                                    o->kind == HC_DEV_RS ? "the reduce-scatter's ring"
                                                         : "the all-gather's ring",
                                    NULL, NULL };
+    const uint64_t voided = hc_ring_voided(d->ring);
     const double t0 = hc_now_us();
     hcoll_status_t st = hc_ringdrv_run(d->ring, &rop, &env);
-    *ring_us += hc_now_us() - t0;
-    return st;
+    run->ring_us += hc_now_us() - t0;
+    return hc_coll_rail_ran(d->c->coll, st, voided, &run->v);
 }
 
 /* The worker's side of a gated reduce-scatter or all-gather. */
 hcoll_status_t hc_dev_rsag_gated(hc_coll_dev_t *d, hc_dev_op_t *o, hcoll_status_t st,
-                                 double *ring_us)
+                                 hc_dev_run_t *run)
 {
     hc_gdr_dev_t *gpu = d->gpu;
     const hc_dev_seg_t *g = &o->seg[0];
@@ -336,7 +337,7 @@ hcoll_status_t hc_dev_rsag_gated(hc_coll_dev_t *d, hc_dev_op_t *o, hcoll_status_
         if (rs)
             st = hc_dev_gdr_seg_begin(d, g, &x);
         if (st == HCOLL_SUCCESS)
-            st = rsag_ring(d, o, o->rsrc, o->rdst, B, 1, ring_us);
+            st = rsag_ring(d, o, o->rsrc, o->rdst, B, 1, run);
         if (rs && x.landed)
             hc_dev_gdr_seg_end(d, &x);
     } else if (st == HCOLL_SUCCESS) {
@@ -354,7 +355,7 @@ hcoll_status_t hc_dev_rsag_gated(hc_coll_dev_t *d, hc_dev_op_t *o, hcoll_status_
             } else if (step.kind == HC_DEVSTAGE_RING) {
                 if (rs && o->ro.host_scale)
                     hc_redop_scale_host(&o->ro, host, NULL, p * (size_t)N, o->dtype);
-                st = rsag_ring(d, o, host, host, p, 0, ring_us);
+                st = rsag_ring(d, o, host, host, p, 0, run);
             } else if (step.kind == HC_DEVSTAGE_H2D) {
                 hc_gdr_gate_release(d->gate, o->pc[step.piece].gate);
             }

@@ -173,6 +173,12 @@ hcoll_status_t hc_coll_rail_ran(hc_coll_t *co, hcoll_status_t st, uint64_t voide
  * note. */
 hcoll_status_t hc_coll_rail_end(hc_coll_t *co, hc_coll_void_t *v, hcoll_status_t st,
                                 int step_after);
+/* The same end for a device call whose rings ran (its arguments agreed):
+ * NCCL's node steps on the caller's stream carry no note, so one node
+ * barrier carries it, on every local rank alike wherever the ring can
+ * register (verbs), whatever st (a local rank that left it out would
+ * hold the others up to the deadline). */
+hcoll_status_t hc_coll_rail_end_dev(hc_coll_t *co, hc_coll_void_t *v, hcoll_status_t st);
 /* fn(arg, p, bytes) for every range a ring job of the reduce-scatter or
  * all-gather a registers (coll_rsag.c; makes its permuted vector first);
  * stops at fn's first failure and returns it. */

@@ -19,9 +19,18 @@
  *
  * The note rides in the node steps' descriptors (intra.h note_set): no
  * extra synchronisation on the all-reduce's path.
+ *
+ * Device calls (three stages, coll_dev_host.c): the node steps are NCCL's,
+ * on the caller's stream, enqueued at call time; they carry no word. The
+ * worker keeps the void the same way (its gates open as usual, so every
+ * NCCL step runs on every local rank and the streams stay in step), and at
+ * the call's end one node barrier on the shared-memory backend carries
+ * the note (hc_coll_rail_end_dev): every local rank's worker runs the
+ * same calls in the same order, so the barriers pair up.
  */
 #include "core/coll_priv.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 
 #include "core/comm.h"
@@ -63,17 +72,11 @@ hcoll_status_t hc_coll_rail_ran(hc_coll_t *co, hcoll_status_t st, uint64_t voide
     return rail_voided(co, st, v);
 }
 
-hcoll_status_t hc_coll_rail_end(hc_coll_t *co, hc_coll_void_t *v, hcoll_status_t st,
-                                int step_after)
+/* The call's end, after the note went round (or failed to): st where the
+ * call failed; else this rail's void, or the note another rail left. */
+static hcoll_status_t rail_close(hc_coll_t *co, hc_coll_void_t *v, hcoll_status_t st)
 {
     struct hcoll_comm *c = co->comm;
-    /* No node step followed the last ring job (a reduce-scatter's ends in
-     * a local copy; a broadcast's last all-gather may come before its
-     * chain's end): one more, only where the ring can void (verbs without
-     * the agreement). */
-    if (!step_after && st == HCOLL_SUCCESS && co->plan == HC_PLAN_3STAGE && !co->check_args &&
-        hc_ring_registers(co->ring, 1, HCOLL_UINT8, -1))
-        st = co->intra->ops->barrier(co->intra);
     const uint32_t note = hc_intra_note_take(co->intra);
     hc_intra_note_set(co->intra, 0);
     if (st != HCOLL_SUCCESS)
@@ -99,4 +102,34 @@ hcoll_status_t hc_coll_rail_end(hc_coll_t *co, hc_coll_void_t *v, hcoll_status_t
                       "why); its rail's ring voided its part and told this node; every rank "
                       "fails this call, its result is undefined, and the next call runs",
                       who, (unsigned long long)co->opseq, hcoll_status_name(vst));
+}
+
+hcoll_status_t hc_coll_rail_end(hc_coll_t *co, hc_coll_void_t *v, hcoll_status_t st,
+                                int step_after)
+{
+    /* No node step followed the last ring job (a reduce-scatter's ends in
+     * a local copy; a broadcast's last all-gather may come before its
+     * chain's end): one more, only where the ring can void (verbs without
+     * the agreement). */
+    if (!step_after && st == HCOLL_SUCCESS && co->plan == HC_PLAN_3STAGE && !co->check_args &&
+        hc_ring_registers(co->ring, 1, HCOLL_UINT8, -1))
+        st = co->intra->ops->barrier(co->intra);
+    return rail_close(co, v, st);
+}
+
+hcoll_status_t hc_coll_rail_end_dev(hc_coll_t *co, hc_coll_void_t *v, hcoll_status_t st)
+{
+    /* The agreement does not help here: a GPUDirect ring registers device
+     * memory when it starts, whatever HCOLL_CHECK_ARGS says. Staged rings
+     * (pinned at set-up) cannot void, but which rails went GPUDirect is
+     * each rail's own (coll_dev.c, dev_enable_gdr), and the barrier must
+     * be alike on every local rank: the node pays it on verbs either way.
+     * An abort ends the communicator and the barrier with it. */
+    if (co->plan == HC_PLAN_3STAGE && hc_ring_registers(co->ring, 1, HCOLL_UINT8, -1) &&
+        !atomic_load(&co->comm->aborted)) {
+        const hcoll_status_t b = co->intra->ops->barrier(co->intra);
+        if (st == HCOLL_SUCCESS)
+            st = b;
+    }
+    return rail_close(co, v, st);
 }
