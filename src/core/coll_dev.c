@@ -34,7 +34,10 @@
  *
  * Failure: a stream waiting on a gate must never hang. A host stage that
  * fails still opens its gates (the result is then undefined, the error is
- * sticky and reported by the request and hcoll_comm_get_async_error), and
+ * sticky and reported by the request and hcoll_comm_get_async_error; but
+ * a ring that voided the call, a rank's registration refused, fails it on
+ * every rank alike and leaves the communicator usable: ring_void.c, and
+ * with three stages coll_rail.c, which tells the node's other rails), and
  * destroy/abort opens every gate issued before it frees anything, after
  * waiting (up to the timeout) for every stream to pass hcoll's work; if
  * one does not, what it may still use is left allocated rather than freed
