@@ -690,6 +690,39 @@ static int dev3_kind(hcoll_comm_t comm, const hc_cu_api_t *cu, void *stream, enu
     return 0;
 }
 
+/* A blocking all-reduce refused the same way has returned before its
+ * ring ran: its failure is the communicator's async error, on every rank
+ * of every node (as with one rank per node), seen once a later call has
+ * gone through the executor after it. */
+static int dev3_blocking(hcoll_comm_t comm, const hc_cu_api_t *cu, void *stream, int rank,
+                         int nranks, int32_t *hin, int32_t *hout)
+{
+    const int odd = nranks - 1;
+    hc_cu_dptr_t din, dout;
+    GPU_OK(cu->mem_alloc(&din, in_bytes(K_ALLREDUCE, nranks)));
+    GPU_OK(cu->mem_alloc(&dout, out_bytes(K_ALLREDUCE, nranks)));
+    if (rank == odd)
+        setenv("HCMOCK_IB_REG_FAIL", "12", 1);
+    hcoll_status_t st;
+    if (dev_issue(comm, cu, stream, K_ALLREDUCE, rank, nranks, 0, din, dout, hin, hout, NULL,
+                  &st))
+        return 1;
+    HCT_OK(comm, st);
+    st = hcoll_barrier(comm); /* behind it in the executor */
+    unsetenv("HCMOCK_IB_REG_FAIL");
+    GPU_OK(cu->stream_synchronize(stream)); /* released */
+    hcoll_status_t ae = HCOLL_SUCCESS;
+    HCT_OK(comm, hcoll_comm_get_async_error(comm, &ae));
+    fprintf(stderr, "rank %d: blocking device all-reduce, rank %d's registrations refused: "
+            "barrier %s, async error %s: %s\n", rank, odd, hcoll_status_name(st),
+            hcoll_status_name(ae), hcoll_comm_last_error(comm));
+    HCT_REQUIRE(ae == HCOLL_ERR_RDMA, "rank %d: the refused blocking call's async error is %s",
+                rank, hcoll_status_name(ae));
+    GPU_OK(cu->mem_free(din));
+    GPU_OK(cu->mem_free(dout));
+    return 0;
+}
+
 /* Kind k on a communicator of its own (a reduce-scatter's or
  * all-gather's ring runs in hcoll's permuted vector, allocated by the
  * first such call, and registered then: the refusal must meet it new):
@@ -721,6 +754,8 @@ static int dev3_comm(world_t *w, enum kind k, int rank, int nranks, const hc_cu_
     HCT_OK(comm, hcoll_comm_get_async_error(comm, &ae));
     HCT_REQUIRE(ae == HCOLL_SUCCESS, "rank %d: %s: the communicator failed later: %s (%s)", rank,
                 kind_name[k], hcoll_status_name(ae), hcoll_comm_last_error(comm));
+    if (k == K_ALLREDUCE && dev3_blocking(comm, cu, stream, rank, nranks, hin, hout))
+        return 1;
     HCT_OK(comm, hcoll_comm_destroy(comm));
     return 0;
 }
@@ -754,8 +789,10 @@ static int rank_dev_gdr3(int rank, int nranks, void *argp)
  * in one node barrier at the call's end (coll_rail.c): every rank of
  * every node fails the _async call (the odd rank naming the registration,
  * the others naming it), every stream is released, and the next calls are
- * exact. Before: the refusing rail's ranks failed the communicator, the
- * other rails' ranks succeeded with garbage. */
+ * exact; a blocking all-reduce refused alike leaves the void's status as
+ * every rank's async error. Before: the refusing rail's ranks failed the
+ * communicator, the other rails' ranks succeeded with garbage (and after
+ * a blocking call failed ~15 s later with HCOLL_ERR_PEER_FAILED). */
 static void run_dev_gdr3(int nnodes)
 {
     char cuda[4096];
