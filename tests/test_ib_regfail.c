@@ -7,7 +7,9 @@
  * limit gives, or EOPNOTSUPP), at each place a call registers in turn:
  *   host   the three-stage all-reduce's pipelined shards, the ring plan's
  *          buffers, the reduce-scatter's and all-gather's permuted vector
- *          (per piece), the broadcast chain's shard
+ *          (per piece), the broadcast chain's shard: each in the ring's
+ *          stage (and the permuted vector kept registered), so each kind
+ *          runs on a new communicator, whose first call registers them
  * on 2x2 (three stages, several pieces) and 3x1 (the ring of every rank).
  *   device (emulated CUDA driver, staged through pinned host memory): the
  *          staging buffers, registered at the device path's set-up (the
@@ -58,7 +60,7 @@ static const char *const kind_name[K_COUNT] = { "allreduce", "reduce_scatter", "
 
 typedef struct world {
     hct_id_slot_t slot;
-    hct_id_slot_t kslot[K_COUNT]; /* device, three stages: a communicator per kind */
+    hct_id_slot_t kslot[K_COUNT]; /* a communicator per kind (host; device, three stages) */
     int noagree;      /* HCOLL_CHECK_ARGS=0: the ring voids the call */
     int noloop;       /* device: the NIC refuses the GPUDirect flush QP */
     int per_node;     /* device, three stages: ranks (GPUs, NICs) per node */
@@ -251,15 +253,19 @@ static int rank_host(int rank, int nranks, void *argp)
     cfg.timeout_ms = 20000;
     cfg.net = "ib";
     cfg.chunk_bytes = 4096; /* pieces of 32 KiB on 2x2: many of them */
-    HCT_REQUIRE(hct_share_unique_id(&w->slot, rank, 20000, &id) == 0, "no unique id");
-    hcoll_comm_t comm;
-    HCT_OK(NULL, hcoll_comm_init(&comm, nranks, rank, &id, &cfg));
     const int odd = nranks - 1;
     const size_t cap = (size_t)nranks * RSAG_COUNT > AR_COUNT ? (size_t)nranks * RSAG_COUNT
                                                               : AR_COUNT;
     int32_t *in = malloc(cap * sizeof *in), *out = malloc(cap * sizeof *out + BC_BYTES);
     HCT_REQUIRE(in && out, "no memory");
+    /* Each kind on a new communicator: what a call registers once and
+     * keeps (the ring's stage, hcoll's own permuted vector) is then
+     * registered in the refused call. */
     for (int k = 0; k < K_COUNT; k++) {
+        hcoll_comm_t comm;
+        HCT_REQUIRE(hct_share_unique_id(&w->kslot[k], rank, 20000, &id) == 0,
+                    "no unique id");
+        HCT_OK(NULL, hcoll_comm_init(&comm, nranks, rank, &id, &cfg));
         const int err = k % 2 ? EOPNOTSUPP : ENOMEM;
         char inj[16];
         snprintf(inj, sizeof inj, "%d", err);
@@ -285,8 +291,8 @@ static int rank_host(int rank, int nranks, void *argp)
             if (check_ok((enum kind)k, rank, nranks, it, out))
                 return 1;
         }
+        HCT_OK(comm, hcoll_comm_destroy(comm));
     }
-    HCT_OK(comm, hcoll_comm_destroy(comm));
     free(in);
     free(out);
     return 0;

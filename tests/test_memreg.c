@@ -10,6 +10,8 @@
  *          deregistered handles; destroy with registrations left frees
  *          them (no verbs object left, ASan-clean)
  *   tcp    registration is accepted and changes nothing but the record
+ *   colls  reduce-scatter, all-gather and broadcast on unregistered
+ *          buffers register nothing per call (2 x 2, and the ring plan)
  */
 #include <check.h>
 #include <dlfcn.h>
@@ -194,6 +196,121 @@ static int rank_memreg(int rank, int n, void *argp)
     return 0;
 }
 
+/* ---- reduce-scatter, all-gather and broadcast: nothing registered per call ---- */
+
+#define COLL_WARM 2  /* calls that may grow the stage or register hcoll's vector */
+#define COLL_CALLS 4 /* calls that must register nothing */
+
+/* One collective, COLL_WARM + COLL_CALLS times on unregistered buffers;
+ * the registrations of the last COLL_CALLS into *regs_out. kind: 0
+ * reduce-scatter, 1 all-gather, 2 broadcast (root nranks - 1). */
+static int coll_loop(hcoll_comm_t comm, int kind, size_t count, int rank, int n,
+                     uint64_t *regs_out)
+{
+    const size_t total = count * (size_t)n;
+    int32_t *send = malloc(total * sizeof *send), *recv = malloc(total * sizeof *recv);
+    HCT_REQUIRE(send && recv, "no memory");
+    uint64_t r0 = 0;
+    for (int it = 0; it < COLL_WARM + COLL_CALLS; it++) {
+        if (it == COLL_WARM)
+            r0 = regs();
+        for (size_t i = 0; i < total; i++)
+            send[i] = (int32_t)((i * 7 + (size_t)rank * 3 + (size_t)it) % 1000);
+        memset(recv, 0xee, total * sizeof *recv);
+        if (kind == 0)
+            HCT_OK(comm, hcoll_reduce_scatter(comm, send, recv, count, HCOLL_INT32, HCOLL_SUM,
+                                              NULL));
+        else if (kind == 1)
+            HCT_OK(comm, hcoll_allgather(comm, send + (size_t)rank * count, recv, count,
+                                         HCOLL_INT32, NULL));
+        else
+            HCT_OK(comm, hcoll_broadcast(comm, send, recv, total, HCOLL_INT32, n - 1, NULL));
+        const size_t len = kind == 0 ? count : total;
+        for (size_t i = 0; i < len; i++) {
+            int32_t want = 0;
+            if (kind == 0)
+                for (int r = 0; r < n; r++)
+                    want += (int32_t)((((size_t)rank * count + i) * 7 + (size_t)r * 3 +
+                                       (size_t)it) % 1000);
+            else
+                want = (int32_t)((i * 7 + (kind == 1 ? i / count : (size_t)n - 1) * 3 +
+                                  (size_t)it) % 1000);
+            HCT_REQUIRE(recv[i] == want, "kind %d call %d: element %zu is %d, want %d", kind,
+                        it, i, recv[i], want);
+        }
+    }
+    *regs_out = regs() - r0;
+    free(send);
+    free(recv);
+    return 0;
+}
+
+typedef struct colls_arg {
+    hct_id_slot_t slot;
+    size_t count; /* elements per block */
+    unsigned long long regs[4][3];
+} colls_arg_t;
+
+static int rank_colls(int rank, int n, void *argp)
+{
+    colls_arg_t *a = argp;
+    setenv("HCOLL_SOCKET_IFNAME", "=lo", 1);
+    hcoll_unique_id_t id;
+    hcoll_config_t cfg = HCOLL_CONFIG_INITIALIZER;
+    cfg.timeout_ms = 20000;
+    cfg.net = "ib";
+    HCT_REQUIRE(hct_share_unique_id(&a->slot, rank, 20000, &id) == 0, "no unique id");
+    hcoll_comm_t comm;
+    HCT_OK(NULL, hcoll_comm_init(&comm, n, rank, &id, &cfg));
+    for (int kind = 0; kind < 3; kind++) {
+        uint64_t r = 0;
+        if (coll_loop(comm, kind, a->count, rank, n, &r))
+            return 1;
+        a->regs[rank][kind] = (unsigned long long)r;
+    }
+    HCT_OK(comm, hcoll_comm_destroy(comm));
+    char who[32];
+    snprintf(who, sizeof who, "rank %d", rank);
+    if (hct_mock_clean(who, 1) || hct_mock_released(who))
+        return 1;
+    HCT_REQUIRE(LEAK_CHECK(), "rank %d: leaks (see the report above)", rank);
+    return 0;
+}
+
+/* Before: each call registered the caller's buffers (or hcoll's permuted
+ * vector) once per ring job and deregistered them after. */
+static void run_colls(size_t count, int nranks, int per_node)
+{
+    colls_arg_t *a = hct_shared_alloc(sizeof *a);
+    memset(a, 0, sizeof *a);
+    a->count = count;
+    hct_opts_t o = { .nranks = nranks, .ranks_per_node = per_node, .timeout_ms = 100000 };
+    hct_result_t res[4];
+    int bad = hct_run(&o, rank_colls, a, res);
+    ck_assert_msg(bad == 0, "%d rank(s) failed (see stderr)", bad);
+    static const char *names[] = { "reduce-scatter", "all-gather", "broadcast" };
+    for (int r = 0; r < nranks; r++)
+        for (int k = 0; k < 3; k++) {
+            fprintf(stderr, "%d x %d, %zu elements per block, rank %d: %s: %llu "
+                    "registration(s) in %d calls after %d\n", nranks / per_node, per_node,
+                    count, r, names[k], a->regs[r][k], COLL_CALLS, COLL_WARM);
+            ck_assert_msg(a->regs[r][k] == 0, "rank %d: %s registered %llu time(s) in %d "
+                          "calls on unregistered buffers", r, names[k], a->regs[r][k],
+                          COLL_CALLS);
+        }
+    hct_shared_free(a, sizeof *a);
+}
+
+/* Three stages: the rings work in hcoll's permuted vector (kept
+ * registered) and the broadcast's chain in the stage. 4 MiB per call. */
+START_TEST(colls_ib_2x2_unregistered) { run_colls(1 << 18, 4, 2); }
+END_TEST
+
+/* The ring plan: the reduce-scatter reads sendbuf itself, the all-gather
+ * works in recvbuf itself, the chain in recvbuf: all in the stage. */
+START_TEST(colls_ib_ring_unregistered) { run_colls(1 << 17, 2, 1); }
+END_TEST
+
 static void run(const char *net, size_t count, int nranks, int per_node)
 {
     mr_arg_t *a = hct_shared_alloc(sizeof *a);
@@ -235,6 +352,8 @@ int main(int argc, char **argv)
     tcase_add_test(tc, memreg_ib_64mib);
     tcase_add_test(tc, memreg_ib_2x2);
     tcase_add_test(tc, memreg_tcp);
+    tcase_add_test(tc, colls_ib_2x2_unregistered);
+    tcase_add_test(tc, colls_ib_ring_unregistered);
     suite_add_tcase(s, tc);
     return hct_mockib_run(s);
 }

@@ -10,7 +10,10 @@
  *     latency path            recvbuf (the ring over the node's sum)
  *     three-stage all-reduce  the shard of recvbuf of every piece (S/L bytes)
  *     broadcast               the chain's range (the shard, three stages)
- *     reduce-scatter, gather  each piece's ring job (coll_rsag.c)
+ *     reduce-scatter, gather  each piece's ring job (coll_rsag.c), in
+ *                             hcoll's own vector, which stays registered
+ *   a job that runs in the ring's stage (ring.h, HC_RING_STAGE_MAX) pins
+ *   nothing of the caller's: the stage is grown to hold it instead
  *   agreement verdict = the first pin that failed (already recorded)
  *   the operation         its own mr_reg hits the pinned entries
  *   after it              every pin released
@@ -117,6 +120,8 @@ static hcoll_status_t pin_broadcast(hc_coll_pins_t *s, const hc_coll_args_t *a)
         base += soff * es;
         len = slen * es;
     }
+    if (hc_ring_stages(co->ring, base, base, len, HCOLL_UINT8, -1))
+        return hc_ring_stage_reserve(co->ring, len); /* nothing of the caller's */
     return pins_add(s, base, len);
 }
 

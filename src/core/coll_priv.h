@@ -66,6 +66,7 @@ struct hc_coll {
     int *rsag_map;          /* which rank's block goes where in the permuted vector */
     unsigned char *rsag_buf; /* the permuted vector, kept between calls */
     size_t rsag_cap;
+    hc_mr_t *rsag_pin;      /* its registration, held while it is kept (verbs) */
     struct hc_dissem *dissem; /* the barrier across nodes (barrier.c); NULL: none */
     uint64_t opseq;        /* operations executed, counted alike on every rank */
     void **rsag_blk;        /* a piece's blocks of sendbuf / recvbuf in that order */

@@ -100,8 +100,16 @@ typedef struct rsag {
     hcoll_stage_times_t *tm;
 } rsag_t;
 
+/* The permuted vector's own registration, if it has one. */
+static void rsag_unpin(hc_coll_t *co)
+{
+    hc_ring_mem_unpin(co->ring, co->rsag_pin);
+    co->rsag_pin = NULL;
+}
+
 void hc_coll_rsag_free(hc_coll_t *co)
 {
+    rsag_unpin(co);
     free(co->rsag_map);
     free(co->rsag_buf);
     free(co->rsag_blk);
@@ -136,13 +144,20 @@ static hcoll_status_t rsag_map(hc_coll_t *co, int N, int L)
     return HCOLL_SUCCESS;
 }
 
-/* The permuted vector: kept between calls (the transport's registration
- * cache then finds it again), grown when a call needs more. */
+/* The permuted vector: kept between calls, grown when a call needs more.
+ * It is hcoll's own memory, so where the ring registers its buffers
+ * (verbs) it is registered once for its life (hc_ring_mem_pin), not per
+ * ring job: no buffer of the caller's can be freed under a kept
+ * registration. That locks the vector (S bytes, the largest call's) for
+ * as long as the communicator keeps it, where per-job registrations
+ * locked S/L at a time; a refusal (ulimit -l) only leaves it unregistered,
+ * and its jobs register as before (their refusal is then a verdict). */
 static hcoll_status_t rsag_scratch(hc_coll_t *co, size_t bytes)
 {
     struct hcoll_comm *c = co->comm;
     if (bytes <= co->rsag_cap)
         return HCOLL_SUCCESS;
+    rsag_unpin(co);
     free(co->rsag_buf);
     co->rsag_cap = 0;
     co->rsag_buf = malloc(bytes);
@@ -150,6 +165,14 @@ static hcoll_status_t rsag_scratch(hc_coll_t *co, size_t bytes)
         return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_NO_MEMORY,
                           "no memory for a %zu-byte reduce-scatter/all-gather buffer", bytes);
     co->rsag_cap = bytes;
+    if (co->ring && hc_ring_registers(co->ring, bytes, HCOLL_UINT8, -1) &&
+        hc_ring_mem_pin(co->ring, co->rsag_buf, bytes, &co->rsag_pin) != HCOLL_SUCCESS) {
+        co->rsag_pin = NULL;
+        HC_INFO(HC_COLL, c->rank,
+               "the %zu-byte reduce-scatter/all-gather vector stays unregistered (above); "
+               "its ring jobs register it each call",
+               bytes);
+    }
     return HCOLL_SUCCESS;
 }
 
@@ -422,6 +445,10 @@ hcoll_status_t hc_coll_rsag_ring_ranges(hc_coll_t *co, const hc_coll_args_t *a,
         const hc_ringdrv_op_t job = ring_job(&x, k);
         if (!hc_ring_registers(co->ring, job.count, job.dtype, job.phase))
             continue;
+        if (hc_ring_stages(co->ring, job.src, job.dst, job.count, job.dtype, job.phase)) {
+            st = hc_ring_stage_reserve(co->ring, job.count * x.es); /* nothing of the caller's */
+            continue;
+        }
         st = fn(arg, job.dst, job.count * x.es);
         if (st == HCOLL_SUCCESS && job.src != job.dst)
             st = fn(arg, job.src, job.count * x.es);

@@ -21,7 +21,10 @@ hcoll_status_t hc_ringdrv_run_watched(struct hc_ring *ring, const hc_ringdrv_op_
     int done = 0;
     hcoll_status_t st;
     if (op->bcast)
-        st = hc_ring_bcast_start_watched(ring, op->dst, op->count, op->dtype, op->root, landed);
+        st = op->device ? hc_ring_bcast_start_device(ring, op->dst, op->count, op->dtype,
+                                                     op->root, landed)
+                        : hc_ring_bcast_start_watched(ring, op->dst, op->count, op->dtype,
+                                                      op->root, landed);
     else if (op->phase == HC_RING_PHASE_RS)
         st = op->device ? hc_ring_rs_start_device(ring, op->src, op->dst, op->count, op->dtype,
                                                   op->op, op->avg_div)

@@ -368,6 +368,19 @@ static void bcast_landed(hc_ring_t *r)
     atomic_store_explicit(o->landed, got < bytes ? got : bytes, memory_order_release);
 }
 
+/* A broadcast run in the stage (ring_op.c): message m, landed there, into
+ * the caller's buffer now, before the watcher hears of it. */
+static void bcast_stage_out(hc_ring_t *r, size_t m)
+{
+    ring_op_t *o = &r->op;
+    if (!o->user_recv || !o->bcast || r->rank == o->root) /* the root's closing message */
+        return;
+    const size_t bytes = o->count * o->esize, off = m * r->chunk_bytes;
+    if (off < bytes)
+        memcpy(o->user_recv + off, r->stage + off,
+               bytes - off < r->chunk_bytes ? bytes - off : r->chunk_bytes);
+}
+
 hcoll_status_t hc_ring_on_comp(hc_ring_t *r, const hc_comp_t *c)
 {
     if (c->kind == HC_COMP_PUT) {
@@ -418,6 +431,7 @@ hcoll_status_t hc_ring_on_comp(hc_ring_t *r, const hc_comp_t *c)
             if (m < r->op.g.nmsg && !r->op.ag_done[m] && r->op.phase != HC_RING_PHASE_RS) {
                 r->op.ag_done[m] = 1;
                 r->op.ag_nrecv++;
+                bcast_stage_out(r, m);
                 if (r->op.landed)
                     bcast_landed(r);
                 return HCOLL_SUCCESS;

@@ -188,6 +188,11 @@ hcoll_status_t hc_ring_bcast_start(hc_ring_t *ring, void *buf, size_t count, hco
  * returns, even where nothing moves (count 0, one position). */
 hcoll_status_t hc_ring_bcast_start_watched(hc_ring_t *ring, void *buf, size_t count,
                                            hcoll_dtype_t dtype, int root, atomic_size_t *landed);
+/* hc_ring_bcast_start_watched on device memory (a GPUDirect ring): never
+ * in the stage, which host code copies (the chain itself only moves
+ * bytes; landed as above). */
+hcoll_status_t hc_ring_bcast_start_device(hc_ring_t *ring, void *buf, size_t count,
+                                          hcoll_dtype_t dtype, int root, atomic_size_t *landed);
 
 /* Start + progress until done. Blocking, collective. */
 hcoll_status_t hc_ring_allreduce(hc_ring_t *ring, const void *sendbuf, void *recvbuf,
@@ -241,11 +246,14 @@ void hc_ring_mem_unpin(hc_ring_t *ring, hc_mr_t *pin);
  * region, TCP, a 1-rank ring, count 0). */
 int hc_ring_registers(const hc_ring_t *ring, size_t count, hcoll_dtype_t dtype, int phase);
 
-/* Host all-reduces of at most HC_RING_STAGE_MAX bytes whose buffers
- * nobody holds registered (hcoll_mem_register) run in the ring's stage,
- * registered once and grown to the largest seen: copied in at start, out
- * at the end, instead of registering the caller's buffers per operation
- * (verbs; nothing changes where the ring registers nothing). Larger ones
+/* Host operations (all-reduce, a phase alone, broadcast chain) of at
+ * most HC_RING_STAGE_MAX bytes whose buffers nobody holds registered
+ * (hcoll_mem_register, hcoll's own kept registrations) run in the ring's
+ * stage, registered once and grown to the largest seen: copied in at
+ * start (a broadcast: on its root only), out at the end (a broadcast: each
+ * message as it lands, before a watcher hears of it), instead of
+ * registering the caller's buffers per operation (verbs; nothing changes
+ * where the ring registers nothing). Larger ones
  * register the caller's buffers: per byte, pinning (about 0.25 us a 4 KiB
  * page) is cheaper than copying a page in and out (0.6-0.9 us measured
  * here), so past the registration's fixed cost the stage buys no time,

@@ -194,11 +194,11 @@ clean_active:
 
 /* ---- the stage (ring.h, HC_RING_STAGE_MAX) -------------------------------- */
 
-static int stage_wanted(const hc_ring_t *r, const void *send, const void *recv, size_t bytes,
-                        int phase)
+/* Every host operation (both phases, one alone, a broadcast chain) whose
+ * buffers nobody holds registered. */
+static int stage_wanted(const hc_ring_t *r, const void *send, const void *recv, size_t bytes)
 {
-    return phase == HC_RING_PHASE_ALLREDUCE && bytes > 0 && bytes <= HC_RING_STAGE_MAX &&
-           r->ops->mem_pinned &&
+    return bytes > 0 && bytes <= HC_RING_STAGE_MAX && r->ops->mem_pinned &&
            !(r->ops->mem_pinned(r->tr, recv, bytes) &&
              (send == recv || r->ops->mem_pinned(r->tr, send, bytes)));
 }
@@ -207,7 +207,7 @@ int hc_ring_stages(const hc_ring_t *r, const void *sendbuf, const void *recvbuf,
                    hcoll_dtype_t dtype, int phase)
 {
     return hc_ring_registers(r, count, dtype, phase) &&
-           stage_wanted(r, sendbuf, recvbuf, count * hcoll_dtype_size(dtype), phase);
+           stage_wanted(r, sendbuf, recvbuf, count * hcoll_dtype_size(dtype));
 }
 
 hcoll_status_t hc_ring_stage_reserve(hc_ring_t *r, size_t bytes)
@@ -240,15 +240,17 @@ hcoll_status_t hc_ring_stage_reserve(hc_ring_t *r, size_t bytes)
     return HCOLL_SUCCESS;
 }
 
-/* Run the operation in the stage: sendbuf copied in, recv kept for the
- * end (op_stage_out); the stage's registration serves both sides. */
+/* Run the operation in the stage: sendbuf copied in (a broadcast's only
+ * on its root: the others' bytes come from prev), recv kept for the end
+ * (op_stage_out); the stage's registration serves both sides. */
 static hcoll_status_t op_stage_in(hc_ring_t *r, size_t bytes, hc_rkey_t *rkey_out)
 {
     ring_op_t *o = &r->op;
     hcoll_status_t st = hc_ring_stage_reserve(r, bytes);
     if (st != HCOLL_SUCCESS)
         return st;
-    memcpy(r->stage, o->send, bytes);
+    if (!o->bcast || r->rank == o->root)
+        memcpy(r->stage, o->send, bytes);
     o->user_recv = o->recv;
     o->send = o->recv = r->stage;
     o->send_mr = o->recv_mr = r->stage_mr;
@@ -259,7 +261,8 @@ static hcoll_status_t op_stage_in(hc_ring_t *r, size_t bytes, hc_rkey_t *rkey_ou
 static void op_stage_out(hc_ring_t *r)
 {
     ring_op_t *o = &r->op;
-    if (o->user_recv && !o->voided)
+    /* A broadcast's came out as it landed; the root's was there. */
+    if (o->user_recv && !o->voided && !o->bcast)
         memcpy(o->user_recv, r->stage, o->count * o->esize);
 }
 
@@ -274,7 +277,7 @@ static hcoll_status_t start_chunked(hc_ring_t *r)
     /* A refused registration voids the operation (ring_void.c) instead of
      * breaking the ring: the neighbours are in it already. */
     hcoll_status_t reg;
-    if (!o->dev && !o->bcast && stage_wanted(r, o->send, o->recv, bytes, o->phase))
+    if (!o->dev && stage_wanted(r, o->send, o->recv, bytes))
         reg = op_stage_in(r, bytes, &recv_rkey);
     else
         reg = r->ops->mr_reg(r->tr, o->recv, bytes, &o->recv_mr, &recv_rkey);
@@ -425,8 +428,23 @@ hcoll_status_t hc_ring_bcast_start(hc_ring_t *r, void *buf, size_t count, hcoll_
     return hc_ring_bcast_start_watched(r, buf, count, dtype, root, NULL);
 }
 
+static hcoll_status_t bcast_start(hc_ring_t *r, void *buf, size_t count, hcoll_dtype_t dtype,
+                                  int root, int dev, atomic_size_t *landed);
+
 hcoll_status_t hc_ring_bcast_start_watched(hc_ring_t *r, void *buf, size_t count,
                                            hcoll_dtype_t dtype, int root, atomic_size_t *landed)
+{
+    return bcast_start(r, buf, count, dtype, root, 0, landed);
+}
+
+hcoll_status_t hc_ring_bcast_start_device(hc_ring_t *r, void *buf, size_t count,
+                                          hcoll_dtype_t dtype, int root, atomic_size_t *landed)
+{
+    return bcast_start(r, buf, count, dtype, root, 1, landed);
+}
+
+static hcoll_status_t bcast_start(hc_ring_t *r, void *buf, size_t count, hcoll_dtype_t dtype,
+                                  int root, int dev, atomic_size_t *landed)
 {
     hc_errbuf_t *eb = RING_ERRBUF(r);
     hcoll_status_t st = start_check(r, buf, buf, count, dtype, HCOLL_SUM, 0);
@@ -450,6 +468,7 @@ hcoll_status_t hc_ring_bcast_start_watched(hc_ring_t *r, void *buf, size_t count
     o->dtype = dtype;
     o->op = (hcoll_op_t)(0x80 | (root & 0x7f));
     o->bcast = 1;
+    o->dev = dev; /* only keeps it out of the stage: the chain moves bytes alike */
     o->root = root;
     const size_t bytes = count * o->esize;
     o->g.n = r->n;

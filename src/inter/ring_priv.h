@@ -160,7 +160,7 @@ struct hc_ring {
     uint32_t desc_void[16]; /* an early descriptor's void notice (0: none) */
     uint64_t nvoid;       /* operations voided (hc_ring_voided) */
     int void_rank;        /* hc_ring_void_rank */
-    /* The stage (ring_op.c): host all-reduces run here instead of in the
+    /* The stage (ring_op.c): host operations run here instead of in the
      * caller's buffers, registered once, grown to the largest seen. */
     char *stage;
     size_t stage_cap;
