@@ -168,10 +168,11 @@ static hcoll_status_t rsag_scratch(hc_coll_t *co, size_t bytes)
     if (co->ring && hc_ring_registers(co->ring, bytes, HCOLL_UINT8, -1) &&
         hc_ring_mem_pin(co->ring, co->rsag_buf, bytes, &co->rsag_pin) != HCOLL_SUCCESS) {
         co->rsag_pin = NULL;
-        HC_INFO(HC_COLL, c->rank,
-               "the %zu-byte reduce-scatter/all-gather vector stays unregistered (above); "
-               "its ring jobs register it each call",
-               bytes);
+        HC_WARN(HC_COLL, c->rank,
+                "keeping the %zu-byte reduce-scatter/all-gather vector registered failed "
+                "(above); nothing fails for it: its ring jobs run in the ring's stage or "
+                "register it each call",
+                bytes);
     }
     return HCOLL_SUCCESS;
 }
