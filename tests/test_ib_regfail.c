@@ -590,12 +590,9 @@ static int rank_dev_gdr(int rank, int nranks, void *argp)
     return 0;
 }
 
-/* Device buffers on the GPUDirect ring (3 nodes, one GPU and NIC each):
- * the caller's buffer is registered by the worker when the ring starts;
- * a refusal there voids that operation on every rank (the _async request
- * fails, the stream is released) and the communicator goes on. Before:
- * the ring broke, and the communicator with it. */
-static void run_dev_gdr(int noloop)
+/* The device cases' world: each rank's log in a directory of its own
+ * (removed after a pass), nranks of per_node each under fn. */
+static void run_dev(hct_rank_fn fn, int nranks, int per_node, int noloop)
 {
     char cuda[4096];
     if (!hct_mock_cuda_built(cuda, sizeof cuda)) {
@@ -605,17 +602,31 @@ static void run_dev_gdr(int noloop)
     world_t *w = hct_shared_alloc(sizeof *w);
     ck_assert_ptr_nonnull(w);
     w->noloop = noloop;
+    w->per_node = per_node;
     snprintf(w->logdir, sizeof w->logdir, "/tmp/hcoll-regfail.XXXXXX");
     ck_assert_ptr_nonnull(mkdtemp(w->logdir));
-    hct_opts_t o = { .nranks = noloop ? 2 : 3, .ranks_per_node = 1, .timeout_ms = 90000 };
+    hct_opts_t o = { .nranks = nranks, .ranks_per_node = per_node, .timeout_ms = 90000 };
     hct_result_t res[MAX_RANKS];
-    int bad = hct_run(&o, rank_dev_gdr, w, res);
+    const double t0 = hct_now_ms();
+    int bad = hct_run(&o, fn, w, res);
+    fprintf(stderr, "[time] device %dx%d: %.1f s\n", nranks / per_node, per_node,
+            (hct_now_ms() - t0) / 1e3);
     ck_assert_msg(bad == 0, "%d rank(s) failed (see stderr; logs in %s)", bad, w->logdir);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", w->logdir);
     if (system(cmd) != 0)
         fprintf(stderr, "could not remove %s\n", w->logdir);
     hct_shared_free(w, sizeof *w);
+}
+
+/* Device buffers on the GPUDirect ring (3 nodes, one GPU and NIC each):
+ * the caller's buffer is registered by the worker when the ring starts;
+ * a refusal there voids that operation on every rank (the _async request
+ * fails, the stream is released) and the communicator goes on. Before:
+ * the ring broke, and the communicator with it. */
+static void run_dev_gdr(int noloop)
+{
+    run_dev(rank_dev_gdr, noloop ? 2 : 3, 1, noloop);
 }
 
 START_TEST(regfail_dev_gdr_3x1)
@@ -801,27 +812,7 @@ static int rank_dev_gdr3(int rank, int nranks, void *argp)
  * a blocking call failed ~15 s later with HCOLL_ERR_PEER_FAILED). */
 static void run_dev_gdr3(int nnodes)
 {
-    char cuda[4096];
-    if (!hct_mock_cuda_built(cuda, sizeof cuda)) {
-        printf("SKIP: needs the emulated CUDA driver (%s)\n", cuda);
-        return;
-    }
-    world_t *w = hct_shared_alloc(sizeof *w);
-    ck_assert_ptr_nonnull(w);
-    w->per_node = 2;
-    snprintf(w->logdir, sizeof w->logdir, "/tmp/hcoll-regfail.XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(w->logdir));
-    hct_opts_t o = { .nranks = nnodes * 2, .ranks_per_node = 2, .timeout_ms = 90000 };
-    hct_result_t res[MAX_RANKS];
-    const double t0 = hct_now_ms();
-    int bad = hct_run(&o, rank_dev_gdr3, w, res);
-    fprintf(stderr, "[time] device %dx2: %.1f s\n", nnodes, (hct_now_ms() - t0) / 1e3);
-    ck_assert_msg(bad == 0, "%d rank(s) failed (see stderr; logs in %s)", bad, w->logdir);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", w->logdir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "could not remove %s\n", w->logdir);
-    hct_shared_free(w, sizeof *w);
+    run_dev(rank_dev_gdr3, nnodes * 2, 2, 0);
 }
 
 START_TEST(regfail_dev_gdr_2x2)

@@ -113,17 +113,38 @@ static int errors(hcoll_comm_t comm, int32_t *buf)
     return 0;
 }
 
-static int rank_memreg(int rank, int n, void *argp)
+/* This rank's communicator over net, on loopback. */
+static int comm_open(hct_id_slot_t *slot, const char *net, int rank, int n, hcoll_comm_t *out)
 {
-    mr_arg_t *a = argp;
     setenv("HCOLL_SOCKET_IFNAME", "=lo", 1);
     hcoll_unique_id_t id;
     hcoll_config_t cfg = HCOLL_CONFIG_INITIALIZER;
     cfg.timeout_ms = 20000;
-    cfg.net = a->net;
-    HCT_REQUIRE(hct_share_unique_id(&a->slot, rank, 20000, &id) == 0, "no unique id");
+    cfg.net = net;
+    HCT_REQUIRE(hct_share_unique_id(slot, rank, 20000, &id) == 0, "no unique id");
+    HCT_OK(NULL, hcoll_comm_init(out, n, rank, &id, &cfg));
+    return 0;
+}
+
+/* After destroy: no verbs object left (ib), nothing leaked. */
+static int left_clean(int rank, int ib)
+{
+    if (ib) {
+        char who[32];
+        snprintf(who, sizeof who, "rank %d", rank);
+        if (hct_mock_clean(who, 1) || hct_mock_released(who))
+            return 1;
+    }
+    HCT_REQUIRE(LEAK_CHECK(), "rank %d: leaks (see the report above)", rank);
+    return 0;
+}
+
+static int rank_memreg(int rank, int n, void *argp)
+{
+    mr_arg_t *a = argp;
     hcoll_comm_t comm;
-    HCT_OK(NULL, hcoll_comm_init(&comm, n, rank, &id, &cfg));
+    if (comm_open(&a->slot, a->net, rank, n, &comm))
+        return 1;
     const int ib = strcmp(a->net, "ib") == 0;
     int32_t *buf = malloc(BIG_COUNT * sizeof *buf);
     HCT_REQUIRE(buf, "no memory");
@@ -186,14 +207,7 @@ static int rank_memreg(int rank, int n, void *argp)
     volatile hcoll_mem_t *lp = left;
     lp[0] = lp[1] = NULL;
     free(buf);
-    if (ib) {
-        char who[32];
-        snprintf(who, sizeof who, "rank %d", rank);
-        if (hct_mock_clean(who, 1) || hct_mock_released(who))
-            return 1;
-    }
-    HCT_REQUIRE(LEAK_CHECK(), "rank %d: leaks (see the report above)", rank);
-    return 0;
+    return left_clean(rank, ib);
 }
 
 /* ---- reduce-scatter, all-gather and broadcast: nothing registered per call ---- */
@@ -254,14 +268,9 @@ typedef struct colls_arg {
 static int rank_colls(int rank, int n, void *argp)
 {
     colls_arg_t *a = argp;
-    setenv("HCOLL_SOCKET_IFNAME", "=lo", 1);
-    hcoll_unique_id_t id;
-    hcoll_config_t cfg = HCOLL_CONFIG_INITIALIZER;
-    cfg.timeout_ms = 20000;
-    cfg.net = "ib";
-    HCT_REQUIRE(hct_share_unique_id(&a->slot, rank, 20000, &id) == 0, "no unique id");
     hcoll_comm_t comm;
-    HCT_OK(NULL, hcoll_comm_init(&comm, n, rank, &id, &cfg));
+    if (comm_open(&a->slot, "ib", rank, n, &comm))
+        return 1;
     for (int kind = 0; kind < 3; kind++) {
         uint64_t r = 0;
         if (coll_loop(comm, kind, a->count, rank, n, &r))
@@ -269,12 +278,7 @@ static int rank_colls(int rank, int n, void *argp)
         a->regs[rank][kind] = (unsigned long long)r;
     }
     HCT_OK(comm, hcoll_comm_destroy(comm));
-    char who[32];
-    snprintf(who, sizeof who, "rank %d", rank);
-    if (hct_mock_clean(who, 1) || hct_mock_released(who))
-        return 1;
-    HCT_REQUIRE(LEAK_CHECK(), "rank %d: leaks (see the report above)", rank);
-    return 0;
+    return left_clean(rank, 1);
 }
 
 /* Before: each call registered the caller's buffers (or hcoll's permuted
