@@ -55,6 +55,25 @@ static hcoll_status_t pins_add(void *arg, const void *p, size_t bytes)
     return st;
 }
 
+/* One ring job's buffers: nothing where it registers nothing; where it
+ * runs in the ring's stage, the stage grown to hold it (nothing of the
+ * caller's); else recv pinned, and send where it is apart. */
+static hcoll_status_t pin_job(void *arg, const void *send, void *recv, size_t count,
+                              hcoll_dtype_t dtype, int phase)
+{
+    hc_coll_pins_t *s = arg;
+    hc_ring_t *ring = s->co->ring;
+    const size_t bytes = count * hcoll_dtype_size(dtype);
+    if (!hc_ring_registers(ring, count, dtype, phase))
+        return HCOLL_SUCCESS;
+    if (hc_ring_stages(ring, send, recv, count, dtype, phase))
+        return hc_ring_stage_reserve(ring, bytes);
+    hcoll_status_t st = pins_add(s, recv, bytes);
+    if (st == HCOLL_SUCCESS && send != recv)
+        st = pins_add(s, send, bytes);
+    return st;
+}
+
 /* The three-stage all-reduce's ring jobs: piece k's shard of recvbuf, cut
  * as run_3stage cuts it. */
 static hcoll_status_t pin_3stage_shards(hc_coll_pins_t *s, const hc_coll_args_t *a)
@@ -72,10 +91,7 @@ static hcoll_status_t pin_3stage_shards(hc_coll_pins_t *s, const hc_coll_args_t 
         size_t soff, slen;
         hc_intra_shard(n, L, c->local_rank, &soff, &slen);
         unsigned char *shard = (unsigned char *)a->recvbuf + (off + soff) * es;
-        if (hc_ring_stages(co->ring, shard, shard, slen, a->dtype, HC_RING_PHASE_ALLREDUCE))
-            st = hc_ring_stage_reserve(co->ring, slen * es); /* nothing of the caller's */
-        else if (hc_ring_registers(co->ring, slen, a->dtype, HC_RING_PHASE_ALLREDUCE))
-            st = pins_add(s, shard, slen * es);
+        st = pin_job(s, shard, shard, slen, a->dtype, HC_RING_PHASE_ALLREDUCE);
     }
     return st;
 }
@@ -90,18 +106,9 @@ static hcoll_status_t pin_allreduce(hc_coll_pins_t *s, const hc_coll_args_t *a)
         return HCOLL_SUCCESS;
     if (co->plan == HC_PLAN_3STAGE && bytes > co->small_bytes)
         return pin_3stage_shards(s, a);
-    if (!hc_ring_registers(co->ring, a->count, a->dtype, HC_RING_PHASE_ALLREDUCE))
-        return HCOLL_SUCCESS;
     /* The ring and flat plans send from sendbuf itself (unscaled). */
     const void *send = co->plan != HC_PLAN_3STAGE && !a->ro.scaled ? a->sendbuf : a->recvbuf;
-    if (hc_ring_stages(co->ring, send, a->recvbuf, a->count, a->dtype, HC_RING_PHASE_ALLREDUCE))
-        return hc_ring_stage_reserve(co->ring, bytes);
-    hcoll_status_t st = pins_add(s, a->recvbuf, bytes);
-    /* The ring and flat plans send from sendbuf itself (unscaled). */
-    if (st == HCOLL_SUCCESS && co->plan != HC_PLAN_3STAGE && !a->ro.scaled &&
-        a->sendbuf != a->recvbuf)
-        st = pins_add(s, a->sendbuf, bytes);
-    return st;
+    return pin_job(s, send, a->recvbuf, a->count, a->dtype, HC_RING_PHASE_ALLREDUCE);
 }
 
 static hcoll_status_t pin_broadcast(hc_coll_pins_t *s, const hc_coll_args_t *a)
@@ -109,8 +116,6 @@ static hcoll_status_t pin_broadcast(hc_coll_pins_t *s, const hc_coll_args_t *a)
     hc_coll_t *co = s->co;
     struct hcoll_comm *c = co->comm;
     const size_t bytes = a->count * hcoll_dtype_size(a->dtype);
-    if (!hc_ring_registers(co->ring, bytes, HCOLL_UINT8, -1))
-        return HCOLL_SUCCESS;
     unsigned char *base = a->recvbuf;
     size_t len = bytes;
     if (co->plan == HC_PLAN_3STAGE) { /* as run_broadcast cuts it */
@@ -120,9 +125,7 @@ static hcoll_status_t pin_broadcast(hc_coll_pins_t *s, const hc_coll_args_t *a)
         base += soff * es;
         len = slen * es;
     }
-    if (hc_ring_stages(co->ring, base, base, len, HCOLL_UINT8, -1))
-        return hc_ring_stage_reserve(co->ring, len); /* nothing of the caller's */
-    return pins_add(s, base, len);
+    return pin_job(s, base, base, len, HCOLL_UINT8, -1);
 }
 
 hcoll_status_t hc_coll_pin(hc_coll_t *co, const hc_coll_args_t *a, hc_coll_pins_t *s)
@@ -136,7 +139,7 @@ hcoll_status_t hc_coll_pin(hc_coll_t *co, const hc_coll_args_t *a, hc_coll_pins_
     case HC_COLL_ALLREDUCE: return pin_allreduce(s, a);
     case HC_COLL_BROADCAST: return pin_broadcast(s, a);
     case HC_COLL_REDUCE_SCATTER:
-    case HC_COLL_ALLGATHER: return hc_coll_rsag_ring_ranges(co, a, pins_add, s);
+    case HC_COLL_ALLGATHER: return hc_coll_rsag_ring_jobs(co, a, pin_job, s);
     default: return HCOLL_SUCCESS;
     }
 }

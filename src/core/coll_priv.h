@@ -180,12 +180,13 @@ hcoll_status_t hc_coll_rail_end(hc_coll_t *co, hc_coll_void_t *v, hcoll_status_t
  * register (verbs), whatever st (a local rank that left it out would
  * hold the others up to the deadline). */
 hcoll_status_t hc_coll_rail_end_dev(hc_coll_t *co, hc_coll_void_t *v, hcoll_status_t st);
-/* fn(arg, p, bytes) for every range a ring job of the reduce-scatter or
- * all-gather a registers (coll_rsag.c; makes its permuted vector first);
- * stops at fn's first failure and returns it. */
-typedef hcoll_status_t (*hc_coll_range_fn)(void *arg, const void *p, size_t bytes);
-hcoll_status_t hc_coll_rsag_ring_ranges(hc_coll_t *co, const hc_coll_args_t *a,
-                                        hc_coll_range_fn fn, void *arg);
+/* fn(arg, src, dst, count, dtype, phase) for every ring job of the
+ * reduce-scatter or all-gather a (coll_rsag.c; makes its permuted vector
+ * first); stops at fn's first failure and returns it. */
+typedef hcoll_status_t (*hc_coll_job_fn)(void *arg, const void *src, void *dst, size_t count,
+                                         hcoll_dtype_t dtype, int phase);
+hcoll_status_t hc_coll_rsag_ring_jobs(hc_coll_t *co, const hc_coll_args_t *a, hc_coll_job_fn fn,
+                                      void *arg);
 
 /* Free what reduce-scatter and all-gather keep in co (hc_coll_destroy). */
 void hc_coll_rsag_free(hc_coll_t *co);

@@ -428,11 +428,11 @@ static hcoll_status_t run_pipelined(const rsag_t *x, size_t npieces, hc_coll_voi
     return st;
 }
 
-/* Before the agreement (coll_pin.c): the ranges every piece's ring job
- * will register. The permuted vector is made here already (kept between
- * calls, so the run finds it again), and its failure is a verdict too. */
-hcoll_status_t hc_coll_rsag_ring_ranges(hc_coll_t *co, const hc_coll_args_t *a,
-                                        hc_coll_range_fn fn, void *arg)
+/* Before the agreement (coll_pin.c): every piece's ring job. The
+ * permuted vector is made here already (kept between calls, so the run
+ * finds it again), and its failure is a verdict too. */
+hcoll_status_t hc_coll_rsag_ring_jobs(hc_coll_t *co, const hc_coll_args_t *a, hc_coll_job_fn fn,
+                                      void *arg)
 {
     rsag_t x;
     hcoll_stage_times_t tm;
@@ -444,15 +444,7 @@ hcoll_status_t hc_coll_rsag_ring_ranges(hc_coll_t *co, const hc_coll_args_t *a,
     const size_t npieces = (x.B + x.P - 1) / x.P;
     for (size_t k = 0; k < npieces && st == HCOLL_SUCCESS; k++) {
         const hc_ringdrv_op_t job = ring_job(&x, k);
-        if (!hc_ring_registers(co->ring, job.count, job.dtype, job.phase))
-            continue;
-        if (hc_ring_stages(co->ring, job.src, job.dst, job.count, job.dtype, job.phase)) {
-            st = hc_ring_stage_reserve(co->ring, job.count * x.es); /* nothing of the caller's */
-            continue;
-        }
-        st = fn(arg, job.dst, job.count * x.es);
-        if (st == HCOLL_SUCCESS && job.src != job.dst)
-            st = fn(arg, job.src, job.count * x.es);
+        st = fn(arg, job.src, job.dst, job.count, job.dtype, job.phase);
     }
     return st;
 }

@@ -429,21 +429,6 @@ hcoll_status_t hc_ring_bcast_start(hc_ring_t *r, void *buf, size_t count, hcoll_
 }
 
 static hcoll_status_t bcast_start(hc_ring_t *r, void *buf, size_t count, hcoll_dtype_t dtype,
-                                  int root, int dev, atomic_size_t *landed);
-
-hcoll_status_t hc_ring_bcast_start_watched(hc_ring_t *r, void *buf, size_t count,
-                                           hcoll_dtype_t dtype, int root, atomic_size_t *landed)
-{
-    return bcast_start(r, buf, count, dtype, root, 0, landed);
-}
-
-hcoll_status_t hc_ring_bcast_start_device(hc_ring_t *r, void *buf, size_t count,
-                                          hcoll_dtype_t dtype, int root, atomic_size_t *landed)
-{
-    return bcast_start(r, buf, count, dtype, root, 1, landed);
-}
-
-static hcoll_status_t bcast_start(hc_ring_t *r, void *buf, size_t count, hcoll_dtype_t dtype,
                                   int root, int dev, atomic_size_t *landed)
 {
     hc_errbuf_t *eb = RING_ERRBUF(r);
@@ -501,6 +486,18 @@ static hcoll_status_t bcast_start(hc_ring_t *r, void *buf, size_t count, hcoll_d
     if (r->next == root)
         o->ag_next = o->g.nmsg - 1;
     return start_chunked(r);
+}
+
+hcoll_status_t hc_ring_bcast_start_watched(hc_ring_t *r, void *buf, size_t count,
+                                           hcoll_dtype_t dtype, int root, atomic_size_t *landed)
+{
+    return bcast_start(r, buf, count, dtype, root, 0, landed);
+}
+
+hcoll_status_t hc_ring_bcast_start_device(hc_ring_t *r, void *buf, size_t count,
+                                          hcoll_dtype_t dtype, int root, atomic_size_t *landed)
+{
+    return bcast_start(r, buf, count, dtype, root, 1, landed);
 }
 
 /* What this unfinished operation still waits for from each neighbour:
