@@ -11,7 +11,9 @@
  *          them (no verbs object left, ASan-clean)
  *   tcp    registration is accepted and changes nothing but the record
  *   colls  reduce-scatter, all-gather and broadcast on unregistered
- *          buffers register nothing per call (2 x 2, and the ring plan)
+ *          buffers register nothing per call (2 x 2, and the ring plan);
+ *          hcoll's permuted vector refused its registration: the calls
+ *          go through in the ring's stage
  */
 #include <check.h>
 #include <dlfcn.h>
@@ -48,12 +50,18 @@ typedef struct mr_arg {
     int staged;   /* unregistered calls run in the ring's stage (ring.h) */
 } mr_arg_t;
 
-static uint64_t regs(void)
+/* A counter of the emulated provider (UINT64_MAX where it is not loaded). */
+static uint64_t mock_count(const char *name)
 {
     void *h = dlopen("libibverbs.so.1", RTLD_NOLOAD | RTLD_NOW);
     uint64_t (*stat)(const char *) = h ? (uint64_t(*)(const char *))dlsym(h, "hcmock_verbs_stat")
                                        : NULL;
-    return stat ? stat("mr_registrations") : UINT64_MAX;
+    return stat ? stat(name) : UINT64_MAX;
+}
+
+static uint64_t regs(void)
+{
+    return mock_count("mr_registrations");
 }
 
 /* iters all-reduces (MAX, in place) of count elements: rank r contributes
@@ -305,6 +313,69 @@ static void run_colls(size_t count, int nranks, int per_node)
     hct_shared_free(a, sizeof *a);
 }
 
+/* hcoll's permuted vector refused its registration (one rank, ENOMEM as
+ * `ulimit -l` gives) while the ring's stage already holds the jobs (an
+ * all-reduce grew it): the reduce-scatter goes through on every rank, and
+ * so do the next calls, in the stage, registering nothing. */
+#define VREF_COUNT 1000 /* int32 per block: small jobs, within the stage */
+
+static int rank_vector_refused(int rank, int n, void *argp)
+{
+    colls_arg_t *a = argp;
+    hcoll_comm_t comm;
+    if (comm_open(&a->slot, "ib", rank, n, &comm))
+        return 1;
+    const size_t big = (size_t)1 << 20; /* 4 MiB all-reduced: the stage grows */
+    int32_t *buf = malloc(big * sizeof *buf), *out = malloc(VREF_COUNT * sizeof *out);
+    HCT_REQUIRE(buf && out, "no memory");
+    for (size_t i = 0; i < big; i++)
+        buf[i] = rank + 1;
+    HCT_OK(comm, hcoll_allreduce(comm, buf, buf, big, HCOLL_INT32, HCOLL_MAX, NULL));
+    const int odd = n - 1;
+    const uint64_t refused0 = mock_count("injected_reg_failures");
+    uint64_t r0 = 0;
+    for (int it = 0; it < 4; it++) {
+        if (it == 0 && rank == odd)
+            setenv("HCMOCK_IB_REG_FAIL", "12", 1);
+        if (it == 1) {
+            unsetenv("HCMOCK_IB_REG_FAIL");
+            r0 = regs();
+        }
+        for (size_t i = 0; i < (size_t)n * VREF_COUNT; i++)
+            buf[i] = (int32_t)(i % 977) + rank + it;
+        HCT_OK(comm, hcoll_reduce_scatter(comm, buf, out, VREF_COUNT, HCOLL_INT32, HCOLL_SUM,
+                                          NULL));
+        for (size_t i = 0; i < VREF_COUNT; i++) {
+            const size_t g = (size_t)rank * VREF_COUNT + i;
+            const int32_t want = (int32_t)((size_t)n * (g % 977) + (size_t)n * (size_t)it) +
+                                 n * (n - 1) / 2;
+            HCT_REQUIRE(out[i] == want, "call %d: element %zu is %d, want %d", it, i, out[i],
+                        want);
+        }
+    }
+    HCT_REQUIRE(rank != odd || mock_count("injected_reg_failures") > refused0,
+                "rank %d: the permuted vector's registration was not refused", rank);
+    a->regs[rank][0] = (unsigned long long)(regs() - r0);
+    free(buf);
+    free(out);
+    HCT_OK(comm, hcoll_comm_destroy(comm));
+    return left_clean(rank, 1);
+}
+
+START_TEST(colls_ib_vector_refused)
+{
+    colls_arg_t *a = hct_shared_alloc(sizeof *a);
+    memset(a, 0, sizeof *a);
+    hct_opts_t o = { .nranks = 4, .ranks_per_node = 2, .timeout_ms = 100000 };
+    hct_result_t res[4];
+    ck_assert_int_eq(hct_run(&o, rank_vector_refused, a, res), 0);
+    for (int r = 0; r < 4; r++)
+        ck_assert_msg(a->regs[r][0] == 0, "rank %d: %llu registrations in 3 calls after the "
+                      "refusal (the stage should hold them)", r, a->regs[r][0]);
+    hct_shared_free(a, sizeof *a);
+}
+END_TEST
+
 /* Three stages: the rings work in hcoll's permuted vector (kept
  * registered) and the broadcast's chain in the stage. 4 MiB per call. */
 START_TEST(colls_ib_2x2_unregistered) { run_colls(1 << 18, 4, 2); }
@@ -358,6 +429,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, memreg_tcp);
     tcase_add_test(tc, colls_ib_2x2_unregistered);
     tcase_add_test(tc, colls_ib_ring_unregistered);
+    tcase_add_test(tc, colls_ib_vector_refused);
     suite_add_tcase(s, tc);
     return hct_mockib_run(s);
 }
