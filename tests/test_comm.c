@@ -574,15 +574,19 @@ static int rank_fork(int rank, int nranks, void *argp)
     hcoll_config_t cfg = cfg_timeout(TIMEOUT_MS);
     HCT_REQUIRE(hct_share_unique_id(&a->slot, rank, TIMEOUT_MS, &id) == 0, "no id");
     HCT_OK(NULL, hcoll_comm_init(&comm, nranks, rank, &id, &cfg));
-    float v[256];
+    float v[256], w[256];
     for (int i = 0; i < 256; i++)
-        v[i] = (float)(rank + 1);
+        v[i] = w[i] = (float)(rank + 1);
     if (rank == 0) {
+        /* A request of the parent's, in flight at the fork. */
+        hcoll_request_t req;
+        HCT_OK(comm, hcoll_allreduce_async(comm, w, w, 256, HCOLL_FLOAT32, HCOLL_SUM, NULL,
+                                           &req));
         pid_t pid = fork();
         HCT_REQUIRE(pid >= 0, "fork");
         if (pid == 0) {
             alarm(20); /* a child stuck in the parent's communicator ends */
-            int bad = 0;
+            int bad = 0, done = 0;
             if (hcoll_allreduce(comm, v, v, 256, HCOLL_FLOAT32, HCOLL_SUM, NULL) !=
                     HCOLL_ERR_INVALID_ARG ||
                 !strstr(hcoll_comm_last_error(comm), "forked child"))
@@ -591,13 +595,22 @@ static int rank_fork(int rank, int nranks, void *argp)
                 bad |= 2;
             if (hcoll_comm_abort(comm) != HCOLL_ERR_INVALID_ARG)
                 bad |= 4;
+            if (hcoll_test(req, &done) != HCOLL_ERR_INVALID_ARG ||
+                hcoll_wait(req) != HCOLL_ERR_INVALID_ARG)
+                bad |= 8;
             _exit(bad);
         }
         int status = 0;
         waitpid(pid, &status, 0);
         HCT_REQUIRE(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child: status %#x",
                     status);
+        HCT_OK(comm, hcoll_wait(req));
+        HCT_OK(comm, hcoll_request_free(req));
+    } else {
+        HCT_OK(comm, hcoll_allreduce(comm, w, w, 256, HCOLL_FLOAT32, HCOLL_SUM, NULL));
     }
+    for (int i = 0; i < 256; i++)
+        HCT_REQUIRE(w[i] == 3.0f, "w[%d] = %g", i, (double)w[i]);
     HCT_OK(comm, hcoll_allreduce(comm, v, v, 256, HCOLL_FLOAT32, HCOLL_SUM, NULL));
     for (int i = 0; i < 256; i++)
         HCT_REQUIRE(v[i] == 3.0f, "v[%d] = %g", i, (double)v[i]);

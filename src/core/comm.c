@@ -333,7 +333,7 @@ static hcoll_status_t comm_new(hc_comm_init_t *ia, const hcoll_config_t *config,
     }
     hc_errbuf_init(&c->err);
     hc_redop_table_init(c);
-    c->owner_pid = (int)getpid();
+    c->owner_pid = hc_pid();
     c->rank = ia->rank;
     c->nranks = ia->nranks;
     c->authenticated = ia->authenticated;

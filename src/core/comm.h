@@ -31,6 +31,7 @@
 #include "boot/boot.h"
 #include "base/config.h"
 #include "base/err.h"
+#include "base/pid.h"
 #include "hcoll.h"
 #include "sys/ifaces.h"
 
@@ -120,7 +121,7 @@ struct hcoll_comm {
  * destroy/abort refuse there). */
 static inline int hc_comm_forked(const struct hcoll_comm *c)
 {
-    return (int)getpid() != c->owner_pid;
+    return hc_pid() != c->owner_pid;
 }
 
 /* Rank with local rank `local` on node `node`, or -1 when there is none. */

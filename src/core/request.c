@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "base/err.h"
+#include "base/pid.h"
 #include "base/log.h"
 
 /* The executor whose callback this thread, hcoll's worker, is running;
@@ -20,7 +21,7 @@ void hc_request_init(struct hcoll_request *rq, const void *owner)
     pthread_mutex_init(&rq->lock, NULL);
     pthread_cond_init(&rq->cond, NULL);
     rq->owner = owner;
-    rq->owner_pid = (int)getpid();
+    rq->owner_pid = hc_pid();
 }
 
 /* In a forked child, a request is a copy that nothing will complete: its
@@ -29,7 +30,7 @@ void hc_request_init(struct hcoll_request *rq, const void *owner)
  * Every call on it is refused, before the lock is touched. */
 static hcoll_status_t refuse_forked(const struct hcoll_request *rq, const char *what)
 {
-    if ((int)getpid() == rq->owner_pid)
+    if (hc_pid() == rq->owner_pid)
         return HCOLL_SUCCESS;
     return hc_err_set(NULL, HC_COLL, -1, HCOLL_ERR_INVALID_ARG,
                       "%s in a forked child (pid %d) of the request's process %d: refused, "
