@@ -495,11 +495,11 @@ hcoll_status_t hc_rd_progress(hc_rd_t *d, int wait_ms, int *done_out)
         if (st != HCOLL_SUCCESS)
             return rd_failed(d, st);
         if (d->step == RD_DONE) {
+            /* Nothing of it sits in the transport: the drain saw every
+             * put complete (TCP: the kernel took its last byte). */
             d->active = 0;
             *done_out = 1;
-            /* What was put may still sit in the transport (TCP sends at
-             * its next poll): see it out, nothing may poll for long. */
-            return reap(d, 0, &n);
+            return HCOLL_SUCCESS;
         }
         const int spinning = hc_now_us() < spin_until;
         if ((st = reap(d, spinning ? 0 : wait_ms, &n)) != HCOLL_SUCCESS)

@@ -39,6 +39,10 @@ void hc_tcp_ep_corrupt_next(hc_ep_t *ep, int mode);
  * for a payload (HCOLL_TCP_RCVLOWAT). */
 uint64_t hc_tcp_lowat_raised(const hc_transport_t *tr);
 
+/* Test hook: the data path's recv and epoll_wait calls so far (the system
+ * calls a small message costs). */
+void hc_tcp_io_calls(const hc_transport_t *tr, uint64_t *nrecv_out, uint64_t *nwait_out);
+
 /* The port this instance listens on (for tests that knock on it). */
 int hc_tcp_listen_port(const hc_transport_t *tr);
 

@@ -270,6 +270,7 @@ static hcoll_status_t sock_read_some(tcp_sock_t *s)
     for (int iter = 0; iter < 64 && s->in_epoll; iter++) {
         ssize_t n;
         size_t asked;
+        tr->nrecv++;
         if (s->rx_payload) {
             asked = s->rx_left;
             n = recv(s->fd, s->rx_dst, asked, MSG_DONTWAIT);
@@ -362,6 +363,12 @@ uint64_t hc_tcp_lowat_raised(const hc_transport_t *tr)
     return tr->lowat_raised;
 }
 
+void hc_tcp_io_calls(const hc_transport_t *tr, uint64_t *nrecv_out, uint64_t *nwait_out)
+{
+    *nrecv_out = tr->nrecv;
+    *nwait_out = tr->nwait;
+}
+
 static hcoll_status_t sock_read(tcp_sock_t *s)
 {
     hcoll_status_t st = sock_read_some(s);
@@ -385,9 +392,15 @@ static hcoll_status_t progress(hc_transport_t *tr, int wait_ms)
                 return st;
         }
     }
-    if (tr->cq.count)
-        wait_ms = 0;
+    /* A caller that would wait gets what the sends completed at once, and
+     * looks at the sockets in its next call: a look that could not wait
+     * would cost one more system call (about 1 µs on a paravirtualised
+     * host, a 4 KiB all-reduce sends once and reads once). A caller that
+     * never waits (the ring's busy loop) reads every time. */
+    if (tr->cq.count && wait_ms > 0)
+        return HCOLL_SUCCESS;
     struct epoll_event evs[32];
+    tr->nwait++;
     int n = epoll_wait(tr->epfd, evs, 32, wait_ms);
     if (n < 0) {
         if (errno == EINTR)
@@ -413,9 +426,11 @@ hcoll_status_t hc_tcp_poll(hc_transport_t *tr, hc_comp_t *comps, int max, int wa
     *n_out = 0;
     if (tr->err)
         return tr->err;
-    hcoll_status_t st = progress(tr, 0);
-    if (st == HCOLL_SUCCESS && tr->cq.count == 0 && wait_ms > 0)
-        st = progress(tr, wait_ms);
+    /* One epoll_wait: it returns as soon as a socket is ready, so a look
+     * without waiting first would only add a system call. What was read
+     * may complete nothing (a payload's first part): the caller polls
+     * again, as "up to wait_ms" allows. */
+    hcoll_status_t st = progress(tr, wait_ms);
     if (st != HCOLL_SUCCESS)
         return st;
     *n_out = hc_compq_pop(&tr->cq, comps, max);

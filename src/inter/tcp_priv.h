@@ -21,7 +21,11 @@
 
 #define HC_TCP_ADDR_MAGIC  0x48434144u /* "HCAD" */
 #define HC_TCP_HELLO_MAGIC 0x4843484cu /* "HCHL" */
-#define HC_TCP_RXBUF       4096
+/* Headers are read into the socket's buffer with whatever follows them:
+ * a frame up to 16 KiB (a small all-reduce's) in one recv, where 4 KiB took
+ * a second for the payload's tail; copying it out costs far less than that
+ * system call. Longer payloads go straight into their region after it. */
+#define HC_TCP_RXBUF       (16 * 1024)
 #define HC_TCP_IOV_MAX     64
 #define HC_TCP_LOWAT_MIN   (16 * 1024) /* smaller payload rests: SO_RCVLOWAT 1 */
 #define HC_TCP_HDR         ((size_t)sizeof(hc_tcp_hdr_t))
@@ -123,6 +127,7 @@ struct hc_transport {
     int neps;
     size_t rcvlowat; /* HCOLL_TCP_RCVLOWAT: largest SO_RCVLOWAT, 0 = never set */
     uint64_t lowat_raised; /* times a payload raised a socket's SO_RCVLOWAT */
+    uint64_t nrecv, nwait; /* recv and epoll_wait calls of the data path */
     hc_compq_t cq; /* found, not yet reported */
     hcoll_status_t err; /* sticky: the first failure */
 };
