@@ -587,7 +587,11 @@ HCOLL_API hcoll_status_t hcoll_op_destroy(hcoll_comm_t comm, hcoll_op_t op);
  * with HCOLL_ERR_MISMATCH, before anything moves (no recvbuf written, the
  * root's neither; the communicator stays usable; hcoll_allreduce's
  * "argument agreement", HCOLL_CHECK_ARGS). The bytes
- * arrive bit for bit, whatever the dtype. Collective; blocks until the
+ * arrive bit for bit, whatever the dtype. On host buffers, a broadcast up
+ * to the all-reduce's inline limit travels with that agreement (the
+ * root's bytes summed with zeros as integers; hcoll_comm_last_algo "rd",
+ * or "intra" on one node), larger ones and HCOLL_ALGO=broadcast=tree|chain
+ * take a binomial tree ("tree") or the rails' chains ("chain"). Collective; blocks until the
  * vector is in recvbuf; on a communicator still being set up returns
  * HCOLL_IN_PROGRESS and does nothing. Thread-safe as hcoll_allreduce: calls
  * on one communicator run one at a time, in the order they were issued.
@@ -832,7 +836,8 @@ HCOLL_API hcoll_status_t hcoll_comm_last_stage_times(hcoll_comm_t comm,
  * picks it): "rd" (fused intra-node step and recursive doubling across
  * nodes), "ring" (the pipelined three stages or flat ring), "fused-ring"
  * (fused intra-node step and a whole-vector ring, below HCOLL_SMALL_BYTES),
- * "intra" (one node), "copy" (one rank), "chain" (a broadcast), "dissem"
+ * "intra" (one node), "copy" (one rank), "tree" and "chain" (a broadcast;
+ * a small one says "rd", hcoll_broadcast), "dissem"
  * (a barrier without the argument agreement), "ring-rsag" (reduce-scatter,
  * all-gather). comm: in. *name_out: out, a static string. Returns
  * HCOLL_ERR_INVALID_ARG before the first collective (or NULL arguments).

@@ -12,7 +12,8 @@
  *   1x3      intra    nobody (the node step alone)
  *
  * Every rank runs the same cases on communicators made with
- * HCOLL_ALGO=broadcast=tree, =chain, =auto, and tree with
+ * HCOLL_ALGO=broadcast=tree, =chain, =auto (where a broadcast up to the
+ * inline limit travels with the argument agreement), and tree with
  * HCOLL_CHECK_ARGS=0 (no agreement before each call: partners run ahead
  * and their messages land early, slots must be handed back): every root,
  * counts 0, 1, 7, 4093, at and just above the 256 KiB crossover (and
@@ -40,14 +41,18 @@
 #define SEG_BYTES (256 << 10)  /* the tree's slot under broadcast=tree */
 #define BIG_BYTES (SEG_BYTES * 2 + 4099)
 #define NCONF 4
+#define INLINE_BYTES (64 << 10) /* core/algo.h's inline cap */
 
+/* auto's link figures are given (alpha 1 ms, 1000 MB/s: rd beats the
+ * ring at every size it may take), so its inline limit is the cap: every
+ * case up to INLINE_BYTES travels with the agreement. */
 static const struct {
-    const char *algo, *check_args, *name;
+    const char *algo, *check_args, *model, *name;
 } confs[NCONF] = {
-    { "broadcast=tree", "1", "tree" },
-    { "broadcast=chain", "1", "chain" },
-    { "auto", "1", "auto" },
-    { "broadcast=tree", "0", "tree-nocheck" },
+    { "broadcast=tree", "1", "probe", "tree" },
+    { "broadcast=chain", "1", "probe", "chain" },
+    { "auto", "1", "1000:1000", "auto" },
+    { "broadcast=tree", "0", "probe", "tree-nocheck" },
 };
 
 static const hcoll_dtype_t dtypes[] = { HCOLL_UINT8, HCOLL_FLOAT16, HCOLL_FLOAT32, HCOLL_INT64 };
@@ -76,11 +81,15 @@ static unsigned char root_byte(int root, int ci, size_t i)
                               (uint64_t)ci * 104729u + 1);
 }
 
-/* What a case's size says should run: tree, chain, or intra on one node. */
+/* What a case's size says should run: tree, chain, or intra on one node;
+ * under auto, up to the inline cap, the agreement's exchange (rd, or the
+ * node step alone on one node). */
 static const char *want_algo(const shape_t *s, int conf, size_t bytes, int nnodes)
 {
     if (nnodes == 1 && !s->split)
         return "intra";
+    if (conf == 2 && bytes > 0 && bytes <= INLINE_BYTES)
+        return "rd";
     if (conf == 1)
         return "chain";
     if (conf == 2 && bytes > CROSS_BYTES)
@@ -148,6 +157,7 @@ static int rank_main(int rank, int nranks, void *arg)
     for (int conf = 0; conf < NCONF; conf++) {
         setenv("HCOLL_ALGO", confs[conf].algo, 1);
         setenv("HCOLL_CHECK_ARGS", confs[conf].check_args, 1);
+        setenv("HCOLL_ALGO_MODEL", confs[conf].model, 1);
         hcoll_unique_id_t id;
         hcoll_config_t cfg = HCOLL_CONFIG_INITIALIZER;
         cfg.timeout_ms = TIMEOUT_MS;

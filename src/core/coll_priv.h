@@ -240,8 +240,16 @@ hcoll_status_t hc_coll_tree_setup(hc_coll_t *co, const hc_transport_ops_t *ops,
 /* Whether a broadcast of bytes takes hc_coll_bcast_tree: the tree's size
  * on plans across nodes, every size on one node (the node step alone). */
 int hc_coll_bcast_tree_applies(const hc_coll_t *co, size_t bytes);
-/* What a broadcast of bytes runs, as hcoll_comm_last_algo names it: copy,
- * intra, tree or chain. */
+/* The widest integer type that divides a broadcast's size: fewer, cheaper
+ * elements, shards that split none of them, and exact sums (the inline
+ * broadcast adds the root's vector to zeros). */
+static inline hcoll_dtype_t hc_coll_bcast_dtype(size_t bytes)
+{
+    return bytes % 8 == 0 ? HCOLL_INT64 : bytes % 4 == 0 ? HCOLL_INT32 : HCOLL_UINT8;
+}
+/* What a broadcast of bytes runs after the agreement, as
+ * hcoll_comm_last_algo names it: copy, intra, tree or chain (a broadcast
+ * that travelled with the agreement names its exchange, coll_run.c). */
 enum hc_algo hc_coll_bcast_algo(const hc_coll_t *co, size_t bytes);
 /* The broadcast of n elements of idt in a->recvbuf (the root's bytes on
  * the root): the tree across nodes among the root's rail (all ranks where

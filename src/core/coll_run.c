@@ -377,15 +377,32 @@ static hcoll_status_t agree_run(hc_coll_t *co, const hc_coll_args_t *a, hcoll_st
     int64_t w[HC_AGREE_WORDS];
     hc_agree_pack(a, co->opseq, c->rank, verdict, w);
     const size_t bytes = a->count * hcoll_dtype_size(a->dtype);
-    inl = inl && a->kind == HC_COLL_ALLREDUCE && verdict == HCOLL_SUCCESS && a->count > 0 &&
-          bytes <= co->inline_max;
+    /* HCOLL_ALGO's broadcast=tree or =chain: what it names runs. */
+    const int bcast = a->kind == HC_COLL_BROADCAST && !co->algo.bcast_forced;
+    inl = inl && (a->kind == HC_COLL_ALLREDUCE || bcast) && verdict == HCOLL_SUCCESS &&
+          a->count > 0 && bytes <= co->inline_max;
     const void *src = a->sendbuf;
-    if (inl && a->ro.scaled) { /* scaled into the buffer: recvbuf stays as it is */
+    size_t n = a->count;
+    hcoll_dtype_t dt = a->dtype;
+    hcoll_op_t op = a->op;
+    if (inl && bcast) {
+        /* A broadcast is the sum of the root's vector and everybody
+         * else's zeros, exact in integers: it rides on the agreement as
+         * an all-reduce would, one node step and one exchange where the
+         * tree after the agreement took a second of each. */
+        dt = hc_coll_bcast_dtype(bytes);
+        n = bytes / hcoll_dtype_size(dt);
+        op = HCOLL_SUM;
+        if (c->rank != a->root) {
+            memset(co->agree_buf, 0, bytes);
+            src = co->agree_buf;
+        }
+    } else if (inl && a->ro.scaled) { /* scaled into the buffer: recvbuf stays as it is */
         hc_redop_scale_host(&a->ro, co->agree_buf, a->sendbuf, a->count, a->dtype);
         src = co->agree_buf;
     }
     int ok = 0;
-    hcoll_status_t st = inl ? agree_exchange(co, w, src, a->count, a->dtype, a->op, tm, &ok)
+    hcoll_status_t st = inl ? agree_exchange(co, w, src, n, dt, op, tm, &ok)
                             : agree_exchange(co, w, NULL, 0, HCOLL_INT64, HCOLL_MAX, tm, &ok);
     if (st != HCOLL_SUCCESS)
         return st;
@@ -398,9 +415,11 @@ static hcoll_status_t agree_run(hc_coll_t *co, const hc_coll_args_t *a, hcoll_st
         return HCOLL_SUCCESS;
     if (!ok) /* equal arguments everywhere, so equal lengths: cannot happen */
         return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INTERNAL,
-                          "allreduce: the ranks agreed but their data did not combine");
+                          "%s: the ranks agreed but their data did not combine",
+                          bcast ? "broadcast" : "allreduce");
     memcpy(a->recvbuf, co->agree_buf, bytes);
-    hc_reduce_avg_finish(a->recvbuf, a->count, a->dtype, a->op, c->nranks);
+    if (!bcast)
+        hc_reduce_avg_finish(a->recvbuf, a->count, a->dtype, a->op, c->nranks);
     *done_out = 1;
     return HCOLL_SUCCESS;
 }
@@ -428,9 +447,7 @@ static hcoll_status_t run_broadcast(hc_coll_t *co, const hc_coll_args_t *a,
         return HCOLL_SUCCESS;
     if (is_root && a->sendbuf != a->recvbuf)
         memcpy(a->recvbuf, a->sendbuf, bytes);
-    /* The widest integer that divides the size: fewer, cheaper elements,
-     * and shards that split no element of it. */
-    hcoll_dtype_t idt = bytes % 8 == 0 ? HCOLL_INT64 : bytes % 4 == 0 ? HCOLL_INT32 : HCOLL_UINT8;
+    hcoll_dtype_t idt = hc_coll_bcast_dtype(bytes);
     const size_t n = bytes / hcoll_dtype_size(idt);
     if (hc_coll_bcast_tree_applies(co, bytes)) /* small: tree + node step (coll_bcast.c) */
         return hc_coll_bcast_tree(co, a, n, idt, tm);
