@@ -684,10 +684,13 @@ HCOLL_API hcoll_status_t hcoll_barrier_async(hcoll_comm_t comm, hcoll_request_t 
  *              returned by then, so it fails the communicator), and
  *              recvbuf is undefined on nodes whose ranks agreed.
  * Each element is reduced in one fixed order, so a block's result does not
- * depend on timing; that order is not the all-reduce's, so for floats the
- * result may differ in the last bits from the matching block of an
- * hcoll_allreduce of the same inputs (it is equal where every order gives
- * the same sum, e.g. integers, or floats whose sums are exact).
+ * depend on timing; above the all-reduce's inline limit (host buffers,
+ * nranks * recvcount elements) that order is not the all-reduce's, so for
+ * floats the result may differ in the last bits from the matching block
+ * of an hcoll_allreduce of the same inputs (it is equal where every order
+ * gives the same sum, e.g. integers, or floats whose sums are exact);
+ * below it the whole vector travels with the argument agreement as that
+ * all-reduce would (hcoll_comm_last_algo "rd") and the blocks are equal.
  * recvcount, dtype and op must be the same on every rank. Before any data
  * moves, the ranks compare the collective (reduce-scatter, all-gather),
  * recvcount, dtype and op (a PREMUL_SUM op counts as one op, whatever its
@@ -733,7 +736,10 @@ HCOLL_API hcoll_status_t hcoll_reduce_scatter_async(hcoll_comm_t comm, const voi
  *   stream     NULL, as hcoll_reduce_scatter
  * sendcount and dtype must be the same on every rank: ranks that disagree
  * fail alike with HCOLL_ERR_MISMATCH, as for hcoll_reduce_scatter (which
- * also says what a rank calling another collective does). Collective;
+ * also says what a rank calling another collective does). On host buffers
+ * a vector (nranks * sendcount elements) up to the all-reduce's inline
+ * limit travels with the argument agreement as a sum of integers, each
+ * rank's block plus zeros (hcoll_comm_last_algo "rd"). Collective;
  * blocks; thread-safe and returns as hcoll_reduce_scatter.
  * hcoll_allgather_async: the same as a request in *req_out, as
  * hcoll_reduce_scatter_async.
@@ -836,10 +842,11 @@ HCOLL_API hcoll_status_t hcoll_comm_last_stage_times(hcoll_comm_t comm,
  * picks it): "rd" (fused intra-node step and recursive doubling across
  * nodes), "ring" (the pipelined three stages or flat ring), "fused-ring"
  * (fused intra-node step and a whole-vector ring, below HCOLL_SMALL_BYTES),
- * "intra" (one node), "copy" (one rank), "tree" and "chain" (a broadcast;
- * a small one says "rd", hcoll_broadcast), "dissem"
- * (a barrier without the argument agreement), "ring-rsag" (reduce-scatter,
- * all-gather). comm: in. *name_out: out, a static string. Returns
+ * "intra" (one node), "copy" (one rank), "tree" and "chain" (a broadcast),
+ * "dissem" (a barrier without the argument agreement), "ring-rsag"
+ * (reduce-scatter, all-gather); a small broadcast, reduce-scatter or
+ * all-gather that travelled with the argument agreement says "rd" (or
+ * "intra" on one node). comm: in. *name_out: out, a static string. Returns
  * HCOLL_ERR_INVALID_ARG before the first collective (or NULL arguments).
  * Non-blocking, local, thread-safe.
  */

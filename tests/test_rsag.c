@@ -10,6 +10,10 @@
  *   0,1,0,1 (interleaved)     3stage with ranks that are not node-major
  *   0,0,1 (uneven)            flat
  *
+ * 2x2 and 3x2 run again with HCOLL_CHECK_ARGS=0: a few bytes travel with
+ * the argument agreement (hcoll_comm_last_algo "rd"), so without it the
+ * ring's phases run at the small counts too ("ring-rsag").
+ *
  * Reduce-scatter: counts 0, 1, 7, 4093 and 2^20+3, in and out of place,
  * fp32 SUM, AVG, MAX, int32 AVG and an fp32 PREMUL_SUM with a scalar per
  * rank. Inputs are chosen so that every order of reduction gives the same
@@ -50,6 +54,7 @@ typedef struct world {
     char name[32];
     int nranks;
     int node_of[MAX_RANKS];
+    int nocheck; /* HCOLL_CHECK_ARGS=0: no agreement, so the ring's phases at every count */
 } world_t;
 
 static world_t *world_new(const char *name, const int *node_of, int nranks)
@@ -74,7 +79,10 @@ static int open_comm_at(world_t *w, hct_id_slot_t *slot, int rank, int nranks,
     cfg.timeout_ms = TIMEOUT_MS;
     cfg.chunk_bytes = 4096; /* many chunks and pieces even for small vectors */
     HCT_REQUIRE(hct_share_unique_id(slot, rank, TIMEOUT_MS, &id) == 0, "no unique id");
-    HCT_OK(NULL, hcoll_comm_init(comm_out, nranks, rank, &id, &cfg));
+    setenv("HCOLL_CHECK_ARGS", w->nocheck ? "0" : "1", 1);
+    hcoll_status_t st = hcoll_comm_init(comm_out, nranks, rank, &id, &cfg);
+    unsetenv("HCOLL_CHECK_ARGS");
+    HCT_OK(NULL, st);
     return 0;
 }
 
@@ -249,6 +257,20 @@ static int ag_case(world_t *w, hcoll_comm_t comm, int rank, size_t count, hcoll_
 static const hcoll_dtype_t ag_dtypes[] = { HCOLL_FLOAT32, HCOLL_FLOAT16, HCOLL_INT8,
                                            HCOLL_FLOAT64, HCOLL_INT32, HCOLL_BFLOAT16 };
 
+/* A vector of a few bytes across nodes travels with the argument
+ * agreement (rd); without the agreement, the ring's phases. */
+static int algo_is(world_t *w, hcoll_comm_t comm, int rank, const char *what)
+{
+    int nnodes;
+    const char *name;
+    HCT_OK(comm, hcoll_comm_node_count(comm, &nnodes));
+    HCT_OK(comm, hcoll_comm_last_algo(comm, &name));
+    const char *want = nnodes == 1 ? NULL : w->nocheck ? "ring-rsag" : "rd";
+    HCT_REQUIRE(!want || strcmp(name, want) == 0, "%s rank %d: a %s of count 1 ran '%s', want "
+                "'%s'", w->name, rank, what, name, want);
+    return 0;
+}
+
 static int rank_layout(int rank, int nranks, void *argp)
 {
     world_t *w = argp;
@@ -272,8 +294,12 @@ static int rank_layout(int rank, int nranks, void *argp)
                     continue;
                 rc = rs_case(w, comm, rank, cs, count, ip, big, small);
             }
+        if (!rc && count == 1)
+            rc = algo_is(w, comm, rank, "reduce-scatter");
         for (int ip = bigc; ip < 2 && !rc; ip++)
             rc = ag_case(w, comm, rank, count, ag_dtypes[(ci + ip) % 6], ip, big, small, want);
+        if (!rc && count == 1)
+            rc = algo_is(w, comm, rank, "all-gather");
     }
     if (rc) {
         hcoll_comm_abort(comm);
@@ -292,6 +318,7 @@ static int rank_layout(int rank, int nranks, void *argp)
 static void run_world(const char *name, const int *node_of, int nranks, hct_rank_fn fn)
 {
     world_t *w = world_new(name, node_of, nranks);
+    w->nocheck = strstr(name, "nocheck") != NULL;
     const double t0 = hct_now_ms();
     hct_opts_t o = { .nranks = nranks, .timeout_ms = 60000 };
     hct_result_t res[MAX_RANKS];
@@ -323,12 +350,14 @@ END_TEST
 START_TEST(layout_2x2)
 {
     RUN("2x2", rank_layout, 0, 0, 1, 1);
+    RUN("2x2-nocheck", rank_layout, 0, 0, 1, 1);
 }
 END_TEST
 
 START_TEST(layout_3x2)
 {
     RUN("3x2", rank_layout, 0, 0, 1, 1, 2, 2);
+    RUN("3x2-nocheck", rank_layout, 0, 0, 1, 1, 2, 2);
 }
 END_TEST
 

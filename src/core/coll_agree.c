@@ -39,7 +39,7 @@ static const char *const field_names[FP_N] = {
     "collective", "operation number", "count", "dtype", "op", "root",
 };
 
-static const char *kind_name(int64_t k)
+const char *hc_coll_kind_name(int64_t k)
 {
     switch (k) {
     case HC_COLL_ALLREDUCE: return "allreduce";
@@ -94,7 +94,7 @@ void hc_agree_pack(const hc_coll_args_t *a, uint64_t seq, int rank, hcoll_status
 static void field_str(int f, int64_t v, char *buf, size_t len)
 {
     if (f == FP_KIND)
-        snprintf(buf, len, "%s", kind_name(v));
+        snprintf(buf, len, "%s", hc_coll_kind_name(v));
     else if (f == FP_DTYPE && v >= 0)
         snprintf(buf, len, "%s", hcoll_dtype_name((hcoll_dtype_t)v));
     else if (f == FP_OP && v >= HC_REDOP_BASE)
@@ -112,7 +112,7 @@ hcoll_status_t hc_agree_judge(const int64_t w[HC_AGREE_WORDS], const hc_coll_arg
 {
     int64_t fp[FP_N];
     fingerprint(a, seq, fp);
-    const char *what = kind_name(a->kind);
+    const char *what = hc_coll_kind_name(a->kind);
     if (w[W_VERDICT] >= 0) {
         /* A rank could not take part; it recorded why itself. */
         if (verdict != HCOLL_SUCCESS)

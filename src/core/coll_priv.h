@@ -114,6 +114,8 @@ hcoll_status_t hc_coll_agree(hc_coll_t *co, const hc_coll_args_t *a, hcoll_statu
                              hcoll_stage_times_t *times, int *agreed_out);
 
 #define HC_AGREE_WORDS 15
+/* "allreduce", "broadcast", ... as messages name a collective kind. */
+const char *hc_coll_kind_name(int64_t kind);
 /* coll_agree.c: this rank's words; the decision over the words MAX-reduced
  * over every rank (records the message, except for this rank's own failed
  * verdict, which it returns as it is). */
@@ -240,10 +242,11 @@ hcoll_status_t hc_coll_tree_setup(hc_coll_t *co, const hc_transport_ops_t *ops,
 /* Whether a broadcast of bytes takes hc_coll_bcast_tree: the tree's size
  * on plans across nodes, every size on one node (the node step alone). */
 int hc_coll_bcast_tree_applies(const hc_coll_t *co, size_t bytes);
-/* The widest integer type that divides a broadcast's size: fewer, cheaper
- * elements, shards that split none of them, and exact sums (the inline
- * broadcast adds the root's vector to zeros). */
-static inline hcoll_dtype_t hc_coll_bcast_dtype(size_t bytes)
+/* The widest integer type that divides a size: fewer, cheaper elements
+ * for a broadcast's bytes, shards that split none of them, and exact sums
+ * (the broadcast and all-gather that travel with the agreement add bytes
+ * to zeros). */
+static inline hcoll_dtype_t hc_coll_bytes_dtype(size_t bytes)
 {
     return bytes % 8 == 0 ? HCOLL_INT64 : bytes % 4 == 0 ? HCOLL_INT32 : HCOLL_UINT8;
 }

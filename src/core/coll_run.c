@@ -362,6 +362,58 @@ static hcoll_status_t agree_exchange(hc_coll_t *co, int64_t *w, const void *src,
     return st;
 }
 
+/* What travels with the agreement as one all-reduce of at most
+ * co->inline_max bytes (agree_run). */
+typedef struct inline_vec {
+    const void *src;  /* this rank's contribution */
+    size_t n;         /* elements of dt */
+    hcoll_dtype_t dt;
+    hcoll_op_t op;
+    size_t bytes;
+} inline_vec_t;
+
+/* 1 when a fits the agreement, with *v filled in (co->agree_buf may hold
+ * the contribution). A broadcast and an all-gather become sums of
+ * integers: the root's bytes plus everybody's zeros, or each rank's block
+ * at its place plus zeros; no two ranks' non-zero bytes meet, so the sum
+ * has no carry and is exact. A reduce-scatter reduces the whole vector
+ * and each rank keeps its block. One node step and one exchange across
+ * nodes, where the broadcast's tree or the ring's phases after the
+ * agreement took a second synchronisation of each and the ring thread's
+ * hand-off. HCOLL_ALGO=broadcast=tree|chain runs what it names. */
+static int inline_vec(hc_coll_t *co, const hc_coll_args_t *a, inline_vec_t *v)
+{
+    struct hcoll_comm *c = co->comm;
+    const size_t es = hcoll_dtype_size(a->dtype);
+    const int whole = a->kind == HC_COLL_REDUCE_SCATTER || a->kind == HC_COLL_ALLGATHER;
+    const size_t n = whole ? a->count * (size_t)c->nranks : a->count;
+    if (a->count == 0 || n > co->inline_max / es || a->kind == HC_COLL_BARRIER ||
+        (a->kind == HC_COLL_BROADCAST && co->algo.bcast_forced))
+        return 0;
+    v->bytes = n * es;
+    if (a->kind == HC_COLL_ALLREDUCE || a->kind == HC_COLL_REDUCE_SCATTER) {
+        *v = (inline_vec_t){ a->sendbuf, n, a->dtype, a->op, v->bytes };
+        if (a->ro.scaled) { /* scaled into the buffer: recvbuf stays as it is */
+            hc_redop_scale_host(&a->ro, co->agree_buf, a->sendbuf, n, a->dtype);
+            v->src = co->agree_buf;
+        }
+        return 1;
+    }
+    v->dt = hc_coll_bytes_dtype(v->bytes);
+    v->n = v->bytes / hcoll_dtype_size(v->dt);
+    v->op = HCOLL_SUM;
+    v->src = a->sendbuf;
+    if (a->kind == HC_COLL_ALLGATHER) {
+        memset(co->agree_buf, 0, v->bytes);
+        memcpy(co->agree_buf + (size_t)c->rank * a->count * es, a->sendbuf, a->count * es);
+        v->src = co->agree_buf;
+    } else if (c->rank != a->root) {
+        memset(co->agree_buf, 0, v->bytes);
+        v->src = co->agree_buf;
+    }
+    return 1;
+}
+
 /* The agreement (coll_priv.h), carrying an all-reduce of at most
  * co->inline_max bytes when inl: then *done_out = 1 once its result is in
  * recvbuf. Each rank decides by its own arguments: ranks that decide
@@ -376,33 +428,10 @@ static hcoll_status_t agree_run(hc_coll_t *co, const hc_coll_args_t *a, hcoll_st
         return verdict;
     int64_t w[HC_AGREE_WORDS];
     hc_agree_pack(a, co->opseq, c->rank, verdict, w);
-    const size_t bytes = a->count * hcoll_dtype_size(a->dtype);
-    /* HCOLL_ALGO's broadcast=tree or =chain: what it names runs. */
-    const int bcast = a->kind == HC_COLL_BROADCAST && !co->algo.bcast_forced;
-    inl = inl && (a->kind == HC_COLL_ALLREDUCE || bcast) && verdict == HCOLL_SUCCESS &&
-          a->count > 0 && bytes <= co->inline_max;
-    const void *src = a->sendbuf;
-    size_t n = a->count;
-    hcoll_dtype_t dt = a->dtype;
-    hcoll_op_t op = a->op;
-    if (inl && bcast) {
-        /* A broadcast is the sum of the root's vector and everybody
-         * else's zeros, exact in integers: it rides on the agreement as
-         * an all-reduce would, one node step and one exchange where the
-         * tree after the agreement took a second of each. */
-        dt = hc_coll_bcast_dtype(bytes);
-        n = bytes / hcoll_dtype_size(dt);
-        op = HCOLL_SUM;
-        if (c->rank != a->root) {
-            memset(co->agree_buf, 0, bytes);
-            src = co->agree_buf;
-        }
-    } else if (inl && a->ro.scaled) { /* scaled into the buffer: recvbuf stays as it is */
-        hc_redop_scale_host(&a->ro, co->agree_buf, a->sendbuf, a->count, a->dtype);
-        src = co->agree_buf;
-    }
+    inline_vec_t v = { 0 };
+    inl = inl && verdict == HCOLL_SUCCESS && inline_vec(co, a, &v);
     int ok = 0;
-    hcoll_status_t st = inl ? agree_exchange(co, w, src, n, dt, op, tm, &ok)
+    hcoll_status_t st = inl ? agree_exchange(co, w, v.src, v.n, v.dt, v.op, tm, &ok)
                             : agree_exchange(co, w, NULL, 0, HCOLL_INT64, HCOLL_MAX, tm, &ok);
     if (st != HCOLL_SUCCESS)
         return st;
@@ -416,9 +445,13 @@ static hcoll_status_t agree_run(hc_coll_t *co, const hc_coll_args_t *a, hcoll_st
     if (!ok) /* equal arguments everywhere, so equal lengths: cannot happen */
         return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_INTERNAL,
                           "%s: the ranks agreed but their data did not combine",
-                          bcast ? "broadcast" : "allreduce");
-    memcpy(a->recvbuf, co->agree_buf, bytes);
-    if (!bcast)
+                          hc_coll_kind_name(a->kind));
+    /* The vector's part this rank receives: all of it, or (reduce-scatter)
+     * its block. */
+    const size_t es = hcoll_dtype_size(a->dtype), mine = a->count * es;
+    const size_t at = a->kind == HC_COLL_REDUCE_SCATTER ? (size_t)c->rank * mine : 0;
+    memcpy(a->recvbuf, co->agree_buf + at, a->kind == HC_COLL_ALLGATHER ? v.bytes : mine);
+    if (a->kind == HC_COLL_ALLREDUCE || a->kind == HC_COLL_REDUCE_SCATTER)
         hc_reduce_avg_finish(a->recvbuf, a->count, a->dtype, a->op, c->nranks);
     *done_out = 1;
     return HCOLL_SUCCESS;
@@ -447,7 +480,7 @@ static hcoll_status_t run_broadcast(hc_coll_t *co, const hc_coll_args_t *a,
         return HCOLL_SUCCESS;
     if (is_root && a->sendbuf != a->recvbuf)
         memcpy(a->recvbuf, a->sendbuf, bytes);
-    hcoll_dtype_t idt = hc_coll_bcast_dtype(bytes);
+    hcoll_dtype_t idt = hc_coll_bytes_dtype(bytes);
     const size_t n = bytes / hcoll_dtype_size(idt);
     if (hc_coll_bcast_tree_applies(co, bytes)) /* small: tree + node step (coll_bcast.c) */
         return hc_coll_bcast_tree(co, a, n, idt, tm);
