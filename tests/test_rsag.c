@@ -80,8 +80,12 @@ static int open_comm_at(world_t *w, hct_id_slot_t *slot, int rank, int nranks,
     cfg.chunk_bytes = 4096; /* many chunks and pieces even for small vectors */
     HCT_REQUIRE(hct_share_unique_id(slot, rank, TIMEOUT_MS, &id) == 0, "no unique id");
     setenv("HCOLL_CHECK_ARGS", w->nocheck ? "0" : "1", 1);
+    /* Given link figures (fast links): the inline limits are the cap, on
+     * every host, whatever a probe would find under load. */
+    setenv("HCOLL_ALGO_MODEL", "100:1000", 1);
     hcoll_status_t st = hcoll_comm_init(comm_out, nranks, rank, &id, &cfg);
     unsetenv("HCOLL_CHECK_ARGS");
+    unsetenv("HCOLL_ALGO_MODEL");
     HCT_OK(NULL, st);
     return 0;
 }
