@@ -124,11 +124,10 @@ double hc_algo_cost_ring(const hc_algo_model_t *m, const hc_algo_layout_t *l, si
  * costs no more than the ring, and the inline limit under it. Pure. */
 void hc_algo_model_choose(const hc_algo_model_t *m, const hc_algo_layout_t *l, uint64_t rd_cap,
                           uint64_t *rd_max, size_t *inline_max);
-/* Under the inline limit cap: the largest reduce-scatter or all-gather
- * (whole vector) and broadcast (bytes) that one rd with the agreement
- * moves no slower than their own algorithm after it. Pure. */
-void hc_algo_model_inline(const hc_algo_model_t *m, const hc_algo_layout_t *l, size_t cap,
-                          size_t *rsag_max, size_t *bcast_max);
+/* Under the inline limit cap: the largest broadcast (bytes) that one rd
+ * with the agreement moves no slower than the tree after it. Pure. */
+size_t hc_algo_model_inline_bcast(const hc_algo_model_t *m, const hc_algo_layout_t *l,
+                                  size_t cap);
 /* rd's largest slot: the model's rd limit is capped at it. */
 size_t hc_algo_rd_seg_max(void);
 

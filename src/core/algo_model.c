@@ -16,16 +16,11 @@
  *
  * rd_max is the largest size up to which rd costs no more than the ring
  * (capped at one rd slot), inline_max the smaller of it and the agreement's
- * slot. The other collectives that travel with the agreement as one rd
- * of their bytes (coll_run.c) get limits of their own under it, against
- * what they run otherwise after the agreement (steps * alpha):
- *
- *   reduce-scatter, all-gather   (N-1) * (alpha + S / (N L beta))   one phase
- *   broadcast                    depth * (alpha + S / beta)         the tree,
- *                                                  depth = ceil(log2 N)
- *
- * (the node steps they save are not counted: the limits lean to the
- * ring and the tree). The probe's figures are gathered from every rank and their medians
+ * slot. A broadcast travels with the agreement as one rd of its bytes
+ * (coll_run.c) up to its own limit under it, where that costs no more than
+ * the tree after the agreement, depth * (alpha + S / beta) with depth =
+ * ceil(log2 N) (the node step it saves is not counted: the limit leans to
+ * the tree). The probe's figures are gathered from every rank and their medians
  * taken, so every rank computes the same choice from the same numbers.
  */
 #include "core/algo.h"
@@ -159,19 +154,15 @@ static size_t limit_where(double slope, double room, size_t cap)
     return room > 0 ? (size_t)(room / slope) & ~(size_t)63 : 0;
 }
 
-void hc_algo_model_inline(const hc_algo_model_t *m, const hc_algo_layout_t *l, size_t cap,
-                          size_t *rsag_max, size_t *bcast_max)
+size_t hc_algo_model_inline_bcast(const hc_algo_model_t *m, const hc_algo_layout_t *l,
+                                  size_t cap)
 {
     const int n = l->nnodes, steps = hc_algo_model_steps(n);
-    const double a = m->alpha_us, b = m->beta, rails = l->rails < 1 ? 1 : l->rails;
     int depth = 0; /* the tree's: ceil(log2 n) */
     while ((1 << depth) < n)
         depth++;
-    /* One phase of the ring after the agreement against one rd of the
-     * whole vector with it. */
-    *rsag_max = limit_where(steps / b - (n - 1) / (n * rails * b), (n - 1) * a, cap);
     /* The tree after the agreement: as deep as rd's rounds, with no fold. */
-    *bcast_max = limit_where((steps - depth) / b, depth * a, cap);
+    return limit_where((steps - depth) / m->beta, depth * m->alpha_us, cap);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -283,16 +274,14 @@ hcoll_status_t hc_coll_algo_tune(hc_coll_t *co)
             return st;
     }
     hc_algo_model_choose(m, &l, hc_algo_rd_seg_max(), &co->algo.rd_max, &co->inline_max);
-    hc_algo_model_inline(m, &l, co->inline_max, &co->inline_rsag, &co->inline_bcast);
+    co->inline_bcast = hc_algo_model_inline_bcast(m, &l, co->inline_max);
     m->chosen = 1;
     if (c->rank == 0)
         HC_INFO(HC_INIT, c->rank,
                 "all-reduce model (%s): alpha %.1f us, beta %.1f MB/s per rank; rd up to %llu "
-                "bytes (inline up to %zu; reduce-scatter, all-gather %zu; broadcast %zu), the "
-                "ring above",
+                "bytes (inline up to %zu, broadcasts %zu), the ring above",
                 m->mode == HC_MODEL_PROBE ? "probed" : "HCOLL_ALGO_MODEL", m->alpha_us, m->beta,
-                (unsigned long long)co->algo.rd_max, co->inline_max, co->inline_rsag,
-                co->inline_bcast);
+                (unsigned long long)co->algo.rd_max, co->inline_max, co->inline_bcast);
     return HCOLL_SUCCESS;
 }
 
@@ -305,8 +294,7 @@ int hc_coll_algo_model_str(const hc_coll_t *co, char *buf, size_t len)
                         (unsigned long long)co->algo.rd_max, co->inline_max);
     return snprintf(buf, len,
                     "%s: alpha %.1f us, beta %.1f MB/s per rank; rd up to %llu bytes, inline up "
-                    "to %zu (reduce-scatter, all-gather %zu; broadcast %zu)",
+                    "to %zu (broadcasts %zu)",
                     m->mode == HC_MODEL_PROBE ? "probe" : "given", m->alpha_us, m->beta,
-                    (unsigned long long)co->algo.rd_max, co->inline_max, co->inline_rsag,
-                    co->inline_bcast);
+                    (unsigned long long)co->algo.rd_max, co->inline_max, co->inline_bcast);
 }

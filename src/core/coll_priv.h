@@ -82,11 +82,11 @@ struct hc_coll {
     /* The agreement carries all-reduces up to inline_max bytes (algo.c;
      * 0: never), reduced in agree_buf until every rank has judged. */
     size_t inline_max;
-    /* ...and reduce-scatters and all-gathers (the whole vector) up to
-     * inline_rsag, broadcasts up to inline_bcast (each at most
-     * inline_max): where the model finds one rd of the bytes cheaper than
-     * their own algorithm after the agreement (algo_model.c). */
-    size_t inline_rsag, inline_bcast;
+    /* ...and so do reduce-scatters and all-gathers (the whole vector);
+     * broadcasts up to inline_bcast (at most inline_max), where the model
+     * finds one rd of the bytes no slower than the tree after the
+     * agreement (algo_model.c). */
+    size_t inline_bcast;
     unsigned char *agree_buf;
     /* The small broadcast's tree across nodes (coll_bcast.c), on a
      * transport instance of its own; NULL under HCOLL_ALGO=broadcast=chain

@@ -387,9 +387,7 @@ static int inline_vec(hc_coll_t *co, const hc_coll_args_t *a, inline_vec_t *v)
     const size_t es = hcoll_dtype_size(a->dtype);
     const int whole = a->kind == HC_COLL_REDUCE_SCATTER || a->kind == HC_COLL_ALLGATHER;
     const size_t n = whole ? a->count * (size_t)c->nranks : a->count;
-    const size_t cap = whole                              ? co->inline_rsag
-                       : a->kind == HC_COLL_BROADCAST ? co->inline_bcast
-                                                      : co->inline_max;
+    const size_t cap = a->kind == HC_COLL_BROADCAST ? co->inline_bcast : co->inline_max;
     if (a->count == 0 || n > cap / es || a->kind == HC_COLL_BARRIER ||
         (a->kind == HC_COLL_BROADCAST && co->algo.bcast_forced))
         return 0;
