@@ -79,6 +79,15 @@ size_t hc_algo_rd_seg(const hc_algo_conf_t *conf);
  * compared at init). */
 #define HC_ALGO_INLINE_MAX (64u << 10)
 #define HC_ALGO_AGREE_HDR  256u /* room for the agreement's header in a slot */
+/* A reduce-scatter or all-gather (the whole vector) travels with the
+ * agreement up to the inline limit and at most this. Measured with
+ * hcoll_perf -o reduce_scatter|allgather -z 1, inline against the ring's
+ * phase (HCOLL_ALGO=ring): the crossover is 8-32 KiB on 3 x 2 at 500
+ * Mbit/s and 16-64 KiB on 4 x 2 at 1 Gbit/s, where the all-reduce's
+ * inline limit is 8-13 KiB and 64 KiB; an alpha-beta model of one ring
+ * phase missed both (its hand-off, node steps and permutation cost what
+ * alpha and beta do not say). */
+#define HC_ALGO_INLINE_RSAG_MAX (16u << 10)
 size_t hc_algo_inline_max(const hc_algo_conf_t *conf, int check_args, size_t chunk_bytes);
 /* Broadcast (the block at the end of algo.c). */
 

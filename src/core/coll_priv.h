@@ -82,8 +82,9 @@ struct hc_coll {
     /* The agreement carries all-reduces up to inline_max bytes (algo.c;
      * 0: never), reduced in agree_buf until every rank has judged. */
     size_t inline_max;
-    /* ...and so do reduce-scatters and all-gathers (the whole vector);
-     * broadcasts up to inline_bcast (at most inline_max), where the model
+    /* ...and so do reduce-scatters and all-gathers (the whole vector, at
+     * most HC_ALGO_INLINE_RSAG_MAX); broadcasts up to inline_bcast (at
+     * most inline_max), where the model
      * finds one rd of the bytes no slower than the tree after the
      * agreement (algo_model.c). */
     size_t inline_bcast;

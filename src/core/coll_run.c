@@ -387,7 +387,9 @@ static int inline_vec(hc_coll_t *co, const hc_coll_args_t *a, inline_vec_t *v)
     const size_t es = hcoll_dtype_size(a->dtype);
     const int whole = a->kind == HC_COLL_REDUCE_SCATTER || a->kind == HC_COLL_ALLGATHER;
     const size_t n = whole ? a->count * (size_t)c->nranks : a->count;
-    const size_t cap = a->kind == HC_COLL_BROADCAST ? co->inline_bcast : co->inline_max;
+    size_t cap = a->kind == HC_COLL_BROADCAST ? co->inline_bcast : co->inline_max;
+    if (whole && cap > HC_ALGO_INLINE_RSAG_MAX)
+        cap = HC_ALGO_INLINE_RSAG_MAX;
     if (a->count == 0 || n > cap / es || a->kind == HC_COLL_BARRIER ||
         (a->kind == HC_COLL_BROADCAST && co->algo.bcast_forced))
         return 0;
