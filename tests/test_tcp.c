@@ -72,6 +72,32 @@ static hc_transport_params_t tparams(int rank, int n, int nsocks, int timeout_ms
     return p;
 }
 
+/* This rank's transport with params p, connected to the other of two
+ * ranks through ag; 0 on success. */
+static int connect_pair(const hc_transport_params_t *p, ag_ctx_t *ag, hc_transport_t **tr_out,
+                        hc_ep_t **ep_out)
+{
+    HCT_REQUIRE(hc_tcp_ops.create(p, tr_out) == HCOLL_SUCCESS, "create");
+    int peer = 1 - ag->rank;
+    HCT_REQUIRE(hc_tcp_ops.connect(*tr_out, &peer, 1, shm_allgather, ag, ep_out) ==
+                    HCOLL_SUCCESS, "connect: %s", eb.msg);
+    return 0;
+}
+
+/* Fork nranks ranks running fn over one shared address exchange for the
+ * first two (a third, where there is one, is a stranger); 0 when all
+ * passed. */
+static int run_ranks(hct_rank_fn fn, int nranks, int timeout_ms)
+{
+    shm_ag_t *shm = hct_shared_alloc(sizeof *shm);
+    shm->nranks = 2;
+    hct_opts_t o = { .nranks = nranks, .ranks_per_node = 1, .timeout_ms = timeout_ms };
+    hct_result_t res[3];
+    int bad = hct_run(&o, fn, shm, res);
+    hct_shared_free(shm, sizeof *shm);
+    return bad;
+}
+
 /* ------------------------------------------------------------------------ */
 
 START_TEST(test_select)
@@ -109,11 +135,9 @@ static int rank_corrupt(int rank, int n, void *arg)
     for (int mode = HC_TCP_CORRUPT_MAGIC; mode <= HC_TCP_CORRUPT_LENGTH; mode++) {
         hc_transport_params_t p = tparams(rank, n, 1, 10000);
         hc_transport_t *tr;
-        HCT_REQUIRE(hc_tcp_ops.create(&p, &tr) == HCOLL_SUCCESS, "create");
-        int peer = 1 - rank;
         hc_ep_t *ep;
-        HCT_REQUIRE(hc_tcp_ops.connect(tr, &peer, 1, shm_allgather, &ag, &ep) == HCOLL_SUCCESS,
-                    "connect: %s", eb.msg);
+        if (connect_pair(&p, &ag, &tr, &ep))
+            return 1;
         enum { LEN = 8192 };
         unsigned char *buf = malloc(3 * LEN);
         memset(buf, 0x5A, 3 * LEN);
@@ -149,12 +173,7 @@ static int rank_corrupt(int rank, int n, void *arg)
 
 START_TEST(test_corrupt_frames)
 {
-    shm_ag_t *shm = hct_shared_alloc(sizeof *shm);
-    shm->nranks = 2;
-    hct_opts_t o = { .nranks = 2, .ranks_per_node = 1, .timeout_ms = 60000 };
-    hct_result_t res[2];
-    ck_assert_int_eq(hct_run(&o, rank_corrupt, shm, res), 0);
-    hct_shared_free(shm, sizeof *shm);
+    ck_assert_int_eq(run_ranks(rank_corrupt, 2, 60000), 0);
 }
 END_TEST
 
@@ -213,12 +232,7 @@ static int rank_stranger(int rank, int n, void *arg)
 
 START_TEST(test_stranger)
 {
-    shm_ag_t *shm = hct_shared_alloc(sizeof *shm);
-    shm->nranks = 2;
-    hct_opts_t o = { .nranks = 3, .ranks_per_node = 1, .timeout_ms = 30000 };
-    hct_result_t res[3];
-    ck_assert_int_eq(hct_run(&o, rank_stranger, shm, res), 0);
-    hct_shared_free(shm, sizeof *shm);
+    ck_assert_int_eq(run_ranks(rank_stranger, 3, 30000), 0);
 }
 END_TEST
 
@@ -291,23 +305,13 @@ static int rank_cancel(int rank, int n, void *arg)
 
 START_TEST(test_connect_cancel)
 {
-    shm_ag_t *shm = hct_shared_alloc(sizeof *shm);
-    shm->nranks = 2;
-    hct_opts_t o = { .nranks = 2, .ranks_per_node = 1, .timeout_ms = 30000 };
-    hct_result_t res[2];
-    ck_assert_int_eq(hct_run(&o, rank_cancel, shm, res), 0);
-    hct_shared_free(shm, sizeof *shm);
+    ck_assert_int_eq(run_ranks(rank_cancel, 2, 30000), 0);
 }
 END_TEST
 
 START_TEST(test_connect_timeout)
 {
-    shm_ag_t *shm = hct_shared_alloc(sizeof *shm);
-    shm->nranks = 2;
-    hct_opts_t o = { .nranks = 2, .ranks_per_node = 1, .timeout_ms = 30000 };
-    hct_result_t res[2];
-    ck_assert_int_eq(hct_run(&o, rank_no_hello, shm, res), 0);
-    hct_shared_free(shm, sizeof *shm);
+    ck_assert_int_eq(run_ranks(rank_no_hello, 2, 30000), 0);
 }
 END_TEST
 
@@ -385,11 +389,9 @@ static int rank_lowat(int rank, int n, void *arg)
     if (rank == 0)
         p.socket_buf = 16384; /* the sender's queue drains in pieces */
     hc_transport_t *tr;
-    HCT_REQUIRE(hc_tcp_ops.create(&p, &tr) == HCOLL_SUCCESS, "create");
-    int peer = 1 - rank;
     hc_ep_t *ep;
-    HCT_REQUIRE(hc_tcp_ops.connect(tr, &peer, 1, shm_allgather, &ag, &ep) == HCOLL_SUCCESS,
-                "connect: %s", eb.msg);
+    if (connect_pair(&p, &ag, &tr, &ep))
+        return 1;
     static const size_t sizes[] = { 1 << 20, 100003, 65536 + 17, 300001, 16385, 70000, 3 };
     enum { MAX = 1 << 20 };
     unsigned char *buf = malloc(MAX);
@@ -455,11 +457,9 @@ static int rank_pingpong(int rank, int n, void *arg)
     ag_ctx_t ag = { sag, rank };
     hc_transport_params_t p = tparams(rank, n, 1, 10000);
     hc_transport_t *tr;
-    HCT_REQUIRE(hc_tcp_ops.create(&p, &tr) == HCOLL_SUCCESS, "create");
-    int peer = 1 - rank;
     hc_ep_t *ep;
-    HCT_REQUIRE(hc_tcp_ops.connect(tr, &peer, 1, shm_allgather, &ag, &ep) == HCOLL_SUCCESS,
-                "connect: %s", eb.msg);
+    if (connect_pair(&p, &ag, &tr, &ep))
+        return 1;
     static unsigned char buf[2 * LEN];
     hc_mr_t *mr;
     hc_rkey_t rk, rks[2];
@@ -470,7 +470,7 @@ static int rank_pingpong(int rank, int n, void *arg)
     for (int k = 0; k < ROUNDS; k++) {
         if ((k & 1) == rank) { /* send: the payload from the first half, into the second */
             memset(buf, k, LEN);
-            HCT_REQUIRE(hc_tcp_ops.put(ep, mr, 0, &rks[peer], LEN, LEN, (uint32_t)k, 0) ==
+            HCT_REQUIRE(hc_tcp_ops.put(ep, mr, 0, &rks[1 - rank], LEN, LEN, (uint32_t)k, 0) ==
                             HCOLL_SUCCESS, "put %d", k);
         }
         int put_done = (k & 1) != rank, landed = (k & 1) == rank;
@@ -505,12 +505,7 @@ static int rank_pingpong(int rank, int n, void *arg)
 
 START_TEST(test_small_message_calls)
 {
-    shm_ag_t *sag = hct_shared_alloc(sizeof *sag);
-    sag->nranks = 2;
-    hct_opts_t o = { .nranks = 2, .ranks_per_node = 1, .timeout_ms = 60000 };
-    hct_result_t res[2];
-    ck_assert_int_eq(hct_run(&o, rank_pingpong, sag, res), 0);
-    hct_shared_free(sag, sizeof *sag);
+    ck_assert_int_eq(run_ranks(rank_pingpong, 2, 60000), 0);
 }
 END_TEST
 
