@@ -417,11 +417,12 @@ static int inline_vec(hc_coll_t *co, const hc_coll_args_t *a, inline_vec_t *v)
     return 1;
 }
 
-/* The agreement (coll_priv.h), carrying an all-reduce of at most
- * co->inline_max bytes when inl: then *done_out = 1 once its result is in
+/* The agreement (coll_priv.h), carrying the collective's data when inl
+ * and inline_vec says it fits: then *done_out = 1 once the result is in
  * recvbuf. Each rank decides by its own arguments: ranks that decide
- * differently disagree on the count or dtype, so their data does not
- * combine, the words say why, and nothing is written. */
+ * differently disagree on the collective, count or dtype, so their data
+ * does not combine (or is not kept), the words say why, and nothing is
+ * written. */
 static hcoll_status_t agree_run(hc_coll_t *co, const hc_coll_args_t *a, hcoll_status_t verdict,
                                 int inl, hcoll_stage_times_t *tm, int *agreed_out, int *done_out)
 {
