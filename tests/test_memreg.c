@@ -223,18 +223,18 @@ static int rank_memreg(int rank, int n, void *argp)
 #define COLL_WARM 2  /* calls that may grow the stage or register hcoll's vector */
 #define COLL_CALLS 4 /* calls that must register nothing */
 
-/* One collective, COLL_WARM + COLL_CALLS times on unregistered buffers;
- * the registrations of the last COLL_CALLS into *regs_out. kind: 0
+/* One collective, warm + COLL_CALLS times on unregistered buffers; the
+ * registrations of the last COLL_CALLS into *regs_out. kind: 0
  * reduce-scatter, 1 all-gather, 2 broadcast (root nranks - 1). */
-static int coll_loop(hcoll_comm_t comm, int kind, size_t count, int rank, int n,
+static int coll_loop(hcoll_comm_t comm, int kind, size_t count, int warm, int rank, int n,
                      uint64_t *regs_out)
 {
     const size_t total = count * (size_t)n;
     int32_t *send = malloc(total * sizeof *send), *recv = malloc(total * sizeof *recv);
     HCT_REQUIRE(send && recv, "no memory");
     uint64_t r0 = 0;
-    for (int it = 0; it < COLL_WARM + COLL_CALLS; it++) {
-        if (it == COLL_WARM)
+    for (int it = 0; it < warm + COLL_CALLS; it++) {
+        if (it == warm)
             r0 = regs();
         for (size_t i = 0; i < total; i++)
             send[i] = (int32_t)((i * 7 + (size_t)rank * 3 + (size_t)it) % 1000);
@@ -270,6 +270,7 @@ static int coll_loop(hcoll_comm_t comm, int kind, size_t count, int rank, int n,
 typedef struct colls_arg {
     hct_id_slot_t slot;
     size_t count; /* elements per block */
+    int warm;     /* calls before the counted ones */
     unsigned long long regs[4][3];
 } colls_arg_t;
 
@@ -281,7 +282,7 @@ static int rank_colls(int rank, int n, void *argp)
         return 1;
     for (int kind = 0; kind < 3; kind++) {
         uint64_t r = 0;
-        if (coll_loop(comm, kind, a->count, rank, n, &r))
+        if (coll_loop(comm, kind, a->count, a->warm, rank, n, &r))
             return 1;
         a->regs[rank][kind] = (unsigned long long)r;
     }
@@ -291,11 +292,12 @@ static int rank_colls(int rank, int n, void *argp)
 
 /* Before: each call registered the caller's buffers (or hcoll's permuted
  * vector) once per ring job and deregistered them after. */
-static void run_colls(size_t count, int nranks, int per_node)
+static void run_colls(size_t count, int nranks, int per_node, int warm)
 {
     colls_arg_t *a = hct_shared_alloc(sizeof *a);
     memset(a, 0, sizeof *a);
     a->count = count;
+    a->warm = warm;
     hct_opts_t o = { .nranks = nranks, .ranks_per_node = per_node, .timeout_ms = 100000 };
     hct_result_t res[4];
     int bad = hct_run(&o, rank_colls, a, res);
@@ -305,7 +307,7 @@ static void run_colls(size_t count, int nranks, int per_node)
         for (int k = 0; k < 3; k++) {
             fprintf(stderr, "%d x %d, %zu elements per block, rank %d: %s: %llu "
                     "registration(s) in %d calls after %d\n", nranks / per_node, per_node,
-                    count, r, names[k], a->regs[r][k], COLL_CALLS, COLL_WARM);
+                    count, r, names[k], a->regs[r][k], COLL_CALLS, warm);
             ck_assert_msg(a->regs[r][k] == 0, "rank %d: %s registered %llu time(s) in %d "
                           "calls on unregistered buffers", r, names[k], a->regs[r][k],
                           COLL_CALLS);
@@ -317,7 +319,8 @@ static void run_colls(size_t count, int nranks, int per_node)
  * `ulimit -l` gives) while the ring's stage already holds the jobs (an
  * all-reduce grew it): the reduce-scatter goes through on every rank, and
  * so do the next calls, in the stage, registering nothing. */
-#define VREF_COUNT 1000 /* int32 per block: small jobs, within the stage */
+#define VREF_COUNT 5000 /* int32 per block: small jobs, within the stage, but past
+                          * the inline limits (80 KB in all: the ring's phases run) */
 
 static int rank_vector_refused(int rank, int n, void *argp)
 {
@@ -378,12 +381,19 @@ END_TEST
 
 /* Three stages: the rings work in hcoll's permuted vector (kept
  * registered) and the broadcast's chain in the stage. 4 MiB per call. */
-START_TEST(colls_ib_2x2_unregistered) { run_colls(1 << 18, 4, 2); }
+START_TEST(colls_ib_2x2_unregistered) { run_colls(1 << 18, 4, 2, COLL_WARM); }
 END_TEST
 
 /* The ring plan: the reduce-scatter reads sendbuf itself, the all-gather
  * works in recvbuf itself, the chain in recvbuf: all in the stage. */
-START_TEST(colls_ib_ring_unregistered) { run_colls(1 << 17, 2, 1); }
+START_TEST(colls_ib_ring_unregistered) { run_colls(1 << 17, 2, 1, COLL_WARM); }
+END_TEST
+
+/* 2 x 2, 64 elements per block (1 KiB in all): every call travels with
+ * the argument agreement, which registers nothing, the first call
+ * included (before, the first one grew the ring's stage or registered
+ * hcoll's permuted vector for ring jobs that never ran). */
+START_TEST(colls_ib_inline_unregistered) { run_colls(64, 4, 2, 0); }
 END_TEST
 
 static void run(const char *net, size_t count, int nranks, int per_node)
@@ -429,6 +439,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, memreg_tcp);
     tcase_add_test(tc, colls_ib_2x2_unregistered);
     tcase_add_test(tc, colls_ib_ring_unregistered);
+    tcase_add_test(tc, colls_ib_inline_unregistered);
     tcase_add_test(tc, colls_ib_vector_refused);
     suite_add_tcase(s, tc);
     return hct_mockib_run(s);

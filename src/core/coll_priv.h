@@ -84,9 +84,8 @@ struct hc_coll {
     size_t inline_max;
     /* ...and so do reduce-scatters and all-gathers (the whole vector, at
      * most HC_ALGO_INLINE_RSAG_MAX); broadcasts up to inline_bcast (at
-     * most inline_max), where the model
-     * finds one rd of the bytes no slower than the tree after the
-     * agreement (algo_model.c). */
+     * most inline_max), where the model finds one rd of the bytes no
+     * slower than the tree after the agreement (algo_model.c). */
     size_t inline_bcast;
     unsigned char *agree_buf;
     /* The small broadcast's tree across nodes (coll_bcast.c), on a

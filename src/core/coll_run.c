@@ -372,6 +372,23 @@ typedef struct inline_vec {
     size_t bytes;
 } inline_vec_t;
 
+/* The elements of the vector a would send with the agreement (the whole
+ * nranks x count for a reduce-scatter or all-gather); 0 when it does not
+ * travel with it: too large for its limit, a barrier, HCOLL_ALGO's
+ * broadcast=tree|chain, or no agreement (the limits are 0 then). */
+static size_t inline_count(const hc_coll_t *co, const hc_coll_args_t *a)
+{
+    const int whole = a->kind == HC_COLL_REDUCE_SCATTER || a->kind == HC_COLL_ALLGATHER;
+    const size_t n = whole ? a->count * (size_t)co->comm->nranks : a->count;
+    size_t cap = a->kind == HC_COLL_BROADCAST ? co->inline_bcast : co->inline_max;
+    if (whole && cap > HC_ALGO_INLINE_RSAG_MAX)
+        cap = HC_ALGO_INLINE_RSAG_MAX;
+    if (a->count == 0 || n > cap / hcoll_dtype_size(a->dtype) || a->kind == HC_COLL_BARRIER ||
+        (a->kind == HC_COLL_BROADCAST && co->algo.bcast_forced))
+        return 0;
+    return n;
+}
+
 /* 1 when a fits the agreement, with *v filled in (co->agree_buf may hold
  * the contribution). A broadcast and an all-gather become sums of
  * integers: the root's bytes plus everybody's zeros, or each rank's block
@@ -380,40 +397,30 @@ typedef struct inline_vec {
  * and each rank keeps its block. One node step and one exchange across
  * nodes, where the broadcast's tree or the ring's phases after the
  * agreement took a second synchronisation of each and the ring thread's
- * hand-off. HCOLL_ALGO=broadcast=tree|chain runs what it names. */
+ * hand-off. */
 static int inline_vec(hc_coll_t *co, const hc_coll_args_t *a, inline_vec_t *v)
 {
-    struct hcoll_comm *c = co->comm;
-    const size_t es = hcoll_dtype_size(a->dtype);
-    const int whole = a->kind == HC_COLL_REDUCE_SCATTER || a->kind == HC_COLL_ALLGATHER;
-    const size_t n = whole ? a->count * (size_t)c->nranks : a->count;
-    size_t cap = a->kind == HC_COLL_BROADCAST ? co->inline_bcast : co->inline_max;
-    if (whole && cap > HC_ALGO_INLINE_RSAG_MAX)
-        cap = HC_ALGO_INLINE_RSAG_MAX;
-    if (a->count == 0 || n > cap / es || a->kind == HC_COLL_BARRIER ||
-        (a->kind == HC_COLL_BROADCAST && co->algo.bcast_forced))
+    const size_t n = inline_count(co, a), es = hcoll_dtype_size(a->dtype);
+    if (n == 0)
         return 0;
-    v->bytes = n * es;
+    const size_t bytes = n * es;
     if (a->kind == HC_COLL_ALLREDUCE || a->kind == HC_COLL_REDUCE_SCATTER) {
-        *v = (inline_vec_t){ a->sendbuf, n, a->dtype, a->op, v->bytes };
+        *v = (inline_vec_t){ a->sendbuf, n, a->dtype, a->op, bytes };
         if (a->ro.scaled) { /* scaled into the buffer: recvbuf stays as it is */
             hc_redop_scale_host(&a->ro, co->agree_buf, a->sendbuf, n, a->dtype);
             v->src = co->agree_buf;
         }
         return 1;
     }
-    v->dt = hc_coll_bytes_dtype(v->bytes);
-    v->n = v->bytes / hcoll_dtype_size(v->dt);
-    v->op = HCOLL_SUM;
-    v->src = a->sendbuf;
-    if (a->kind == HC_COLL_ALLGATHER) {
-        memset(co->agree_buf, 0, v->bytes);
-        memcpy(co->agree_buf + (size_t)c->rank * a->count * es, a->sendbuf, a->count * es);
-        v->src = co->agree_buf;
-    } else if (c->rank != a->root) {
-        memset(co->agree_buf, 0, v->bytes);
+    const hcoll_dtype_t dt = hc_coll_bytes_dtype(bytes);
+    *v = (inline_vec_t){ a->sendbuf, bytes / hcoll_dtype_size(dt), dt, HCOLL_SUM, bytes };
+    if (a->kind == HC_COLL_ALLGATHER || co->comm->rank != a->root) {
+        memset(co->agree_buf, 0, bytes);
         v->src = co->agree_buf;
     }
+    if (a->kind == HC_COLL_ALLGATHER)
+        memcpy(co->agree_buf + (size_t)co->comm->rank * a->count * es, a->sendbuf,
+               a->count * es);
     return 1;
 }
 
@@ -516,9 +523,11 @@ hcoll_status_t hc_coll_run(hc_coll_t *co, const hc_coll_args_t *a, hcoll_stage_t
     const double t0 = hc_now_us();
     memset(tm, 0, sizeof *tm);
     /* What the call will register, first (coll_pin.c): a failure is this
-     * rank's verdict. */
-    hc_coll_pins_t pins;
-    const hcoll_status_t verdict = hc_coll_pin(co, a, &pins);
+     * rank's verdict. One that travels with the agreement registers
+     * nothing (rd copies through areas of its own). */
+    hc_coll_pins_t pins = { .co = co };
+    const hcoll_status_t verdict =
+        co->check_args && inline_count(co, a) ? HCOLL_SUCCESS : hc_coll_pin(co, a, &pins);
     int inline_done = 0;
     hcoll_status_t st = agree_run(co, a, verdict, 1, tm, agreed_out, &inline_done);
     if (st != HCOLL_SUCCESS || inline_done) {
