@@ -21,6 +21,10 @@
 # out-of-place and in-place mean times, maximum over ranks (hcoll_perf -J);
 # inter/time is the share of the out-of-place call the inter-node ring took
 # (--stages), the rest being intra-node stages the ring did not overlap.
+# cpu% is the host's CPU in use over the whole run (all cores; set-up
+# included), printed also for each G measurement: on the 2-core VM
+# goodput.py alone keeps the CPU ~90 % busy in the kernel, so where both
+# read ~95-100 % hcoll's own work competes with the same per-packet cost.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 nodes=3 rails=2 rate=500mbit size=64M iters=3 reps=3 id=w$$
@@ -62,12 +66,24 @@ goodput() {
   cat "$tmp"/gp*.txt | awk '/^goodput/ { s += $NF; n++ } END { if (n) printf "%.6f\n", s / n }'
 }
 
+# The host's CPU in use (%, all cores, idle and iowait excluded) between
+# two marks of /proc/stat: a NIC / G below 1 with the CPU busy in both
+# measurements says the bound is this host's CPU, not the rails.
+cpu_mark() { awk '/^cpu / { print $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9, $5 + $6 }' /proc/stat; }
+cpu_busy() { # MARK0 MARK1 -> percent
+  awk -v a="$1" -v b="$2" 'BEGIN { split(a, x, " "); split(b, y, " "); t = y[1] - x[1];
+    printf "%.0f\n", (t > 0 ? 100 * (t - (y[2] - x[2])) / t : 0) }'
+}
+
 res=$tmp/results.txt
 : >"$res"
 for ((rep = 0; rep < reps; rep++)); do
+  m0=$(cpu_mark)
   g=$(goodput)
+  gcpu=$(cpu_busy "$m0" "$(cpu_mark)")
   [ -n "$g" ] || { echo "ab: goodput measurement failed" >&2; cat "$tmp"/gp*.txt >&2; exit 1; }
-  echo "rep $rep: G = $g GB/s per NIC (load $(cut -d' ' -f1-3 /proc/loadavg))"
+  echo "rep $rep: G = $g GB/s per NIC, host CPU busy $gcpu % (load $(cut -d' ' -f1-3 /proc/loadavg))"
+  echo "$gcpu" >>"$tmp/gcpu.txt"
   order=()
   for ((v = 0; v < ${#names[@]}; v++)); do order+=("$v"); done
   if ((rep % 2)); then
@@ -80,16 +96,18 @@ for ((rep = 0; rep < reps; rep++)); do
         case $w in BIN=*) bin=${w#BIN=} ;; *) words+=("$w") ;; esac
       done
       rm -f "$json"
+      m0=$(cpu_mark)
       "$nc" run --deadline 300 --out "$tmp/run" -- env HCOLL_TIMEOUT_MS=120000 "${words[@]}" \
         "$bin" -o "$c" -b "$size" -e "$size" -n "$iters" -w 1 -c 0 --stages -J "$json" \
         >"$tmp/run.log" 2>&1
       rc=$?
+      hcpu=$(cpu_busy "$m0" "$(cpu_mark)")
       if [ $rc -ne 0 ] || [ ! -s "$json" ]; then
         echo "ab: $c ${names[v]}: run failed (rc $rc)" >&2
         tail -5 "$tmp"/run/rank0.out "$tmp/run.log" >&2
         continue
       fi
-      python3 - "$json" "$g" "$c" "${names[v]}" "$rep" <<'EOF' | tee -a "$res"
+      python3 - "$json" "$g" "$c" "${names[v]}" "$rep" "$hcpu" <<'EOF' | tee -a "$res"
 import json, sys
 d = json.load(open(sys.argv[1]))
 rows = d['rows'] if isinstance(d, dict) else d
@@ -100,20 +118,23 @@ st = r.get('stages_us') or {}
 inter = st.get('inter')
 share = f"{inter / t:.3f}" if inter else "-"
 print(f"{sys.argv[3]} {sys.argv[4]} rep {sys.argv[5]} time_us {t:.0f} inter/time {share} "
-      f"nic {r['nic_GBps']:.5f} G {g:.5f} ratio {r['nic_GBps'] / g:.3f}")
+      f"cpu% {sys.argv[6]} nic {r['nic_GBps']:.5f} G {g:.5f} ratio {r['nic_GBps'] / g:.3f}")
 EOF
     done
   done
 done
 echo
 echo "summary: NIC / G per repetition (${nodes}x$rails @ $rate, $size, -n $iters)"
+echo "host CPU busy while G was measured: $(tr '\n' ' ' <"$tmp/gcpu.txt")%"
 python3 - "$res" <<'EOF'
 import sys, collections
-d = collections.OrderedDict()
+d, cpu = collections.OrderedDict(), {}
 for line in open(sys.argv[1]):
     w = line.split()
     d.setdefault((w[0], w[1]), []).append(float(w[-1]))
+    cpu.setdefault((w[0], w[1]), []).append(w[w.index("cpu%") + 1])
 for (c, v), xs in d.items():
     print(f"{c:15s} {v:12s} " + " ".join(f"{x:.3f}" for x in xs) +
-          f"   mean {sum(xs) / len(xs):.3f}  spread {min(xs):.3f}-{max(xs):.3f}")
+          f"   mean {sum(xs) / len(xs):.3f}  spread {min(xs):.3f}-{max(xs):.3f}"
+          f"  cpu% {' '.join(cpu[(c, v)])}")
 EOF
