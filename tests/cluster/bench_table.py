@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """The markdown table of one tests/cluster/bench.sh sweep, from hcoll_perf's
 -J file and the run's facts:
-  bench_table.py JSON RATE NODES RAILS SECS CMD PNG GOODPUT GOODPUT_MIN LOAD
+  bench_table.py JSON RATE NODES RAILS SECS CMD PNG GOODPUT GOODPUT_MIN LOAD GOODPUT_CPU_PERCENT
 GOODPUT is G, the raw TCP goodput per NIC in GB/s measured on the same
 cluster (tests/cluster/goodput.py)."""
 import json, os, sys
-path, rate, N, L, secs, cmd, png, gp, gp_min, load = sys.argv[1:11]
+path, rate, N, L, secs, cmd, png, gp, gp_min, load, gp_cpu = sys.argv[1:12]
 d = json.load(open(path))
 N, L, gp, gp_min = int(N), int(L), float(gp), float(gp_min)
 n = d['nranks']
@@ -33,7 +33,7 @@ print(f"### {coll}: {N} nodes x {L} rails\n")
 print(f"{N} nodes x {L} rails, {n} ranks, each rail {rate} each way "
       f"(line rate R = {line} GB/s per NIC, {d['line_rate_source']}); raw TCP goodput "
       f"G = {gp:.4f} GB/s per NIC (mean of {N * L} NICs, lowest {gp_min:.4f}), measured "
-      f"on the same cluster just before; float32{' sum' if coll in ('allreduce', 'reduce_scatter') else ''}; "
+      f"on the same cluster just before (host CPU busy meanwhile: {gp_cpu} %); float32{' sum' if coll in ('allreduce', 'reduce_scatter') else ''}; "
       f"busbw = algbw x {busf}; hcoll's bytes per NIC = {nicf} per call; "
       f"times are the faster of out-of-place and in-place, each the mean of the "
       f"iterations, maximum over ranks. Sweep took {secs} s; load average at its end: {load}.\n")
