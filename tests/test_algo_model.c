@@ -3,7 +3,8 @@
  * the crossovers it computes for given latencies, bandwidths and layouts
  * (checked against the costs worked out by hand here), HCOLL_ALGO_MODEL's
  * parsing; then end to end on 2 emulated nodes x 2 ranks: the given
- * model's choice is what runs (hcoll_comm_last_algo) and sums right,
+ * model's choice is what runs (hcoll_comm_last_algo) and sums right (the
+ * inline split included),
  * HCOLL_ALGO still overrides it, the probe chooses rd for 4 KiB, and bad
  * or unequal HCOLL_ALGO_MODEL values fail init.
  */
@@ -93,6 +94,27 @@ START_TEST(inline_limits)
     l.nnodes = 3;
     m = given(50, 1e6);
     ck_assert_uint_eq(hc_algo_model_inline_bcast(&m, &l, 65536), 65536);
+}
+END_TEST
+
+/* The split's limit, worked out by hand: 2 (alpha + node step) beta L /
+ * (steps (L - 1)), rounded up to 64 bytes. */
+START_TEST(split_limit)
+{
+    hc_algo_layout_t l = { .nnodes = 4, .rails = 2 };
+    hc_algo_model_t m = given(250, 100);
+    ck_assert_uint_eq(hc_algo_model_inline_split(&m, &l), 50048); /* 50000, 2 steps */
+    m.node_us = 50;
+    ck_assert_uint_eq(hc_algo_model_inline_split(&m, &l), 60032); /* 60000 */
+    m.node_us = 0;
+    l.nnodes = 3; /* a fold: 3 steps */
+    m = given(100, 68);
+    ck_assert_uint_eq(hc_algo_model_inline_split(&m, &l), 9088); /* 9066.7 */
+    l = (hc_algo_layout_t){ .nnodes = 2, .rails = 3 };
+    m = given(10, 100);
+    ck_assert_uint_eq(hc_algo_model_inline_split(&m, &l), 3008); /* 3000 */
+    l.rails = 1; /* one rail: nothing to split */
+    ck_assert_uint_eq(hc_algo_model_inline_split(&m, &l), SIZE_MAX);
 }
 END_TEST
 
@@ -212,6 +234,15 @@ START_TEST(given_runs)
 }
 END_TEST
 
+/* Slow given links (1 us, 10 MB/s): 32 bytes go whole, 1 KiB split (from
+ * 2 * 1 * 10 * 2 / 1 = 40, so 64 bytes); the sums are right either way. */
+START_TEST(split_runs)
+{
+    run(&(run_t){ .model = { "1:10", "1:10" }, .algo = "auto",
+                  .sizes = { 32, 1024 }, .want = { "rd", "rd-split" } });
+}
+END_TEST
+
 START_TEST(override_wins)
 {
     run(&(run_t){ .model = { "100:50", "100:50" }, .algo = "rd",
@@ -249,12 +280,14 @@ int main(void)
     tcase_add_test(t, cluster_3x2);
     tcase_add_test(t, cluster_4x2);
     tcase_add_test(t, inline_limits);
+    tcase_add_test(t, split_limit);
     tcase_add_test(t, fast_links);
     tcase_add_test(t, parse);
     suite_add_tcase(s, t);
     TCase *e = tcase_create("end to end");
     tcase_set_timeout(e, 120);
     tcase_add_test(e, given_runs);
+    tcase_add_test(e, split_runs);
     tcase_add_test(e, override_wins);
     tcase_add_test(e, probe_runs);
     tcase_add_test(e, bad_values);

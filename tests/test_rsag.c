@@ -12,7 +12,9 @@
  *
  * 2x2 and 3x2 run again with HCOLL_CHECK_ARGS=0: a few bytes travel with
  * the argument agreement (hcoll_comm_last_algo "rd"), so without it the
- * ring's phases run at the small counts too ("ring-rsag").
+ * ring's phases run at the small counts too ("ring-rsag"). 2x2 and 2x3
+ * run again with slow given links, where count 7 travels split (each
+ * rail's rd on its local rank's shard, then the node's all-gather).
  *
  * Reduce-scatter: counts 0, 1, 7, 4093 and 2^20+3, in and out of place,
  * fp32 SUM, AVG, MAX, int32 AVG and an fp32 PREMUL_SUM with a scalar per
@@ -81,8 +83,10 @@ static int open_comm_at(world_t *w, hct_id_slot_t *slot, int rank, int nranks,
     HCT_REQUIRE(hct_share_unique_id(slot, rank, TIMEOUT_MS, &id) == 0, "no unique id");
     setenv("HCOLL_CHECK_ARGS", w->nocheck ? "0" : "1", 1);
     /* Given link figures (fast links): the inline limits are the cap, on
-     * every host, whatever a probe would find under load. */
-    setenv("HCOLL_ALGO_MODEL", "100:1000", 1);
+     * every host, whatever a probe would find under load. A "split" world:
+     * slow links, so that inline vectors of 64 bytes and more travel split
+     * (one shard per rail, then the node's all-gather: "rd-split"). */
+    setenv("HCOLL_ALGO_MODEL", strstr(w->name, "split") ? "1:10" : "100:1000", 1);
     hcoll_status_t st = hcoll_comm_init(comm_out, nranks, rank, &id, &cfg);
     unsetenv("HCOLL_CHECK_ARGS");
     unsetenv("HCOLL_ALGO_MODEL");
@@ -262,16 +266,19 @@ static const hcoll_dtype_t ag_dtypes[] = { HCOLL_FLOAT32, HCOLL_FLOAT16, HCOLL_I
                                            HCOLL_FLOAT64, HCOLL_INT32, HCOLL_BFLOAT16 };
 
 /* A vector of a few bytes across nodes travels with the argument
- * agreement (rd); without the agreement, the ring's phases. */
-static int algo_is(world_t *w, hcoll_comm_t comm, int rank, const char *what)
+ * agreement (rd); without the agreement, the ring's phases. In a split
+ * world, count 7 (at least 64 bytes in all) travels split. */
+static int algo_is(world_t *w, hcoll_comm_t comm, int rank, const char *what, size_t count)
 {
     int nnodes;
     const char *name;
     HCT_OK(comm, hcoll_comm_node_count(comm, &nnodes));
     HCT_OK(comm, hcoll_comm_last_algo(comm, &name));
     const char *want = nnodes == 1 ? NULL : w->nocheck ? "ring-rsag" : "rd";
-    HCT_REQUIRE(!want || strcmp(name, want) == 0, "%s rank %d: a %s of count 1 ran '%s', want "
-                "'%s'", w->name, rank, what, name, want);
+    if (count == 7)
+        want = strstr(w->name, "split") ? "rd-split" : NULL;
+    HCT_REQUIRE(!want || strcmp(name, want) == 0, "%s rank %d: a %s of count %zu ran '%s', want "
+                "'%s'", w->name, rank, what, count, name, want);
     return 0;
 }
 
@@ -298,12 +305,12 @@ static int rank_layout(int rank, int nranks, void *argp)
                     continue;
                 rc = rs_case(w, comm, rank, cs, count, ip, big, small);
             }
-        if (!rc && count == 1)
-            rc = algo_is(w, comm, rank, "reduce-scatter");
+        if (!rc && (count == 1 || count == 7))
+            rc = algo_is(w, comm, rank, "reduce-scatter", count);
         for (int ip = bigc; ip < 2 && !rc; ip++)
             rc = ag_case(w, comm, rank, count, ag_dtypes[(ci + ip) % 6], ip, big, small, want);
-        if (!rc && count == 1)
-            rc = algo_is(w, comm, rank, "all-gather");
+        if (!rc && (count == 1 || count == 7))
+            rc = algo_is(w, comm, rank, "all-gather", count);
     }
     if (rc) {
         hcoll_comm_abort(comm);
@@ -355,6 +362,7 @@ START_TEST(layout_2x2)
 {
     RUN("2x2", rank_layout, 0, 0, 1, 1);
     RUN("2x2-nocheck", rank_layout, 0, 0, 1, 1);
+    RUN("2x2-split", rank_layout, 0, 0, 1, 1);
 }
 END_TEST
 
@@ -368,6 +376,7 @@ END_TEST
 START_TEST(layout_2x3)
 {
     RUN("2x3", rank_layout, 0, 0, 0, 1, 1, 1);
+    RUN("2x3-split", rank_layout, 0, 0, 0, 1, 1, 1);
 }
 END_TEST
 

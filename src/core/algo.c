@@ -176,6 +176,7 @@ const char *hc_algo_name(enum hc_algo a)
     case HC_ALGO_RING: return "ring";
     case HC_ALGO_FUSED_RING: return "fused-ring";
     case HC_ALGO_RD: return "rd";
+    case HC_ALGO_RD_SPLIT: return "rd-split";
     case HC_ALGO_CHAIN: return "chain";
     case HC_ALGO_DISSEM: return "dissem";
     case HC_ALGO_RSAG: return "ring-rsag";

@@ -31,6 +31,8 @@ enum hc_algo {
     HC_ALGO_RING,       /* pipelined three stages, or the flat ring */
     HC_ALGO_FUSED_RING, /* fused intra step + whole-vector ring (HCOLL_SMALL_BYTES) */
     HC_ALGO_RD,         /* fused intra step + recursive doubling */
+    HC_ALGO_RD_SPLIT,   /* the same, each rail's rd on its local rank's shard, then
+                         * a node all-gather (the agreement's inline data) */
     HC_ALGO_CHAIN,      /* broadcast: the ring's chain */
     HC_ALGO_DISSEM,     /* barrier: dissemination (without the agreement) */
     HC_ALGO_RSAG,       /* reduce-scatter / all-gather: the ring's phases */
@@ -108,6 +110,8 @@ typedef struct hc_algo_model {
     enum hc_model_mode mode;
     double alpha_us; /* per message across nodes, us */
     double beta;     /* bytes per us (MB/s) per rank, every rank sending */
+    double node_us;  /* one node step (a small shared-memory all-gather), us;
+                      * 0: not measured (given figures) */
     int chosen;      /* the limits in force came from this model */
 } hc_algo_model_t;
 
@@ -137,6 +141,18 @@ void hc_algo_model_choose(const hc_algo_model_t *m, const hc_algo_layout_t *l, u
  * with the agreement moves no slower than the tree after it. Pure. */
 size_t hc_algo_model_inline_bcast(const hc_algo_model_t *m, const hc_algo_layout_t *l,
                                   size_t cap);
+/* The smallest inline vector (bytes, a multiple of 64) that travels split:
+ * each local rank's rail runs rd on its 1/L shard and a node all-gather
+ * follows, where steps * S * (1 - 1/L) / beta, the transfer time the split
+ * saves, is at least 2 (alpha + node_us). The node step it adds waits for
+ * the node's slowest rail and wakes the ranks waiting for it, which the
+ * probe's node step (ranks arriving together) does not show; alpha, which
+ * carries this host's wake-ups, stands in for that. Measured on the
+ * emulated clusters: 3 x 2 at 500 Mbit/s, 4 KiB (a saving of 1.7-2.5
+ * alpha) took 30-150 us longer split; 4 x 2 at 1 Gbit/s, 32 KiB (0.8-1.8
+ * alpha) gained nothing, 64 KiB (1.6-3.6 alpha) ran 1.3-2x faster.
+ * SIZE_MAX: never (one rail). Pure. */
+size_t hc_algo_model_inline_split(const hc_algo_model_t *m, const hc_algo_layout_t *l);
 /* rd's largest slot: the model's rd limit is capped at it. */
 size_t hc_algo_rd_seg_max(void);
 

@@ -165,6 +165,18 @@ size_t hc_algo_model_inline_bcast(const hc_algo_model_t *m, const hc_algo_layout
     return limit_where((steps - depth) / m->beta, depth * m->alpha_us, cap);
 }
 
+size_t hc_algo_model_inline_split(const hc_algo_model_t *m, const hc_algo_layout_t *l)
+{
+    const double cost = 2 * (m->alpha_us + m->node_us);
+    if (l->rails < 2 || cost <= 0 || m->beta <= 0)
+        return SIZE_MAX;
+    const double L = l->rails, steps = hc_algo_model_steps(l->nnodes);
+    const double s = cost * m->beta * L / (steps * (L - 1));
+    if (s >= (double)(SIZE_MAX / 2))
+        return SIZE_MAX;
+    return ((size_t)s + 63) & ~(size_t)63;
+}
+
 /* ------------------------------------------------------------------------ */
 /* The probe: rd itself, timed at init                                        */
 /* ------------------------------------------------------------------------ */
@@ -197,8 +209,28 @@ static double median(double *v, int n)
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-/* This rank's alpha and beta from timed rd all-reduces over its rail. */
-static hcoll_status_t probe_local(hc_coll_t *co, int nnodes, double out[2])
+/* One node step as the split adds it: a shared-memory all-gather of a
+ * small vector, timed PROBE_REPS times after a warm-up; the median. */
+static hcoll_status_t probe_node(hc_coll_t *co, int64_t *buf, double *us)
+{
+    const hc_intra_ops_t *ops = co->intra->ops;
+    const size_t n = (size_t)co->comm->local_size * 8;
+    double t[PROBE_REPS];
+    hcoll_status_t st = HCOLL_SUCCESS;
+    for (int r = -1; st == HCOLL_SUCCESS && r < PROBE_REPS; r++) {
+        const double t0 = hc_now_us();
+        st = ops->all_gather(co->intra, buf, n, HCOLL_INT64, NULL);
+        if (r >= 0)
+            t[r] = hc_now_us() - t0;
+    }
+    if (st == HCOLL_SUCCESS)
+        *us = median(t, PROBE_REPS);
+    return st;
+}
+
+/* This rank's alpha and beta from timed rd all-reduces over its rail, and
+ * (three stages) its node step. */
+static hcoll_status_t probe_local(hc_coll_t *co, int nnodes, double out[3])
 {
     /* mmap, not malloc: freeing a 256 KiB malloc'd block raises glibc's
      * mmap threshold, and the heap then kept ~1.4 MB more over
@@ -217,6 +249,9 @@ static hcoll_status_t probe_local(hc_coll_t *co, int nnodes, double out[2])
             (st = probe_once(co, buf, PROBE_BIG / 8, &t)) == HCOLL_SUCCESS && r >= 0)
             big[r] = t;
     }
+    out[2] = 0;
+    if (st == HCOLL_SUCCESS && co->plan == HC_PLAN_3STAGE && co->comm->local_size > 1)
+        st = probe_node(co, buf, &out[2]);
     munmap(buf, PROBE_BIG);
     if (st != HCOLL_SUCCESS)
         return st;
@@ -250,7 +285,7 @@ hcoll_status_t hc_coll_algo_tune(hc_coll_t *co)
         .inline_cap = co->inline_max,
     };
     if (m->mode == HC_MODEL_PROBE) {
-        double mine[2], *all = calloc((size_t)c->nranks * 2, sizeof *all);
+        double mine[3], *all = calloc((size_t)c->nranks * 3, sizeof *all);
         if (!all)
             return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_NO_MEMORY,
                               "no memory for the link probe");
@@ -262,10 +297,11 @@ hcoll_status_t hc_coll_algo_tune(hc_coll_t *co)
             if (!a)
                 st = hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_NO_MEMORY,
                                 "no memory for the link probe");
-            for (int k = 0; a && k < 2; k++) {
+            double *fig[3] = { &m->alpha_us, &m->beta, &m->node_us };
+            for (int k = 0; a && k < 3; k++) {
                 for (int r = 0; r < c->nranks; r++)
-                    a[r] = all[2 * r + k];
-                *(k ? &m->beta : &m->alpha_us) = median(a, c->nranks);
+                    a[r] = all[3 * r + k];
+                *fig[k] = median(a, c->nranks);
             }
             free(a);
         }
@@ -275,13 +311,17 @@ hcoll_status_t hc_coll_algo_tune(hc_coll_t *co)
     }
     hc_algo_model_choose(m, &l, hc_algo_rd_seg_max(), &co->algo.rd_max, &co->inline_max);
     co->inline_bcast = hc_algo_model_inline_bcast(m, &l, co->inline_max);
+    if (three)
+        co->inline_split = hc_algo_model_inline_split(m, &l);
     m->chosen = 1;
     if (c->rank == 0)
         HC_INFO(HC_INIT, c->rank,
                 "all-reduce model (%s): alpha %.1f us, beta %.1f MB/s per rank; rd up to %llu "
-                "bytes (inline up to %zu, broadcasts %zu), the ring above",
+                "bytes (inline up to %zu, broadcasts %zu, split from %zu; node step %.1f us), "
+                "the ring above",
                 m->mode == HC_MODEL_PROBE ? "probed" : "HCOLL_ALGO_MODEL", m->alpha_us, m->beta,
-                (unsigned long long)co->algo.rd_max, co->inline_max, co->inline_bcast);
+                (unsigned long long)co->algo.rd_max, co->inline_max, co->inline_bcast,
+                co->inline_split, m->node_us);
     return HCOLL_SUCCESS;
 }
 
@@ -294,7 +334,8 @@ int hc_coll_algo_model_str(const hc_coll_t *co, char *buf, size_t len)
                         (unsigned long long)co->algo.rd_max, co->inline_max);
     return snprintf(buf, len,
                     "%s: alpha %.1f us, beta %.1f MB/s per rank; rd up to %llu bytes, inline up "
-                    "to %zu (broadcasts %zu)",
+                    "to %zu (broadcasts %zu, split from %zu)",
                     m->mode == HC_MODEL_PROBE ? "probe" : "given", m->alpha_us, m->beta,
-                    (unsigned long long)co->algo.rd_max, co->inline_max, co->inline_bcast);
+                    (unsigned long long)co->algo.rd_max, co->inline_max, co->inline_bcast,
+                    co->inline_split);
 }

@@ -516,25 +516,28 @@ static const hc_iface_t *rail_iface(const struct hcoll_comm *c, int r)
 static hcoll_status_t knobs_agree(hc_coll_t *co)
 {
     struct hcoll_comm *c = co->comm;
-    static const char *const names[6] = { "HCOLL_SMALL_BYTES", "HCOLL_CHECK_ARGS",
-                                          "HCOLL_ALGO's rd limit",
-                                          "the agreement's inline limit (HCOLL_ALGO=ring: 0)",
-                                          "HCOLL_ALGO_MODEL (hashed)",
-                                          "the broadcast's inline limit" };
+    enum { NKNOBS = 7 };
+    static const char *const names[NKNOBS] = { "HCOLL_SMALL_BYTES", "HCOLL_CHECK_ARGS",
+                                               "HCOLL_ALGO's rd limit",
+                                               "the agreement's inline limit (HCOLL_ALGO=ring: 0)",
+                                               "HCOLL_ALGO_MODEL (hashed)",
+                                               "the broadcast's inline limit",
+                                               "the inline split's limit" };
     /* Ranks that disagree on the model would not all probe: its hash. */
     uint64_t model = (uint64_t)co->model.mode * 0x9e3779b97f4a7c15ull;
     for (const unsigned char *p = (const unsigned char *)c->params.algo_model;
          co->model.mode == HC_MODEL_GIVEN && *p; p++)
         model = (model ^ *p) * 0x100000001b3ull;
-    uint64_t mine[6] = { co->small_bytes, (uint64_t)co->check_args, co->algo.rd_max,
-                         co->inline_max, model, co->inline_bcast };
-    uint64_t(*all)[6] = calloc((size_t)c->nranks, sizeof *all);
+    uint64_t mine[NKNOBS] = { co->small_bytes, (uint64_t)co->check_args, co->algo.rd_max,
+                              co->inline_max,   model, co->inline_bcast,
+                              co->inline_split };
+    uint64_t(*all)[NKNOBS] = calloc((size_t)c->nranks, sizeof *all);
     if (!all)
         return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_NO_MEMORY,
                           "no memory for the set-up exchange");
     hcoll_status_t st = hc_boot_allgather(c->boot, mine, all, sizeof mine);
     for (int r = 0; st == HCOLL_SUCCESS && r < c->nranks; r++)
-        for (int k = 0; st == HCOLL_SUCCESS && k < 6; k++)
+        for (int k = 0; st == HCOLL_SUCCESS && k < NKNOBS; k++)
             if (all[r][k] != mine[k])
                 st = hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_MISMATCH,
                                 "%s is %llu on rank %d but %llu on rank %d; it must be equal "
@@ -652,6 +655,7 @@ hcoll_status_t hc_coll_create(struct hcoll_comm *c)
                          ? 0
                          : hc_algo_inline_max(&co->algo, co->check_args, c->params.chunk_bytes);
     co->inline_bcast = co->inline_max;
+    co->inline_split = SIZE_MAX;
     if (co->inline_max &&
         !(co->agree_buf = aligned_alloc(64, (co->inline_max + 63) & ~(size_t)63))) {
         st = hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_NO_MEMORY,

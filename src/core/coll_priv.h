@@ -87,6 +87,10 @@ struct hc_coll {
      * most inline_max), where the model finds one rd of the bytes no
      * slower than the tree after the agreement (algo_model.c). */
     size_t inline_bcast;
+    /* Inline vectors of at least inline_split bytes travel split on the
+     * three-stage plan: rail l's rd carries local rank l's shard, and a
+     * node all-gather follows (SIZE_MAX: never; algo_model.c). */
+    size_t inline_split;
     unsigned char *agree_buf;
     /* The small broadcast's tree across nodes (coll_bcast.c), on a
      * transport instance of its own; NULL under HCOLL_ALGO=broadcast=chain

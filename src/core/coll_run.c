@@ -328,11 +328,23 @@ static hcoll_status_t chain_here(hc_coll_t *co, void *buf, size_t count, hcoll_d
     return st;
 }
 
+/* Whether the node's combined vector of count elements travels split
+ * (co->inline_split): rail l's rd carries local rank l's shard, so each
+ * NIC sends 1/L of the bytes, and a node all-gather follows. Every local
+ * rank decides alike: node_ok says that they all passed this count and
+ * dtype. */
+static int split_inline(const hc_coll_t *co, size_t count, hcoll_dtype_t dtype, int node_ok)
+{
+    const struct hcoll_comm *c = co->comm;
+    return node_ok && co->plan == HC_PLAN_3STAGE && c->local_size > 1 &&
+           count >= (size_t)c->local_size && count * hcoll_dtype_size(dtype) >= co->inline_split;
+}
+
 /* The agreement's exchange: w (in/out) MAX-combined over every rank, and
  * count elements of src reduced into co->agree_buf on the way (count 0:
  * the words alone): the node's shared-memory step, then recursive
- * doubling across nodes. *data_ok: every rank's data went along and the
- * buffer holds the sum. */
+ * doubling across nodes (of the whole vector on every rail, or split).
+ * *data_ok: every rank's data went along and the buffer holds the sum. */
 static hcoll_status_t agree_exchange(hc_coll_t *co, int64_t *w, const void *src, size_t count,
                                      hcoll_dtype_t dtype, hcoll_op_t op, hcoll_stage_times_t *tm,
                                      int *data_ok)
@@ -353,10 +365,26 @@ static hcoll_status_t agree_exchange(hc_coll_t *co, int64_t *w, const void *src,
     }
     co->cur_algo = HC_ALGO_INTRA;
     if (co->plan != HC_PLAN_INTRA) {
+        const int split = split_inline(co, count, dtype, ok);
+        size_t off = 0, len = count;
+        if (split)
+            hc_intra_shard(count, co->comm->local_size, co->comm->local_rank, &off, &len);
         t = hc_now_us();
-        st = hc_coll_rd_agree(co, w, HC_AGREE_WORDS, buf, count, dtype, op, &ok);
+        st = hc_coll_rd_agree(co, w, HC_AGREE_WORDS, buf + off * hcoll_dtype_size(dtype), len,
+                              dtype, op, &ok);
         tm->inter_us += hc_now_us() - t;
-        co->cur_algo = HC_ALGO_RD;
+        co->cur_algo = split ? HC_ALGO_RD_SPLIT : HC_ALGO_RD;
+        if (split && st != HCOLL_SUCCESS) {
+            /* The node's other ranks would wait for this shard in the
+             * all-gather: they fail now rather than at a deadline. */
+            hc_intra_poison(co->intra);
+        } else if (split) {
+            /* Every local rank gathers, whatever its rd said of the data:
+             * the words decide afterwards whether the sum is used. */
+            t = hc_now_us();
+            st = co->intra->ops->all_gather(co->intra, buf, count, dtype, NULL);
+            tm->intra_ag_us += hc_now_us() - t;
+        }
     }
     *data_ok = ok;
     return st;
