@@ -166,6 +166,7 @@ typedef struct run {
     const char *text;     /* in init's message when it fails */
     size_t sizes[2];      /* bytes of two all-reduces... */
     const char *want[2];  /* ...and what hcoll_comm_last_algo must say */
+    int bcast;            /* then a broadcast of each size from rank 1, the same */
 } run_t;
 
 static int rank_run(int rank, int nranks, void *argp)
@@ -206,6 +207,20 @@ static int rank_run(int rank, int nranks, void *argp)
         HCT_REQUIRE(name && strcmp(name, r->want[k]) == 0, "%s, %s: %zu bytes ran '%s', want %s",
                     r->model[rank & 1], r->algo, r->sizes[k], name ? name : "(none)",
                     r->want[k]);
+        if (!r->bcast)
+            continue;
+        unsigned char *b = malloc(r->sizes[k]);
+        HCT_REQUIRE(b, "no memory");
+        for (size_t i = 0; i < r->sizes[k]; i++)
+            b[i] = (unsigned char)(rank == 1 ? i * 37 + 11 : 0xee);
+        HCT_OK(comm, hcoll_broadcast(comm, b, b, r->sizes[k], HCOLL_UINT8, 1, NULL));
+        for (size_t i = 0; i < r->sizes[k]; i++)
+            HCT_REQUIRE(b[i] == (unsigned char)(i * 37 + 11), "broadcast of %zu bytes: [%zu] = %u",
+                        r->sizes[k], i, b[i]);
+        free(b);
+        HCT_OK(comm, hcoll_comm_last_algo(comm, &name));
+        HCT_REQUIRE(name && strcmp(name, r->want[k]) == 0, "%s: a broadcast of %zu bytes ran '%s', "
+                    "want %s", r->model[rank & 1], r->sizes[k], name ? name : "(none)", r->want[k]);
     }
     HCT_OK(comm, hcoll_comm_destroy(comm));
     return 0;
@@ -235,11 +250,13 @@ START_TEST(given_runs)
 END_TEST
 
 /* Slow given links (1 us, 10 MB/s): 32 bytes go whole, 1 KiB split (from
- * 2 * 1 * 10 * 2 / 1 = 40, so 64 bytes); the sums are right either way. */
+ * 2 * 1 * 10 * 2 / 1 = 40, so 64 bytes); the sums are right either way,
+ * and a broadcast of each size (its inline limit is the cap here) runs
+ * the same and delivers the root's bytes. */
 START_TEST(split_runs)
 {
     run(&(run_t){ .model = { "1:10", "1:10" }, .algo = "auto",
-                  .sizes = { 32, 1024 }, .want = { "rd", "rd-split" } });
+                  .sizes = { 32, 1024 }, .want = { "rd", "rd-split" }, .bcast = 1 });
 }
 END_TEST
 
