@@ -848,9 +848,10 @@ HCOLL_API hcoll_status_t hcoll_comm_last_stage_times(hcoll_comm_t comm,
  * all-gather that travelled with the argument agreement says "rd" (or
  * "intra" on one node). "rd-split": the agreement's data went split, each
  * local rank's rail carrying its shard, then a node all-gather (where the
- * link model finds the bytes dearer than the extra node step). comm: in. *name_out: out, a static string. Returns
- * HCOLL_ERR_INVALID_ARG before the first collective (or NULL arguments).
- * Non-blocking, local, thread-safe.
+ * link model finds the bytes dearer than the extra node step). comm: in.
+ * *name_out: out, a static string. Returns HCOLL_ERR_INVALID_ARG before
+ * the first collective (or NULL arguments). Non-blocking, local,
+ * thread-safe.
  */
 HCOLL_API hcoll_status_t hcoll_comm_last_algo(hcoll_comm_t comm, const char **name_out);
 

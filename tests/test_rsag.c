@@ -660,7 +660,11 @@ typedef struct kill_world {
 
 /* Reduce-scatters and all-gathers of many pieces in turn; the last rank
  * SIGKILLs itself in its 6th call. The others must fail, promptly (within
- * the liveness and set-up deadlines), never hang, and stay failed. */
+ * the liveness and set-up deadlines), never hang, and stay failed. A
+ * "split" world: 8 elements per rank under slow given links, so every call
+ * travels split with the agreement ("rd-split") and the victim's rail
+ * partner fails in its rd while its local peer waits in the node's
+ * all-gather for the shard (the failing rank poisons the node). */
 static int rank_kill(int rank, int nranks, void *argp)
 {
     kill_world_t *kw = argp;
@@ -675,8 +679,13 @@ static int rank_kill(int rank, int nranks, void *argp)
     cfg.timeout_ms = FAIL_TIMEOUT_MS;
     cfg.chunk_bytes = 4096;
     HCT_REQUIRE(hct_share_unique_id(&w->slot, rank, TIMEOUT_MS, &id) == 0, "no unique id");
-    HCT_OK(NULL, hcoll_comm_init(&comm, nranks, rank, &id, &cfg));
-    const size_t n = 1 << 18;
+    const int split = strstr(w->name, "split") != NULL;
+    if (split)
+        setenv("HCOLL_ALGO_MODEL", "1:10", 1);
+    hcoll_status_t ist = hcoll_comm_init(&comm, nranks, rank, &id, &cfg);
+    unsetenv("HCOLL_ALGO_MODEL");
+    HCT_OK(NULL, ist);
+    const size_t n = split ? 8 : 1 << 18;
     float *big = calloc(n * (size_t)nranks, 4), *small = calloc(n, 4);
     HCT_REQUIRE(big && small, "no memory");
     for (int it = 0; it < 10000; it++) {
@@ -687,6 +696,12 @@ static int rank_kill(int rank, int nranks, void *argp)
         hcoll_status_t st = it % 2 ? hcoll_allgather(comm, small, big, n, HCOLL_FLOAT32, NULL)
                                    : hcoll_reduce_scatter(comm, big, small, n, HCOLL_FLOAT32,
                                                           HCOLL_SUM, NULL);
+        if (st == HCOLL_SUCCESS && split && it == 0) {
+            const char *name = NULL;
+            HCT_OK(comm, hcoll_comm_last_algo(comm, &name));
+            HCT_REQUIRE(strcmp(name, "rd-split") == 0, "%s rank %d: ran '%s', want rd-split",
+                        w->name, rank, name);
+        }
         if (st == HCOLL_SUCCESS)
             continue;
         const double late = hct_now_ms() - kw->kill_ms;
@@ -731,6 +746,7 @@ static void run_kill(const char *name, const int *node_of, int nranks)
 START_TEST(kill_rank)
 {
     run_kill("k2x2", (int[]){ 0, 0, 1, 1 }, 4);
+    run_kill("k2x2-split", (int[]){ 0, 0, 1, 1 }, 4);
     run_kill("k3x1", (int[]){ 0, 1, 2 }, 3);
 }
 END_TEST

@@ -66,14 +66,9 @@ goodput() {
   cat "$tmp"/gp*.txt | awk '/^goodput/ { s += $NF; n++ } END { if (n) printf "%.6f\n", s / n }'
 }
 
-# The host's CPU in use (%, all cores, idle and iowait excluded) between
-# two marks of /proc/stat: a NIC / G below 1 with the CPU busy in both
-# measurements says the bound is this host's CPU, not the rails.
-cpu_mark() { awk '/^cpu / { print $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9, $5 + $6 }' /proc/stat; }
-cpu_busy() { # MARK0 MARK1 -> percent
-  awk -v a="$1" -v b="$2" 'BEGIN { split(a, x, " "); split(b, y, " "); t = y[1] - x[1];
-    printf "%.0f\n", (t > 0 ? 100 * (t - (y[2] - x[2])) / t : 0) }'
-}
+# A NIC / G below 1 with the CPU busy in both measurements says the bound
+# is this host's CPU, not the rails.
+. tests/cluster/cpustat.sh
 
 res=$tmp/results.txt
 : >"$res"

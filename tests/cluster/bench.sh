@@ -73,15 +73,11 @@ goodput() {
   cat "$tmp"/gp*.txt | awk '/^goodput/ { s += $NF; n++; if (min == "" || $NF < min) min = $NF }
     END { printf "%.6f %.6f %d\n", s / n, min, n }'
 }
-# The host's CPU in use while G is measured (all cores, idle and iowait
-# excluded): on a host of few cores goodput.py alone can keep it busy in
-# the kernel's per-packet path, and then G is as much the CPU's bound as
-# the rails', which hcoll, with its reductions on top, cannot reach.
-cpu_mark() { awk '/^cpu / { print $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9, $5 + $6 }' /proc/stat; }
+# The host's CPU in use while G is measured (tests/cluster/cpustat.sh).
+. tests/cluster/cpustat.sh
 m0=$(cpu_mark)
 read -r gp_mean gp_min gp_n < <(goodput)
-gp_cpu=$(awk -v a="$m0" -v b="$(cpu_mark)" 'BEGIN { split(a, x, " "); split(b, y, " ");
-  t = y[1] - x[1]; printf "%.0f\n", (t > 0 ? 100 * (t - (y[2] - x[2])) / t : 0) }')
+gp_cpu=$(cpu_busy "$m0" "$(cpu_mark)")
 if [ -z "${gp_n:-}" ] || [ "$gp_n" -eq 0 ]; then echo "bench: no goodput figure" >&2; exit 1; fi
 echo "raw TCP goodput: mean $gp_mean GB/s per NIC over $gp_n NICs (lowest $gp_min), host CPU busy $gp_cpu %" >&2
 gp_cmd="for k in 0..$((nodes - 1)): tests/cluster/netcluster.sh exec \$k -- python3 tests/cluster/goodput.py --node \$k --nodes $nodes --rails $rails --secs 4 --warm 1 &"
