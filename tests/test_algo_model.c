@@ -77,6 +77,42 @@ START_TEST(cluster_4x2)
 }
 END_TEST
 
+/* The same 4 x 2, with the split priced: inline vectors from split_from
+ * cost 2a + S/b + 2 (a + node step) by rd, where the whole vector cost
+ * 2a + 2S/b. alpha 100, no node step: the split limit is 2 (100) 125 =
+ * 25000 bytes (hc_algo_model_inline_split: 25024), and split rd 4a + S/b
+ * beats the ring's 8a + 0.75 S/b up to 4ab = 50000 bytes... past the
+ * inline limit, where rd is whole again: rd up to the 64 KiB the
+ * whole-vector model stopped short of (59968, above). alpha 20, the fused
+ * ring up to 4 KiB: the split (from 5056) costs 4a + S/b against 8a +
+ * 0.75 S/b and loses from 16ab = 40000 bytes on, inside its piece; whole
+ * rd alone had lost from 12000 (2a + 2S/b against 8a + 0.75 S/b). */
+START_TEST(cluster_4x2_split)
+{
+    hc_algo_layout_t l = { .nnodes = 4, .rails = 2, .small_bytes = 32 << 10,
+                           .check_args = 1, .inline_cap = 64 << 10 };
+    uint64_t rd_max;
+    size_t inl;
+    hc_algo_model_t m = given(100, 125);
+    l.split_from = hc_algo_model_inline_split(&m, &l);
+    ck_assert_uint_eq(l.split_from, 25024);
+    hc_algo_model_choose(&m, &l, RD_CAP, &rd_max, &inl);
+    ck_assert_uint_eq(rd_max, 64 << 10);
+    ck_assert_uint_eq(inl, 64 << 10);
+    m = given(20, 125);
+    l.small_bytes = 4 << 10;
+    l.split_from = hc_algo_model_inline_split(&m, &l);
+    ck_assert_uint_eq(l.split_from, 5056); /* 5000 */
+    hc_algo_model_choose(&m, &l, RD_CAP, &rd_max, &inl);
+    ck_assert_uint_eq(rd_max, 40000);
+    ck_assert_uint_eq(inl, 40000);
+    ck_assert(hc_algo_cost_rd(&m, &l, 40064) > hc_algo_cost_ring(&m, &l, 40064));
+    l.split_from = 0; /* never split: the whole vector's crossing */
+    hc_algo_model_choose(&m, &l, RD_CAP, &rd_max, &inl);
+    ck_assert_uint_eq(rd_max, 11968);
+}
+END_TEST
+
 /* The broadcast travels with the agreement as one rd of its bytes up to
  * where that stops beating the tree after the agreement. 3 x 2 at 500
  * Mbit/s, alpha 60: the tree (depth 2) 3a + 2a + 2S/b against rd's 3a +
@@ -113,6 +149,8 @@ START_TEST(split_limit)
     l = (hc_algo_layout_t){ .nnodes = 2, .rails = 3 };
     m = given(10, 100);
     ck_assert_uint_eq(hc_algo_model_inline_split(&m, &l), 3008); /* 3000 */
+    m = given(0.1, 1); /* 0.3 bytes: never under one cache line */
+    ck_assert_uint_eq(hc_algo_model_inline_split(&m, &l), 64);
     l.rails = 1; /* one rail: nothing to split */
     ck_assert_uint_eq(hc_algo_model_inline_split(&m, &l), SIZE_MAX);
 }
@@ -240,12 +278,15 @@ static void run(const run_t *spec)
 }
 
 /* 2 x 2, alpha 100 us, 50 MB/s: rd a + S/b against the ring's 3a + S/b
- * (fused, up to 32 KiB) or 3a + S/(2b): rd up to 32 KiB, so 4 KiB rd and
- * 64 KiB the (three-stage) ring. */
+ * (fused, up to 32 KiB) or 3a + S/(2b). Split (from 20032 bytes) rd costs
+ * 3a + S/(2b), what the ring costs on two nodes, and a tie goes to rd: rd
+ * up to the inline 64 KiB; past it the agreement goes first and whole rd
+ * costs 2a + S/b, more than the ring from 2ab = 10000 bytes. So 4 KiB rd
+ * and 128 KiB the (three-stage) ring. */
 START_TEST(given_runs)
 {
     run(&(run_t){ .model = { "100:50", "100:50" }, .algo = "auto",
-                  .sizes = { 4096, 65536 }, .want = { "rd", "ring" } });
+                  .sizes = { 4096, 131072 }, .want = { "rd", "ring" } });
 }
 END_TEST
 
@@ -296,6 +337,7 @@ int main(void)
     tcase_add_test(t, steps);
     tcase_add_test(t, cluster_3x2);
     tcase_add_test(t, cluster_4x2);
+    tcase_add_test(t, cluster_4x2_split);
     tcase_add_test(t, inline_limits);
     tcase_add_test(t, split_limit);
     tcase_add_test(t, fast_links);

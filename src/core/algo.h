@@ -122,6 +122,8 @@ typedef struct hc_algo_layout {
     size_t small_bytes;  /* HCOLL_SMALL_BYTES: the fused, whole-vector ring up to it */
     int check_args;      /* the agreement costs one rd of words... */
     size_t inline_cap;   /* ...unless the data travels with it (up to this) */
+    size_t split_from;   /* inline vectors from here (a multiple of 64) travel
+                          * split across the rails; 0: never */
 } hc_algo_layout_t;
 
 /* HCOLL_ALGO_MODEL: "probe" (or ""), "table", "ALPHA_US:MBPS". 0, or -1
@@ -129,8 +131,9 @@ typedef struct hc_algo_layout {
 int hc_algo_model_parse(const char *s, hc_algo_model_t *m);
 /* Messages on rd's critical path among n: log2 P, +2 with a fold. */
 int hc_algo_model_steps(int n);
-/* Modelled time (us) of an all-reduce of bytes by rd / by the ring,
- * the agreement included. */
+/* Modelled time (us) of an all-reduce of bytes by rd (split from
+ * l->split_from up to the inline limit) / by the ring, the agreement
+ * included. */
 double hc_algo_cost_rd(const hc_algo_model_t *m, const hc_algo_layout_t *l, size_t bytes);
 double hc_algo_cost_ring(const hc_algo_model_t *m, const hc_algo_layout_t *l, size_t bytes);
 /* The largest size (a multiple of 64, at most rd_cap) up to which rd

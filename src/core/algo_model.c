@@ -7,21 +7,26 @@
  *
  *   N nodes (ranks of the rd / ring group), L rails (local ranks; 1 for
  *   the flat plans), S bytes, steps = log2 P (+2 for a fold, P the largest
- *   power of two <= N), agree = steps * alpha with the agreement, else 0:
+ *   power of two <= N), node = one node step (shared memory; probed, else
+ *   0), agree = steps * alpha with the agreement, else 0:
  *
  *   rd     steps * (alpha + S / beta)          whole vector per message,
  *          + agree where S > the inline limit  on every rail at once
+ *   split  steps * (alpha + S / (L beta))      inline vectors from the split
+ *          + 2 (alpha + node)                  limit: a shard per rail, then
+ *                                              a node all-gather
  *   ring   agree + 2(N-1) * (alpha + S / (N beta))      fused (S <= small)
  *          agree + 2(N-1) * (alpha + S / (N L beta))    three stages
  *
- * rd_max is the largest size up to which rd costs no more than the ring
- * (capped at one rd slot), inline_max the smaller of it and the agreement's
- * slot. A broadcast travels with the agreement as one rd of its bytes
- * (coll_run.c) up to its own limit under it, where that costs no more than
- * the tree after the agreement, depth * (alpha + S / beta) with depth =
- * ceil(log2 N) (the node step it saves is not counted: the limit leans to
- * the tree). The probe's figures are gathered from every rank and their medians
- * taken, so every rank computes the same choice from the same numbers.
+ * rd_max is the largest size up to which rd (split where it would be)
+ * costs no more than the ring (capped at one rd slot), inline_max the
+ * smaller of it and the agreement's slot. A broadcast travels with the
+ * agreement as one rd of its bytes (coll_run.c) up to its own limit under
+ * it, where that costs no more than the tree after the agreement, depth *
+ * (alpha + S / beta) with depth = ceil(log2 N) (the node step it saves is
+ * not counted: the limit leans to the tree). The probe's figures are
+ * gathered from every rank and their medians taken, so every rank
+ * computes the same choice from the same numbers.
  */
 #include "core/algo.h"
 
@@ -85,10 +90,12 @@ int hc_algo_model_steps(int n)
 double hc_algo_cost_rd(const hc_algo_model_t *m, const hc_algo_layout_t *l, size_t bytes)
 {
     const int steps = hc_algo_model_steps(l->nnodes);
-    double t = steps * (m->alpha_us + (double)bytes / m->beta);
-    if (l->check_args && bytes > l->inline_cap)
-        t += steps * m->alpha_us; /* the agreement on its own */
-    return t;
+    if (l->check_args && bytes > l->inline_cap) /* the agreement on its own first */
+        return steps * (2 * m->alpha_us + (double)bytes / m->beta);
+    if (l->check_args && l->split_from && bytes >= l->split_from && l->rails > 1)
+        return steps * (m->alpha_us + (double)bytes / (l->rails * m->beta)) +
+               2 * (m->alpha_us + m->node_us);
+    return steps * (m->alpha_us + (double)bytes / m->beta);
 }
 
 double hc_algo_cost_ring(const hc_algo_model_t *m, const hc_algo_layout_t *l, size_t bytes)
@@ -111,16 +118,21 @@ void hc_algo_model_choose(const hc_algo_model_t *m, const hc_algo_layout_t *l, u
 {
     /* Both costs are linear between these sizes, so rd's lead changes
      * sign at most once in each piece: find it by bisection (64-byte
-     * steps), piece by piece from the smallest. */
-    uint64_t cut[3] = { l->inline_cap, l->small_bytes, rd_cap }, ok = 0, lo = 0;
-    for (int i = 0; i < 3; i++) /* sort the three */
-        for (int j = i + 1; j < 3; j++)
+     * steps), piece by piece from the smallest. The split's limit is a
+     * multiple of 64 and the split's piece starts there: its last
+     * whole-vector size is the cut before it. */
+    enum { NCUT = 4 };
+    uint64_t cut[NCUT] = { l->inline_cap, l->small_bytes, rd_cap,
+                           l->split_from ? l->split_from - 64 : rd_cap };
+    uint64_t ok = 0, lo = 0;
+    for (int i = 0; i < NCUT; i++) /* sort them */
+        for (int j = i + 1; j < NCUT; j++)
             if (cut[j] < cut[i]) {
                 uint64_t t = cut[i];
                 cut[i] = cut[j];
                 cut[j] = t;
             }
-    for (int i = 0; i < 3 && lo < rd_cap; i++) {
+    for (int i = 0; i < NCUT && lo < rd_cap; i++) {
         uint64_t hi = (cut[i] > rd_cap ? rd_cap : cut[i]) / 64;
         if (hi <= lo)
             continue;
@@ -174,7 +186,7 @@ size_t hc_algo_model_inline_split(const hc_algo_model_t *m, const hc_algo_layout
     const double s = cost * m->beta * L / (steps * (L - 1));
     if (s >= (double)(SIZE_MAX / 2))
         return SIZE_MAX;
-    return ((size_t)s + 63) & ~(size_t)63;
+    return s < 64 ? 64 : ((size_t)s + 63) & ~(size_t)63;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -277,7 +289,7 @@ hcoll_status_t hc_coll_algo_tune(hc_coll_t *co)
         (co->plan != HC_PLAN_3STAGE && co->plan != HC_PLAN_RING && co->plan != HC_PLAN_FLAT))
         return HCOLL_SUCCESS;
     const int three = co->plan == HC_PLAN_3STAGE;
-    const hc_algo_layout_t l = {
+    hc_algo_layout_t l = {
         .nnodes = three ? c->nnodes : c->nranks,
         .rails = three ? c->local_size : 1,
         .small_bytes = three ? co->small_bytes : 0,
@@ -309,10 +321,12 @@ hcoll_status_t hc_coll_algo_tune(hc_coll_t *co)
         if (st != HCOLL_SUCCESS)
             return st;
     }
+    if (three) {
+        co->inline_split = hc_algo_model_inline_split(m, &l);
+        l.split_from = co->inline_split <= l.inline_cap ? co->inline_split : 0;
+    }
     hc_algo_model_choose(m, &l, hc_algo_rd_seg_max(), &co->algo.rd_max, &co->inline_max);
     co->inline_bcast = hc_algo_model_inline_bcast(m, &l, co->inline_max);
-    if (three)
-        co->inline_split = hc_algo_model_inline_split(m, &l);
     m->chosen = 1;
     if (c->rank == 0)
         HC_INFO(HC_INIT, c->rank,
