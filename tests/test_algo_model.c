@@ -74,6 +74,22 @@ START_TEST(cluster_4x2)
     hc_algo_model_choose(&m, &l, RD_CAP, &rd_max, &inl);
     ck_assert_uint_eq(rd_max, 83968);
     ck_assert_uint_eq(inl, 64 << 10);
+    /* A probed node step of 50 us: the ring pays the agreement's (fused)
+     * and the three stages' second; rd past the inline limit the
+     * agreement's. alpha 100: 200 + 2S/b against 900 + 0.75 S/b up to the
+     * inline limit, then 450 + 2S/b: rd up to the 64 KiB cap. */
+    const hc_algo_model_t m0 = given(100, 125);
+    m = m0;
+    m.node_us = 50;
+    ck_assert_double_eq_tol(hc_algo_cost_ring(&m, &l, 4096) - hc_algo_cost_ring(&m0, &l, 4096),
+                            50, 1e-6);
+    ck_assert_double_eq_tol(hc_algo_cost_ring(&m, &l, 65536) - hc_algo_cost_ring(&m0, &l, 65536),
+                            100, 1e-6);
+    ck_assert_double_eq_tol(hc_algo_cost_rd(&m, &l, 65536), hc_algo_cost_rd(&m0, &l, 65536), 1e-6);
+    ck_assert_double_eq_tol(hc_algo_cost_rd(&m, &l, 65600) - hc_algo_cost_rd(&m0, &l, 65600), 50,
+                            1e-6);
+    hc_algo_model_choose(&m, &l, RD_CAP, &rd_max, &inl);
+    ck_assert_uint_eq(rd_max, 64 << 10);
 }
 END_TEST
 

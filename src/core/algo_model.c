@@ -8,16 +8,19 @@
  *   N nodes (ranks of the rd / ring group), L rails (local ranks; 1 for
  *   the flat plans), S bytes, steps = log2 P (+2 for a fold, P the largest
  *   power of two <= N), node = one node step (shared memory; probed, else
- *   0), agree = steps * alpha with the agreement, else 0:
+ *   0), agree = steps * alpha + node with the agreement, else 0:
  *
  *   rd     steps * (alpha + S / beta)          whole vector per message,
  *          + agree where S > the inline limit  on every rail at once
  *   split  steps * (alpha + S / (L beta))      inline vectors from the split
  *          + 2 (alpha + node)                  limit: a shard per rail, then
  *                                              a node all-gather
- *   ring   agree + 2(N-1) * (alpha + S / (N beta))      fused (S <= small)
- *          agree + 2(N-1) * (alpha + S / (N L beta))    three stages
+ *   ring   agree + 2(N-1) * (alpha + S / (N beta))          fused (S <= small)
+ *          agree + 2(N-1) * (alpha + S / (N L beta)) + node three stages
  *
+ * Node steps count beyond the one inline rd takes (the agreement's, with
+ * the data): the agreement's own, then the three stages' second (a
+ * reduce-scatter and an all-gather where the fused path has one step).
  * rd_max is the largest size up to which rd (split where it would be)
  * costs no more than the ring (capped at one rd slot), inline_max the
  * smaller of it and the agreement's slot. A broadcast travels with the
@@ -91,7 +94,7 @@ double hc_algo_cost_rd(const hc_algo_model_t *m, const hc_algo_layout_t *l, size
 {
     const int steps = hc_algo_model_steps(l->nnodes);
     if (l->check_args && bytes > l->inline_cap) /* the agreement on its own first */
-        return steps * (2 * m->alpha_us + (double)bytes / m->beta);
+        return steps * (2 * m->alpha_us + (double)bytes / m->beta) + m->node_us;
     if (l->check_args && l->split_from && bytes >= l->split_from && l->rails > 1)
         return steps * (m->alpha_us + (double)bytes / (l->rails * m->beta)) +
                2 * (m->alpha_us + m->node_us);
@@ -101,10 +104,13 @@ double hc_algo_cost_rd(const hc_algo_model_t *m, const hc_algo_layout_t *l, size
 double hc_algo_cost_ring(const hc_algo_model_t *m, const hc_algo_layout_t *l, size_t bytes)
 {
     const int n = l->nnodes;
-    const int rails = bytes <= l->small_bytes || l->rails < 1 ? 1 : l->rails;
+    const int fused = bytes <= l->small_bytes || l->rails < 1;
+    const int rails = fused ? 1 : l->rails;
     double t = 2.0 * (n - 1) * (m->alpha_us + (double)bytes / ((double)n * rails * m->beta));
+    if (!fused)
+        t += m->node_us; /* the intra step is a reduce-scatter and an all-gather */
     if (l->check_args)
-        t += hc_algo_model_steps(n) * m->alpha_us;
+        t += hc_algo_model_steps(n) * m->alpha_us + m->node_us;
     return t;
 }
 
