@@ -123,9 +123,14 @@ START_TEST(cluster_4x2_split)
     ck_assert_uint_eq(rd_max, 40000);
     ck_assert_uint_eq(inl, 40000);
     ck_assert(hc_algo_cost_rd(&m, &l, 40064) > hc_algo_cost_ring(&m, &l, 40064));
-    l.split_from = 0; /* never split: the whole vector's crossing */
-    hc_algo_model_choose(&m, &l, RD_CAP, &rd_max, &inl);
-    ck_assert_uint_eq(rd_max, 11968);
+    /* Never split (0, past the inline cap, SIZE_MAX as init passes it):
+     * the whole vector's crossing. */
+    static const size_t never[] = { 0, (64 << 10) + 64, SIZE_MAX };
+    for (size_t i = 0; i < sizeof never / sizeof never[0]; i++) {
+        l.split_from = never[i];
+        hc_algo_model_choose(&m, &l, RD_CAP, &rd_max, &inl);
+        ck_assert_uint_eq(rd_max, 11968);
+    }
 }
 END_TEST
 

@@ -123,7 +123,8 @@ typedef struct hc_algo_layout {
     int check_args;      /* the agreement costs one rd of words... */
     size_t inline_cap;   /* ...unless the data travels with it (up to this) */
     size_t split_from;   /* inline vectors from here (a multiple of 64) travel
-                          * split across the rails; 0: never */
+                          * split across the rails; 0 or past the inline
+                          * cap: never */
 } hc_algo_layout_t;
 
 /* HCOLL_ALGO_MODEL: "probe" (or ""), "table", "ALPHA_US:MBPS". 0, or -1

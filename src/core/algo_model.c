@@ -329,7 +329,7 @@ hcoll_status_t hc_coll_algo_tune(hc_coll_t *co)
     }
     if (three) {
         co->inline_split = hc_algo_model_inline_split(m, &l);
-        l.split_from = co->inline_split <= l.inline_cap ? co->inline_split : 0;
+        l.split_from = co->inline_split; /* SIZE_MAX: never */
     }
     hc_algo_model_choose(m, &l, hc_algo_rd_seg_max(), &co->algo.rd_max, &co->inline_max);
     co->inline_bcast = hc_algo_model_inline_bcast(m, &l, co->inline_max);
