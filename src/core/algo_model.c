@@ -90,15 +90,23 @@ int hc_algo_model_steps(int n)
     return k + (n > p ? 2 : 0);
 }
 
+/* The agreement on its own (no data with it): one rd of words, then its
+ * node step; nothing with HCOLL_CHECK_ARGS=0. */
+static double cost_agree(const hc_algo_model_t *m, const hc_algo_layout_t *l)
+{
+    return l->check_args ? hc_algo_model_steps(l->nnodes) * m->alpha_us + m->node_us : 0;
+}
+
 double hc_algo_cost_rd(const hc_algo_model_t *m, const hc_algo_layout_t *l, size_t bytes)
 {
     const int steps = hc_algo_model_steps(l->nnodes);
-    if (l->check_args && bytes > l->inline_cap) /* the agreement on its own first */
-        return steps * (2 * m->alpha_us + (double)bytes / m->beta) + m->node_us;
+    const double whole = steps * (m->alpha_us + (double)bytes / m->beta);
+    if (bytes > l->inline_cap) /* the agreement first, then the data */
+        return whole + cost_agree(m, l);
     if (l->check_args && l->split_from && bytes >= l->split_from && l->rails > 1)
         return steps * (m->alpha_us + (double)bytes / (l->rails * m->beta)) +
                2 * (m->alpha_us + m->node_us);
-    return steps * (m->alpha_us + (double)bytes / m->beta);
+    return whole;
 }
 
 double hc_algo_cost_ring(const hc_algo_model_t *m, const hc_algo_layout_t *l, size_t bytes)
@@ -109,9 +117,7 @@ double hc_algo_cost_ring(const hc_algo_model_t *m, const hc_algo_layout_t *l, si
     double t = 2.0 * (n - 1) * (m->alpha_us + (double)bytes / ((double)n * rails * m->beta));
     if (!fused)
         t += m->node_us; /* the intra step is a reduce-scatter and an all-gather */
-    if (l->check_args)
-        t += hc_algo_model_steps(n) * m->alpha_us + m->node_us;
-    return t;
+    return t + cost_agree(m, l);
 }
 
 static int rd_wins(const hc_algo_model_t *m, const hc_algo_layout_t *l, uint64_t s)
