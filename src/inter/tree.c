@@ -11,6 +11,7 @@
  */
 #include "inter/tree.h"
 
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -449,8 +450,14 @@ hcoll_status_t hc_tree_progress(hc_tree_t *t, int wait_ms, int *done_out)
         const int spinning = hc_now_us() < spin_until;
         if ((st = reap(t, spinning ? 0 : wait_ms, &n)) != HCOLL_SUCCESS)
             return st;
-        if (n > 0 || spinning)
+        if (n > 0)
             continue;
+        if (spinning) {
+            /* As the recursive doubling's wait: the awaited rank may need
+             * this core (more ranks than cores). */
+            sched_yield();
+            continue;
+        }
         const double quiet = hc_now_ms() - t->quiet_since;
         if (t->op_timeout_ms > 0 && quiet > t->op_timeout_ms)
             return tr_failed(t, hc_err_set(TR_EB(t), HC_COLL, TR_LR(t), HCOLL_ERR_TIMEOUT,
