@@ -170,11 +170,14 @@ static const hc_knob_t knobs[] = {
       "may be written allreduce=... . Broadcast: broadcast=auto (the tree up to the table's "
       "crossover, the chain above), tree, chain or tree:SIZE, in a comma list with the "
       "all-reduce's. Must be equal on every rank." },
-    /* 0, measured: hcoll_perf -np 4 --ranks-per-node 2 -b 4K, HCOLL_ALGO=rd, on the
-     * shared 2-core host (load 50): spin 0 338-400 us per call, spin 50 498-802 us;
-     * a spinning rank takes the core its peer needs. Worth trying on hosts with
-     * a core per rank to spare. */
-    { "HCOLL_SPIN_US", HC_KNOB_INT, "0", 0, 1000000, NULL, 0, 0, OFF(spin_us),
+    /* 100, measured on the quiet 2-core host with each rank pinned (bench/RESULTS.md,
+     * "Spinning before sleeping"): 2 x 2 on lo, 4 KiB, where the two ranks of an
+     * exchange sit on different cores, 92-94 us per call with 0 against 39-55 us
+     * with 50-200 (a sleeping rank's core must be woken); where they share one,
+     * 43-46 against 35-47. 3 x 2 cluster, 4 KiB out of place: 138-146 us against 162-167. While
+     * other jobs hold the cores a yield hands the core to them too (load 28-50:
+     * no steady gain, and 0 was better there): set 0 on a host shared that way. */
+    { "HCOLL_SPIN_US", HC_KNOB_INT, "100", 0, 1000000, NULL, 0, 0, OFF(spin_us),
       "How long the recursive doubling (small all-reduces, the argument agreement) polls its "
       "connections, yielding the core between looks, microseconds, before it sleeps in the "
       "kernel; 0: sleep at once." },
