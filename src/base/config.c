@@ -176,11 +176,13 @@ static const hc_knob_t knobs[] = {
      * with 50-200 (a sleeping rank's core must be woken); where they share one,
      * 43-46 against 35-47. 3 x 2 cluster, 4 KiB out of place: 138-146 us against 162-167. While
      * other jobs hold the cores a yield hands the core to them too (load 28-50:
-     * no steady gain, and 0 was better there): set 0 on a host shared that way. */
+     * no steady gain, and 0 was better there): set 0 on a host shared that way.
+     * Blocking calls only: the worker's _async calls sleep at once (coll.c). */
     { "HCOLL_SPIN_US", HC_KNOB_INT, "100", 0, 1000000, NULL, 0, 0, OFF(spin_us),
-      "How long the recursive doubling (small all-reduces, the argument agreement) polls its "
-      "connections, yielding the core between looks, microseconds, before it sleeps in the "
-      "kernel; 0: sleep at once." },
+      "How long a blocking call's recursive doubling (small all-reduces, the argument "
+      "agreement) and broadcast tree poll their connections, yielding the core between looks, "
+      "microseconds, before they sleep in the kernel; 0: sleep at once. _async calls never "
+      "spin (they run beside the application's work)." },
     /* TCP data path (inter/tcp_ep.c). */
     { "HCOLL_TCP_RCVLOWAT", HC_KNOB_SIZE, "0", 0, (int64_t)1 << 30, NULL, 0, 0,
       OFF(tcp_rcvlowat),

@@ -227,8 +227,7 @@ hcoll_status_t hc_coll_rd_setup(hc_coll_t *co, const hc_transport_ops_t *ops,
         seg = co->inline_max + HC_ALGO_AGREE_HDR; /* the agreement with its data */
     const hc_rd_params_t rp = { .ops = ops, .tp = *tp, .allgather = allgather,
                                 .ag_ctx = ag_ctx, .op_timeout_ms = op_timeout_ms,
-                                .seg_bytes = seg,
-                                .spin_us = (int)co->comm->params.spin_us };
+                                .seg_bytes = seg };
     return hc_rd_create(&rp, &co->rd);
 }
 
@@ -259,7 +258,7 @@ static hcoll_status_t rd_drive(hc_coll_t *co, hcoll_status_t st)
                 HCOLL_SUCCESS)
                 return st;
         }
-        st = hc_rd_progress(co->rd, HC_RINGDRV_POLL_MS, &done);
+        st = hc_rd_progress(co->rd, HC_RINGDRV_POLL_MS, co->spin_us, &done);
     }
     if (st != HCOLL_SUCCESS && atomic_load(&c->aborted))
         return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_ABORTED,

@@ -214,7 +214,8 @@ static hcoll_status_t probe_once(hc_coll_t *co, void *buf, size_t count, double 
         if (atomic_load(&c->aborted))
             return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_ABORTED,
                               "communicator aborted during init (the link probe)");
-        st = hc_rd_progress(co->rd, HC_RINGDRV_POLL_MS, &done);
+        /* At init, on the caller's thread: it waits as a blocking call. */
+        st = hc_rd_progress(co->rd, HC_RINGDRV_POLL_MS, (int)c->params.spin_us, &done);
     }
     *us = hc_now_us() - t;
     return st;

@@ -96,12 +96,14 @@ static hcoll_status_t group_init(hc_group_ag_t *g, struct hcoll_comm *c, int n)
 /* Requests and the worker                                                    */
 /* ------------------------------------------------------------------------ */
 
-/* Run rq as the executor (the caller holds the role). Records the sticky
+/* Run rq as the executor (the caller holds the role): on a blocking
+ * caller's thread (on_caller) or on the worker. Records the sticky
  * failure and the last times. */
-static hcoll_status_t execute(hc_coll_t *co, struct hcoll_request *rq)
+static hcoll_status_t execute(hc_coll_t *co, struct hcoll_request *rq, int on_caller)
 {
     struct hcoll_comm *c = co->comm;
     int agreed = 0;
+    co->spin_us = on_caller ? (int)c->params.spin_us : 0;
     pthread_mutex_lock(&co->lock);
     hcoll_status_t st = co->failed;
     pthread_mutex_unlock(&co->lock);
@@ -200,7 +202,7 @@ static void *worker_main(void *arg)
         co->exec_busy = 1;
         pthread_mutex_unlock(&co->lock);
 
-        hcoll_status_t st = execute(co, rq);
+        hcoll_status_t st = execute(co, rq, 0);
 
         pthread_mutex_lock(&co->lock);
         co->exec_busy = 0;
@@ -369,7 +371,7 @@ hcoll_status_t hc_coll_submit(hc_coll_t *co, const hc_coll_args_t *args, void *s
         return st;
     }
     pthread_mutex_unlock(&co->lock);
-    st = execute(co, rq);
+    st = execute(co, rq, 1);
     role_leave(co);
     hc_request_destroy(rq);
     return st;

@@ -275,8 +275,7 @@ hcoll_status_t hc_coll_tree_setup(hc_coll_t *co, const hc_transport_ops_t *ops,
         return st; /* broadcast=chain: no connections for the tree */
     const hc_tree_params_t p = { .ops = ops, .tp = *tp, .allgather = allgather,
                                  .ag_ctx = ag_ctx, .op_timeout_ms = op_timeout_ms,
-                                 .seg_bytes = hc_algo_tree_seg(&co->algo),
-                                 .spin_us = (int)c->params.spin_us };
+                                 .seg_bytes = hc_algo_tree_seg(&co->algo) };
     return hc_tree_create(&p, &co->tree);
 }
 
@@ -304,7 +303,8 @@ static hcoll_status_t tree_drive(hc_coll_t *co, int until_done)
                 HCOLL_SUCCESS)
                 return st;
         }
-        if ((st = hc_tree_progress(co->tree, HC_RINGDRV_POLL_MS, &done)) != HCOLL_SUCCESS)
+        if ((st = hc_tree_progress(co->tree, HC_RINGDRV_POLL_MS, co->spin_us, &done)) !=
+            HCOLL_SUCCESS)
             break;
     }
     if (st != HCOLL_SUCCESS && atomic_load(&c->aborted))

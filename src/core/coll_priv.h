@@ -69,6 +69,12 @@ struct hc_coll {
     hc_mr_t *rsag_pin;      /* its registration, held while it is kept (verbs) */
     struct hc_dissem *dissem; /* the barrier across nodes (barrier.c); NULL: none */
     uint64_t opseq;        /* operations executed, counted alike on every rank */
+    /* How long this operation's recursive doubling and tree poll before
+     * they sleep (execute, under the executor role): HCOLL_SPIN_US on a
+     * blocking caller's thread, which has nothing else to run; 0 on the
+     * worker, whose _async calls run beside the application's own work
+     * (a backward pass), which a spinning rank would slow. */
+    int spin_us;
     void **rsag_blk;        /* a piece's blocks of sendbuf / recvbuf in that order */
     int check_args;         /* HCOLL_CHECK_ARGS: the agreement before every host call */
     /* Algorithm choice (algo.c): HCOLL_ALGO or the table; the recursive

@@ -479,7 +479,7 @@ static int awaited(const hc_rd_t *d)
     return hc_tp_rank(&d->p.tp, pos < 0 ? d->me : pos);
 }
 
-hcoll_status_t hc_rd_progress(hc_rd_t *d, int wait_ms, int *done_out)
+hcoll_status_t hc_rd_progress(hc_rd_t *d, int wait_ms, int spin_us, int *done_out)
 {
     *done_out = 0;
     if (d->err != HCOLL_SUCCESS)
@@ -488,7 +488,7 @@ hcoll_status_t hc_rd_progress(hc_rd_t *d, int wait_ms, int *done_out)
         *done_out = 1;
         return HCOLL_SUCCESS;
     }
-    const double spin_until = hc_now_us() + d->p.spin_us;
+    const double spin_until = hc_now_us() + spin_us;
     for (;;) {
         int waiting, n;
         hcoll_status_t st = advance(d, &waiting);

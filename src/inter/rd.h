@@ -55,7 +55,6 @@ typedef struct hc_rd_params {
      * arrived: > 0 ms, < 0 no limit, 0 tp.timeout_ms. */
     int op_timeout_ms;
     size_t seg_bytes;               /* one slot; >= 64, a multiple of 8 */
-    int spin_us;                    /* poll without sleeping this long first */
 } hc_rd_params_t;
 
 /* Connect to every partner and register the slots. Collective over the N
@@ -80,10 +79,11 @@ hcoll_status_t hc_rd_start_agree(hc_rd_t *d, int64_t *words, int nw, void *buf, 
                                  hcoll_dtype_t dtype, hcoll_op_t op, int *data_ok);
 
 /* Drive it: returns when done (*done_out = 1) or after waiting about
- * wait_ms with nothing arriving (first spinning spin_us). HCOLL_ERR_TIMEOUT
+ * wait_ms with nothing arriving, having first polled for spin_us without
+ * sleeping (a sched_yield between looks; 0: sleep at once). HCOLL_ERR_TIMEOUT
  * (recorded, naming the awaited rank) after op_timeout_ms in one step; the
  * transport's error (sticky) when a partner failed. */
-hcoll_status_t hc_rd_progress(hc_rd_t *d, int wait_ms, int *done_out);
+hcoll_status_t hc_rd_progress(hc_rd_t *d, int wait_ms, int spin_us, int *done_out);
 
 /* The communicator failed: reset the connections so that partners fail at
  * once. Later calls return st. NULL: no-op. */

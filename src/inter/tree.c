@@ -421,7 +421,7 @@ static int awaited(const hc_tree_t *t)
     return hc_tp_rank(&t->p.tp, pos);
 }
 
-hcoll_status_t hc_tree_progress(hc_tree_t *t, int wait_ms, int *done_out)
+hcoll_status_t hc_tree_progress(hc_tree_t *t, int wait_ms, int spin_us, int *done_out)
 {
     *done_out = 0;
     if (t->err != HCOLL_SUCCESS)
@@ -430,7 +430,7 @@ hcoll_status_t hc_tree_progress(hc_tree_t *t, int wait_ms, int *done_out)
         *done_out = 1;
         return HCOLL_SUCCESS;
     }
-    const double spin_until = hc_now_us() + t->p.spin_us;
+    const double spin_until = hc_now_us() + spin_us;
     const int landed = hc_tree_landed(t);
     for (;;) {
         int waiting, n;

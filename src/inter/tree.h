@@ -62,7 +62,6 @@ typedef struct hc_tree_params {
      * limit, 0 tp.timeout_ms. */
     int op_timeout_ms;
     size_t seg_bytes;               /* one slot; >= 64, a multiple of 64 */
-    int spin_us;                    /* poll without sleeping this long first */
 } hc_tree_params_t;
 
 /* Connect to the partners and register the slots. Collective over the N
@@ -75,12 +74,13 @@ hcoll_status_t hc_tree_start(hc_tree_t *t, void *buf, size_t bytes, int root);
 
 /* Drive it: returns when done (*done_out = 1), when the vector has just
  * landed here (hc_tree_landed turned 1), or after waiting about wait_ms
- * with nothing arriving (first spinning spin_us).
+ * with nothing arriving, having first polled for spin_us without sleeping
+ * (a sched_yield between looks; 0: sleep at once).
  * HCOLL_ERR_TIMEOUT (recorded, naming the awaited rank) after
  * op_timeout_ms without progress; the transport's error (sticky) when a
  * partner failed; HCOLL_ERR_NETWORK for a message that breaks the
  * protocol. */
-hcoll_status_t hc_tree_progress(hc_tree_t *t, int wait_ms, int *done_out);
+hcoll_status_t hc_tree_progress(hc_tree_t *t, int wait_ms, int spin_us, int *done_out);
 
 /* 1 once this rank's buffer holds the whole vector and it has acked
  * every segment (hc_tree_progress may still be waiting for the acks of

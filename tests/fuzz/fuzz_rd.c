@@ -291,7 +291,7 @@ static void start_op(hc_rd_t *d, fz_op_t *o)
 static hcoll_status_t progress(hc_rd_t *d, fz_op_t *o, hcoll_status_t st)
 {
     int done = 0;
-    hcoll_status_t now = hc_rd_progress(d, 0, &done);
+    hcoll_status_t now = hc_rd_progress(d, 0, 0, &done);
     FUZZ_SAY("rd: progress: %s%s %s\n", hcoll_status_name(now), done ? " (done)" : "",
              now ? hc_errbuf_get(F.eb) : "");
     if (st != HCOLL_SUCCESS)

@@ -305,7 +305,7 @@ static void start_bc(hc_tree_t *t, fz_bc_t *b)
 static hcoll_status_t progress(hc_tree_t *t, fz_bc_t *b, hcoll_status_t st)
 {
     int done = 0;
-    hcoll_status_t now = hc_tree_progress(t, 0, &done);
+    hcoll_status_t now = hc_tree_progress(t, 0, 0, &done);
     FUZZ_SAY("tree: progress: %s%s%s %s\n", hcoll_status_name(now), done ? " (done)" : "",
              hc_tree_landed(t) ? " (landed)" : "", now ? hc_errbuf_get(F.eb) : "");
     if (st != HCOLL_SUCCESS)
