@@ -258,7 +258,9 @@ static hcoll_status_t rd_drive(hc_coll_t *co, hcoll_status_t st)
                 HCOLL_SUCCESS)
                 return st;
         }
-        st = hc_rd_progress(co->rd, HC_RINGDRV_POLL_MS, co->spin_us, &done);
+        /* The spin is for a partner microseconds away: a wait that already
+         * slept a slice sleeps again at once. */
+        st = hc_rd_progress(co->rd, HC_RINGDRV_POLL_MS, slice == 0 ? co->spin_us : 0, &done);
     }
     if (st != HCOLL_SUCCESS && atomic_load(&c->aborted))
         return hc_err_set(&c->err, HC_COLL, c->rank, HCOLL_ERR_ABORTED,

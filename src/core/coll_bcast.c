@@ -303,8 +303,9 @@ static hcoll_status_t tree_drive(hc_coll_t *co, int until_done)
                 HCOLL_SUCCESS)
                 return st;
         }
-        if ((st = hc_tree_progress(co->tree, HC_RINGDRV_POLL_MS, co->spin_us, &done)) !=
-            HCOLL_SUCCESS)
+        /* Spin only before the first slice, as rd_drive. */
+        if ((st = hc_tree_progress(co->tree, HC_RINGDRV_POLL_MS, slice == 0 ? co->spin_us : 0,
+                                   &done)) != HCOLL_SUCCESS)
             break;
     }
     if (st != HCOLL_SUCCESS && atomic_load(&c->aborted))
